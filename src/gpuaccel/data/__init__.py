@@ -1,0 +1,76 @@
+"""Data: readers for real formats, a decoded-file cache, and device-resident batch loaders.
+
+``load_dataset(spec)`` accepts ``digits`` (the embedded default), a path whose format
+is detected (IDX directory, CIFAR pickle directory, ImageFolder tree, .tar[.gz] of such
+a tree, .npz), or ``KIND:PATH`` to name the format explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import GpuaccelError, choice_error
+from . import cache
+from .dataset import ImageDataset
+from .formats import READERS, ReadOptions, detect_kind
+
+__all__ = ["ImageDataset", "load_dataset", "parse_spec", "DATA_KINDS"]
+
+DATA_KINDS = tuple(sorted(READERS))
+
+
+def parse_spec(spec: str) -> tuple[str, Path | None]:
+    """'digits' | PATH | KIND:PATH  ->  (kind, path)."""
+    spec = str(spec).strip()
+    if spec.lower() == "digits":
+        return "digits", None
+    kind, sep, rest = spec.partition(":")
+    if sep and kind.lower() in READERS and len(kind) > 1:
+        path = Path(rest).expanduser()
+        kind = kind.lower()
+    elif sep and not Path(spec).exists() and len(kind) > 1 and "/" not in kind:
+        raise choice_error("data kind", kind, DATA_KINDS)
+    else:
+        path, kind = Path(spec).expanduser(), None
+    if not path.exists():
+        raise GpuaccelError(f"data path {str(path)!r} does not exist; give a data directory or file, "
+                            f"or 'digits' for the built-in data set")
+    return kind or detect_kind(path), path
+
+
+def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_size: int | None = None,
+                 skip_bad: bool = False, seed: int = 0, cache_dir: str | Path | None = "default") -> ImageDataset:
+    """Reads a data set into memory as uint8 arrays (decoding image files once, then from cache).
+
+    ``cache_dir=None`` turns the decoded-file cache off; the default lives under
+    ``$GPUACCEL_CACHE_DIR`` or ``~/.cache/gpuaccel``.
+    """
+    kind, path = parse_spec(spec)
+    if cache_dir == "default":
+        cache_dir = cache.default_cache_dir()
+    if image_size is not None and image_size < 4:
+        raise GpuaccelError(f"--image-size must be at least 4 pixels, got {image_size}")
+    opts = ReadOptions(val_split=val_split, image_size=image_size, skip_bad=skip_bad, seed=seed,
+                       cache_dir=Path(cache_dir) if cache_dir else None)
+    dataset = READERS[kind](path, opts)
+    if image_size is not None and dataset.train_images.shape[2:] != (image_size, image_size):
+        dataset = _resized(dataset, image_size)
+    return dataset
+
+
+def _resized(dataset: ImageDataset, size: int) -> ImageDataset:
+    """Array formats (IDX, CIFAR, npz) resized to --image-size, antialiased, in torch."""
+    import torch
+    import torch.nn.functional as F
+
+    def resize(x):
+        t = torch.from_numpy(x).float()
+        out = []
+        for chunk in t.split(4096):
+            out.append(F.interpolate(chunk, size=(size, size), mode="bilinear", antialias=True,
+                                     align_corners=False).round().clamp(0, 255).to(torch.uint8))
+        return torch.cat(out).numpy()
+
+    return ImageDataset(dataset.name, resize(dataset.train_images), dataset.train_labels,
+                        resize(dataset.test_images), dataset.test_labels, dataset.classes,
+                        source=dataset.source, skipped=dataset.skipped)

@@ -1,0 +1,68 @@
+"""A disk cache of decoded data sets, so that image files are decoded only once.
+
+The key is a hash of everything the decoded arrays depend on: the reader, each file's
+name, size and modification time, and the decoding options. Touching, adding or
+removing a file changes the key; stale entries are simply never read again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("GPUACCEL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuaccel")
+    return Path(root) / "datasets"
+
+
+def file_fingerprint(paths, root: Path) -> list:
+    """(relative name, size, mtime_ns) of each file: cheap to compute, changes with the file."""
+    rows = []
+    for path in paths:
+        st = os.stat(path)
+        rows.append((os.path.relpath(path, root), st.st_size, st.st_mtime_ns))
+    return rows
+
+
+def cache_key(reader: str, fingerprint, options: dict) -> str:
+    payload = json.dumps([CACHE_VERSION, reader, fingerprint, options], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def load(cache_dir: Path | None, key: str) -> dict | None:
+    if cache_dir is None:
+        return None
+    path = Path(cache_dir) / f"{key}.npz"
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+        arrays["meta"] = json.loads(str(arrays["meta"]))
+        return arrays
+    except (OSError, ValueError, KeyError):
+        return None  # a damaged entry is rebuilt rather than trusted
+
+
+def save(cache_dir: Path | None, key: str, meta: dict, **arrays: np.ndarray) -> None:
+    """Writes atomically: a reader never sees a half-written entry."""
+    if cache_dir is None:
+        return
+    cache_dir = Path(cache_dir)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+        os.replace(tmp, cache_dir / f"{key}.npz")
+    except OSError:
+        pass  # a read-only or full cache directory only costs speed

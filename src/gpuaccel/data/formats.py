@@ -1,0 +1,388 @@
+"""Readers for the data formats users bring, each producing an :class:`ImageDataset`.
+
+Every reader takes the path and a :class:`ReadOptions`; the splitting of data sets
+without a test split and the decoded-file cache are shared (see ``_finish``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GpuaccelError
+from . import cache
+from .dataset import ImageDataset, stratified_split
+from .images import ImageSource, decode_images, is_image_name
+
+TEST_SPLIT_NAMES = ("test", "val", "valid", "validation")
+
+
+@dataclass
+class ReadOptions:
+    val_split: float | None = None
+    image_size: int | None = None
+    skip_bad: bool = False
+    seed: int = 0
+    cache_dir: Path | None = None
+
+
+def _finish(name, source, opts, train_x, train_y, classes, test_x=None, test_y=None, skipped=(),
+            default_val_split=0.1) -> ImageDataset:
+    """Carves a held-out split where the data has none, then builds the data set."""
+    if test_x is None:
+        fraction = opts.val_split if opts.val_split is not None else default_val_split
+        train_x, train_y, test_x, test_y = stratified_split(train_x, np.asarray(train_y), fraction, opts.seed)
+    elif opts.val_split is not None:
+        raise GpuaccelError(f"{source} already has a test split; --val-split is only for data without one")
+    return ImageDataset(name, train_x, train_y, test_x, test_y, list(classes), source=str(source),
+                        skipped=list(skipped))
+
+
+# --- digits: scikit-learn's bundled 8x8 handwritten digits ---------------------------------------
+
+def read_digits(path, opts: ReadOptions) -> ImageDataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    return _finish("digits", "digits (scikit-learn)", opts, images, bunch.target,
+                   [str(c) for c in bunch.target_names], default_val_split=0.2)
+
+
+# --- MNIST / Fashion-MNIST IDX files ---------------------------------------------------------------
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path) -> np.ndarray:
+    """Parses one IDX file (gzip or raw): two zero bytes, a type code, the rank, big-endian dims."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as exc:
+        raise GpuaccelError(f"cannot read IDX file {path}: {exc}") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise GpuaccelError(f"{path} is not an IDX file (bad magic number)")
+    ndim = data[3]
+    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    body = data[4 + 4 * ndim:]
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(body) != expected:
+        raise GpuaccelError(f"{path} is truncated or padded: {len(body)} data bytes, header says {expected}")
+    return np.frombuffer(body, dtype=dtype).reshape(dims)
+
+
+def _find_one(directory: Path, prefixes, marker) -> Path | None:
+    for entry in sorted(directory.iterdir()):
+        name = entry.name.lower()
+        if marker in name and name.startswith(prefixes):
+            return entry
+    return None
+
+
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+
+
+def read_mnist(path, opts: ReadOptions) -> ImageDataset:
+    directory = Path(path)
+    files = {
+        "train_x": _find_one(directory, ("train-images", "train_images"), "idx3"),
+        "train_y": _find_one(directory, ("train-labels", "train_labels"), "idx1"),
+        "test_x": _find_one(directory, ("t10k-images", "test-images", "test_images"), "idx3"),
+        "test_y": _find_one(directory, ("t10k-labels", "test-labels", "test_labels"), "idx1"),
+    }
+    if files["train_x"] is None or files["train_y"] is None:
+        raise GpuaccelError(f"{directory}: no train-images-idx3-ubyte[.gz] / train-labels-idx1-ubyte[.gz] pair")
+    if (files["test_x"] is None) != (files["test_y"] is None):
+        raise GpuaccelError(f"{directory}: test images and test labels must come together (t10k-images/t10k-labels)")
+    arrays = {k: (read_idx(p) if p is not None else None) for k, p in files.items()}
+    for key in ("train_x", "test_x"):
+        x = arrays[key]
+        if x is not None:
+            if x.ndim != 3 or x.dtype != np.uint8:
+                raise GpuaccelError(f"{files[key]}: expected uint8 images of rank 3, got {x.dtype} rank {x.ndim}")
+            arrays[key] = x[:, None]
+    fashion = "fashion" in str(directory).lower()
+    return _finish("fashion-mnist" if fashion else "mnist", directory, opts, arrays["train_x"], arrays["train_y"],
+                   FASHION_CLASSES if fashion else [str(i) for i in range(10)], arrays["test_x"], arrays["test_y"])
+
+
+# --- CIFAR-10 / CIFAR-100 python pickle batches ------------------------------------------------------
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise GpuaccelError(f"cannot read CIFAR batch {path}: {exc}") from None
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
+
+
+def _cifar_images(batch: dict, path: Path) -> np.ndarray:
+    data = np.asarray(batch["data"], dtype=np.uint8)
+    if data.ndim != 2 or data.shape[1] != 3072:
+        raise GpuaccelError(f"{path}: expected rows of 3072 bytes (3x32x32), got shape {data.shape}")
+    return data.reshape(-1, 3, 32, 32)
+
+
+def _names(values) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def read_cifar(path, opts: ReadOptions) -> ImageDataset:
+    directory = Path(path)
+    if (directory / "cifar-10-batches-py").is_dir():
+        directory = directory / "cifar-10-batches-py"
+    elif (directory / "cifar-100-python").is_dir():
+        directory = directory / "cifar-100-python"
+    if (directory / "data_batch_1").exists():
+        train_files = sorted(directory.glob("data_batch_*"))
+        batches = [_unpickle(p) for p in train_files]
+        train_x = np.concatenate([_cifar_images(b, p) for b, p in zip(batches, train_files)])
+        train_y = np.concatenate([np.asarray(b["labels"]) for b in batches])
+        test = _unpickle(directory / "test_batch") if (directory / "test_batch").exists() else None
+        test_x = _cifar_images(test, directory / "test_batch") if test else None
+        test_y = np.asarray(test["labels"]) if test else None
+        meta = directory / "batches.meta"
+        classes = _names(_unpickle(meta)["label_names"]) if meta.exists() else [str(i) for i in range(10)]
+        name = "cifar10"
+    elif (directory / "train").is_file():
+        train = _unpickle(directory / "train")
+        train_x, train_y = _cifar_images(train, directory / "train"), np.asarray(train["fine_labels"])
+        test = _unpickle(directory / "test") if (directory / "test").is_file() else None
+        test_x = _cifar_images(test, directory / "test") if test else None
+        test_y = np.asarray(test["fine_labels"]) if test else None
+        meta = directory / "meta"
+        classes = _names(_unpickle(meta)["fine_label_names"]) if meta.exists() else [str(i) for i in range(100)]
+        name = "cifar100"
+    else:
+        raise GpuaccelError(f"{path}: no CIFAR batches (data_batch_1..5 + test_batch, or train + test)")
+    return _finish(name, directory, opts, train_x, train_y, classes, test_x, test_y)
+
+
+# --- ImageFolder trees, on disk or inside a tar archive -------------------------------------------------
+
+def _split_tree(names: list[str]):
+    """Groups image names 'split/class/file' or 'class/file' (relative to the tree's root).
+
+    Returns ({split: {class: [names]}}, has_splits). A tree whose top level holds a
+    'train' folder is split; any other tree is one set of classes.
+    """
+    top_dirs = {n.split("/", 1)[0] for n in names if "/" in n}
+    has_splits = "train" in top_dirs
+    splits: dict[str, dict[str, list[str]]] = {}
+    for name in names:
+        parts = name.split("/")
+        if has_splits:
+            if len(parts) < 3 or parts[0] not in ("train",) + TEST_SPLIT_NAMES:
+                continue
+            split, cls = ("train" if parts[0] == "train" else "test"), parts[1]
+        else:
+            if len(parts) < 2:
+                continue
+            split, cls = "train", parts[0]
+        splits.setdefault(split, {}).setdefault(cls, []).append(name)
+    return splits, has_splits
+
+
+def _common_root(names: list[str]) -> str:
+    """A tar made of 'cifar10/train/...' has one top folder wrapping the tree: strip it."""
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) == 1 and all("/" in n for n in names):
+        top = tops.pop()
+        if top not in ("train",) + TEST_SPLIT_NAMES:
+            inner = [n.split("/", 1)[1] for n in names]
+            if any("/" in n for n in inner):
+                return top + "/"
+    return ""
+
+
+def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fingerprint) -> ImageDataset:
+    """Shared by the folder and tar readers: class discovery, decode (cached), labels."""
+    root = _common_root(image_names) if image_names else ""
+    rel = [n[len(root):] for n in image_names]
+    dirs = {d[len(root):] for d in all_dirs if d.startswith(root)}
+    splits, has_splits = _split_tree(rel)
+    if "train" not in splits:
+        raise GpuaccelError(f"{source}: no images found in class folders (expected train/<class>/*.jpg or <class>/*.jpg)")
+    classes = sorted(splits["train"])
+    # a class folder with no image in it is almost always a mistake worth stopping for
+    prefix = "train/" if has_splits else ""
+    for d in sorted(dirs):
+        if d.startswith(prefix) and d.count("/") == prefix.count("/") and d[len(prefix):] and d[len(prefix):] not in classes:
+            raise GpuaccelError(f"{source}: class folder {root + d!r} holds no images")
+    unknown = sorted(set(splits.get("test", {})) - set(classes))
+    if unknown:
+        raise GpuaccelError(f"{source}: test classes {unknown} do not appear in the training split")
+
+    options = {"image_size": opts.image_size, "skip_bad": opts.skip_bad}
+    key = cache.cache_key(reader, fingerprint, options)
+    hit = cache.load(opts.cache_dir, key)
+    if hit is not None:
+        arrays, meta = hit, hit["meta"]
+    else:
+        ordered = [(split, cls, n) for split in ("train", "test") for cls in sorted(splits.get(split, {}))
+                   for n in sorted(splits[split][cls])]
+        images, kept, bad = decode_images([fetch(root + n) for _, _, n in ordered],
+                                          image_size=opts.image_size, skip_bad=opts.skip_bad)
+        index = {c: i for i, c in enumerate(classes)}
+        labels = np.array([index[ordered[k][1]] for k in kept], dtype=np.int64)
+        is_test = np.array([ordered[k][0] == "test" for k in kept], dtype=bool)
+        meta = {"classes": classes, "bad": bad}
+        arrays = {"images": images, "labels": labels, "is_test": is_test}
+        cache.save(opts.cache_dir, key, meta, **arrays)
+    images, labels, is_test = arrays["images"], arrays["labels"], arrays["is_test"].astype(bool)
+    if "test" in splits:
+        return _finish(name, source, opts, images[~is_test], labels[~is_test], meta["classes"],
+                       images[is_test], labels[is_test], skipped=meta["bad"])
+    return _finish(name, source, opts, images, labels, meta["classes"], skipped=meta["bad"])
+
+
+def read_image_folder(path, opts: ReadOptions) -> ImageDataset:
+    root = Path(path)
+    image_names, dirs = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        if rel_dir != ".":
+            dirs.append(rel_dir)
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        image_names.extend(prefix + f for f in sorted(filenames) if is_image_name(f) and not f.startswith("."))
+    if not image_names:
+        raise GpuaccelError(f"{root}: the data set is empty (no image files found)")
+    fingerprint = cache.file_fingerprint([root / n for n in image_names], root)
+    return _folder_dataset(root.name, root, opts, image_names, dirs,
+                           lambda n: ImageSource(name=str(root / n), path=str(root / n)),
+                           "imagefolder", fingerprint)
+
+
+def read_tar(path, opts: ReadOptions) -> ImageDataset:
+    path = Path(path)
+    try:
+        archive = tarfile.open(path, "r:*")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise GpuaccelError(f"cannot open tar archive {path}: {exc}") from None
+    with archive:
+        try:
+            members = archive.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise GpuaccelError(f"{path} is a damaged tar archive: {exc}") from None
+        files = {m.name.lstrip("./"): m for m in members if m.isfile() and is_image_name(m.name)}
+        dirs = [m.name.lstrip("./").rstrip("/") for m in members if m.isdir()]
+        if not files:
+            raise GpuaccelError(f"{path}: the data set is empty (no image files in the archive)")
+        st = path.stat()
+        fingerprint = [path.name, st.st_size, st.st_mtime_ns]
+        # members are read in archive order: one sequential pass over a compressed stream
+        contents: dict[str, bytes] = {}
+
+        def fetch(name: str) -> ImageSource:
+            if not contents:
+                for member in members:
+                    key = member.name.lstrip("./")
+                    if key in files:
+                        contents[key] = archive.extractfile(member).read()
+            return ImageSource(name=f"{path}:{name}", data=contents[name])
+
+        name = path.name.split(".")[0]
+        return _folder_dataset(name, path, opts, sorted(files), dirs, fetch, "tar", fingerprint)
+
+
+# --- .npz arrays ------------------------------------------------------------------------------------------
+
+_NPZ_LAYOUTS = (("x_train", "y_train", "x_test", "y_test"),
+                ("train_images", "train_labels", "test_images", "test_labels"),
+                ("images", "labels", None, None),
+                ("x", "y", None, None))
+
+
+def _to_nchw_uint8(x: np.ndarray, path) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4 and x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3, 4):
+        x = x.transpose(0, 3, 1, 2)
+    elif x.ndim != 4:
+        raise GpuaccelError(f"{path}: images must be (N, H, W), (N, H, W, C) or (N, C, H, W); got {x.shape}")
+    if x.shape[1] == 4:
+        x = x[:, :3]  # drop alpha
+    if x.shape[1] not in (1, 3):
+        raise GpuaccelError(f"{path}: images must have 1, 3 or 4 channels; got {x.shape[1]}")
+    if x.dtype != np.uint8:
+        if not np.issubdtype(x.dtype, np.number):
+            raise GpuaccelError(f"{path}: images must be numeric, got {x.dtype}")
+        scale = 255.0 if np.issubdtype(x.dtype, np.floating) and float(np.nanmax(x)) <= 1.0 else 1.0
+        x = np.clip(np.nan_to_num(x.astype(np.float64) * scale), 0, 255).round().astype(np.uint8)
+    return np.ascontiguousarray(x)
+
+
+def read_npz(path, opts: ReadOptions) -> ImageDataset:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise GpuaccelError(f"cannot read {path} as .npz: {exc}") from None
+    for xk, yk, txk, tyk in _NPZ_LAYOUTS:
+        if xk in arrays and yk in arrays:
+            break
+    else:
+        raise GpuaccelError(f"{path}: expected arrays x_train/y_train[/x_test/y_test], "
+                            f"train_images/train_labels[/...], or images/labels; found {sorted(arrays)}")
+    labels = [np.asarray(arrays[yk])] + ([np.asarray(arrays[tyk])] if tyk in arrays else [])
+    for y in labels:
+        if not np.issubdtype(y.dtype, np.integer):
+            raise GpuaccelError(f"{path}: labels must be integers, got {y.dtype}")
+        if (y < 0).any():
+            raise GpuaccelError(f"{path}: label {int(y[y < 0][0])} is out of range (labels must be >= 0)")
+    if "classes" in arrays:
+        classes = [str(c) for c in arrays["classes"]]
+    else:
+        classes = [str(i) for i in range(int(max(y.max() for y in labels)) + 1)]
+    train_x = _to_nchw_uint8(arrays[xk], path)
+    test_x = _to_nchw_uint8(arrays[txk], path) if txk in arrays else None
+    return _finish(path.stem, path, opts, train_x, labels[0], classes, test_x,
+                   labels[1] if test_x is not None else None)
+
+
+READERS = {
+    "digits": read_digits,
+    "mnist": read_mnist,
+    "idx": read_mnist,
+    "fashion-mnist": read_mnist,
+    "cifar10": read_cifar,
+    "cifar100": read_cifar,
+    "cifar": read_cifar,
+    "imagefolder": read_image_folder,
+    "tar": read_tar,
+    "npz": read_npz,
+}
+
+
+def detect_kind(path: Path) -> str:
+    """Guesses the format from what is at ``path``."""
+    name = path.name.lower()
+    if path.is_file():
+        if name.endswith(".npz"):
+            return "npz"
+        if name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+            return "tar"
+        raise GpuaccelError(f"{path}: cannot tell the format of this file; give a directory, a .tar[.gz] or "
+                            f".npz, or name the format as KIND:PATH ({', '.join(sorted(READERS))})")
+    entries = {e.name.lower() for e in path.iterdir()}
+    if any("idx3-ubyte" in e for e in entries):
+        return "mnist"
+    if entries & {"data_batch_1", "test_batch", "cifar-10-batches-py", "cifar-100-python"} or \
+            ({"train", "meta"} <= entries and (path / "train").is_file()):
+        return "cifar10"
+    return "imagefolder"

@@ -1,0 +1,120 @@
+"""Decoding image files into uint8 arrays, once, on every CPU core.
+
+Mixed sizes: with ``image_size`` every image is resized (antialiased) to that square
+size; without it the most common size wins and images of any other size are
+resized to it, with a warning naming how many. Channels: grayscale, palette, RGBA
+and CMYK images are all converted; if any image has colour the data set is RGB
+(grayscale images repeated over three channels), otherwise it stays one channel.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import GpuaccelError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+
+
+def is_image_name(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+@dataclass
+class ImageSource:
+    """One image to decode: its name (for messages) and either a path or its bytes."""
+
+    name: str
+    path: str | None = None
+    data: bytes | None = None
+
+
+def _decode_one(source: ImageSource, size: int | None):
+    """Returns (HWC uint8 array, None) or (None, reason); never raises for a bad file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(source.path if source.data is None else io.BytesIO(source.data)) as img:
+            img.load()  # forces a full decode, so a truncated file fails here, not later
+            if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+                array = (np.asarray(img, dtype=np.float64) / 256.0).clip(0, 255).astype(np.uint8)
+                img = Image.fromarray(array, mode="L")
+            elif img.mode in GRAY_MODES:
+                img = img.convert("L")
+            else:
+                img = img.convert("RGB")
+            if size is not None and img.size != (size, size):
+                img = img.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+            array = np.asarray(img, dtype=np.uint8)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return array, None
+
+
+def _decode_chunk(args):
+    sources, size = args
+    return [_decode_one(s, size) for s in sources]
+
+
+def decode_images(sources: list[ImageSource], *, image_size: int | None = None, skip_bad: bool = False,
+                  workers: int | None = None):
+    """Decodes ``sources`` in parallel into one (N, C, H, W) uint8 array.
+
+    Returns (images, kept_indices, bad_names). A file that cannot be decoded raises a
+    GpuaccelError naming it, unless ``skip_bad``, which drops and reports it.
+    """
+    if not sources:
+        raise GpuaccelError("no images to decode")
+    workers = workers or os.cpu_count() or 1
+    chunk = max(1, min(256, len(sources) // (workers * 4) or 1))
+    chunks = [(sources[i:i + chunk], image_size) for i in range(0, len(sources), chunk)]
+    if workers == 1 or len(sources) < 512:
+        results = [r for c in chunks for r in _decode_chunk(c)]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = [r for part in pool.map(_decode_chunk, chunks) for r in part]
+
+    arrays, kept, bad = [], [], []
+    for index, (source, (array, reason)) in enumerate(zip(sources, results)):
+        if array is None:
+            if not skip_bad:
+                raise GpuaccelError(f"cannot decode image {source.name} ({reason}); "
+                                    f"fix or remove it, or pass --skip-bad to skip bad images")
+            bad.append(source.name)
+            continue
+        arrays.append(array)
+        kept.append(index)
+    if not arrays:
+        raise GpuaccelError(f"none of the {len(sources)} images could be decoded")
+
+    channels = 3 if any(a.shape[2] == 3 for a in arrays) else 1
+    sizes = Counter(a.shape[:2] for a in arrays)
+    target = sizes.most_common(1)[0][0]
+    if len(sizes) > 1:
+        odd = sum(n for s, n in sizes.items() if s != target)
+        warnings.warn(f"{odd} of {len(arrays)} images are not {target[1]}x{target[0]}; resized to it "
+                      f"(pass --image-size N to choose the size)", stacklevel=2)
+    out = np.empty((len(arrays), channels, target[0], target[1]), dtype=np.uint8)
+    for i, array in enumerate(arrays):
+        if array.shape[:2] != target:
+            array = _resize(array, target)
+        out[i] = array.transpose(2, 0, 1)  # a grayscale image broadcasts over RGB
+    return out, kept, bad
+
+
+def _resize(array: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    from PIL import Image
+
+    img = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+    resized = np.asarray(img.resize((hw[1], hw[0]), Image.Resampling.BILINEAR), dtype=np.uint8)
+    return resized[:, :, None] if resized.ndim == 2 else resized

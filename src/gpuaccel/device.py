@@ -1,0 +1,103 @@
+"""Choosing the device and the numeric precision, automatically or as forced."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .errors import GpuaccelError, choice_error
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """'auto' picks the first CUDA GPU when there is one, else the CPU."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise GpuaccelError(
+                f"--device {spec} was asked for but no CUDA GPU is visible to PyTorch "
+                f"(torch {torch.__version__}); use --device cpu or --device auto")
+        index = 0
+        if ":" in spec:
+            tail = spec.split(":", 1)[1]
+            if not tail.isdigit():
+                raise GpuaccelError(f"bad device {spec!r}; write cuda:N with N a GPU index")
+            index = int(tail)
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise GpuaccelError(f"--device {spec}: only {count} GPU(s) present (indices 0..{count - 1})")
+        return torch.device("cuda", index)
+    raise choice_error("device", spec, ["auto", "cpu", "cuda", "cuda:N"])
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward and backward passes run: a name, the autocast dtype, loss scaling."""
+
+    name: str
+    autocast_dtype: torch.dtype | None
+    loss_scaling: bool
+
+    def autocast(self, device: torch.device):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype batches are normalised into: the autocast dtype on GPUs saves a cast."""
+        return self.autocast_dtype or torch.float32
+
+
+def resolve_precision(spec: str, device: torch.device) -> Precision:
+    """auto: bf16 autocast on GPUs that support it, fp16 with loss scaling on older GPUs,
+    fp32 on the CPU."""
+    spec = (spec or "auto").strip().lower()
+    if spec not in PRECISIONS:
+        raise choice_error("precision", spec, PRECISIONS)
+    if spec == "auto":
+        if device.type == "cuda":
+            spec = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            spec = "fp32"
+    if spec == "fp32":
+        return Precision("fp32", None, False)
+    if spec == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise GpuaccelError(f"{torch.cuda.get_device_name(device)} has no bf16 support; use --precision fp16")
+        return Precision("bf16", torch.bfloat16, False)
+    if device.type != "cuda":
+        raise GpuaccelError("--precision fp16 needs a CUDA GPU; on the CPU use fp32 or bf16")
+    return Precision("fp16", torch.float16, True)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the kernel reports it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

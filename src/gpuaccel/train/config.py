@@ -1,0 +1,109 @@
+"""The training configuration: plain data, validated once at the edge.
+
+Every field is a command-line option of ``gpuaccel train`` (underscores become dashes)
+and a key of a recipe file; ``config.json`` in each run directory is this, resolved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..data.augment import FLIP_MODES
+from ..device import PRECISIONS
+from ..errors import GpuaccelError, choice_error
+
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("onecycle", "cosine", "constant")
+LOADERS = ("auto", "gpu", "cpu")
+
+
+@dataclass
+class TrainConfig:
+    # what to train on what
+    data: str = "digits"
+    model: str = "lenet5"
+    val_split: float | None = None
+    image_size: int | None = None
+    skip_bad: bool = False
+    cache_dir: str | None = "default"
+    # where and how precisely
+    device: str = "auto"
+    precision: str = "auto"
+    channels_last: bool | None = None  # None: on for GPUs
+    compile: bool = False
+    loader: str = "auto"
+    # optimisation
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    schedule: str = "onecycle"
+    warmup_epochs: float = 1.0
+    label_smoothing: float = 0.0
+    grad_accum: int = 1
+    grad_clip: float | None = None
+    batch_size: int = 128
+    eval_batch_size: int = 1024
+    seed: int = 0
+    # augmentation (applied on the device; see data/augment.py)
+    crop_padding: int = 0
+    flip: str = "none"
+    cutout: int = 0
+    # when to stop
+    epochs: int = 10
+    time_limit: float | None = None
+    target_acc: float | None = None
+    # bookkeeping
+    run_dir: str | None = None
+    eval_every: int | None = None  # optimizer steps; None: at the end of every epoch
+    checkpoint_every: int | None = None  # optimizer steps; epochs are always checkpointed
+    checkpoint_seconds: float = 300.0
+
+    def validate(self) -> "TrainConfig":
+        """Raises GpuaccelError naming the first bad value and the valid ones."""
+        for name, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
+                            ("flip", FLIP_MODES), ("loader", LOADERS)):
+            if getattr(self, name) not in valid:
+                raise choice_error(name.replace("_", " "), getattr(self, name), valid)
+        positive = ("batch_size", "eval_batch_size", "grad_accum", "epochs")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise GpuaccelError(f"--lr must be positive, got {self.lr}")
+        for name in ("weight_decay", "crop_padding", "cutout", "warmup_epochs", "checkpoint_seconds"):
+            if getattr(self, name) < 0:
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise GpuaccelError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.label_smoothing < 1:
+            raise GpuaccelError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.target_acc is not None and not 0 < self.target_acc <= 1:
+            raise GpuaccelError(f"--target-acc is a fraction in (0, 1] (e.g. 0.99), got {self.target_acc}")
+        for name in ("time_limit", "grad_clip"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """Builds a config from a recipe or a saved config.json; unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise GpuaccelError(f"unknown training setting(s) {', '.join(unknown)}; "
+                                f"valid ones: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

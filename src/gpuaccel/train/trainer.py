@@ -1,0 +1,347 @@
+"""The training engine: one loop, read top to bottom in ``fit``.
+
+A ``Trainer`` owns the model, the data loaders, the optimizer and the run directory.
+Per step it does a forward pass under autocast, a backward pass (loss-scaled for
+fp16), and every ``grad_accum`` micro-batches an optimizer and schedule step. Losses
+and accuracies are accumulated on the device and read only at evaluations, so the
+step never waits for the GPU. Evaluations, checkpoints and the stop conditions
+(epochs, time limit, target accuracy) happen between optimizer steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import __version__
+from ..data import ImageDataset, load_dataset
+from ..data.augment import AugmentConfig
+from ..data.loader import DeviceLoader, place_images
+from ..device import device_name, resolve_device, resolve_precision, synchronize
+from ..errors import GpuaccelError
+from ..models import create_model
+from . import checkpoint
+from .config import TrainConfig
+from .optim import build_optimizer, build_scheduler
+from .progress import MetricsFile, Progress
+
+CHECKPOINT = "checkpoint.pt"
+FINAL_MODEL = "model.pt"
+
+
+class Stop(Exception):
+    """Raised by a signal handler so that SIGTERM stops training like Ctrl-C does."""
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, *, dataset: ImageDataset | None = None, model: nn.Module | None = None,
+                 quiet: bool = False):
+        setup_start = time.perf_counter()
+        self.config = config = config.validate()
+        self.quiet = quiet
+        self.device = resolve_device(config.device)
+        self.precision = resolve_precision(config.precision, self.device)
+        self.dataset = dataset or load_dataset(config.data, val_split=config.val_split, image_size=config.image_size,
+                                               skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir)
+
+        torch.manual_seed(config.seed)
+        ds = self.dataset
+        self.model_args = {"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size}
+        self.model = model if model is not None else create_model(config.model, **self.model_args)
+        has_conv = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
+        self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
+            else config.channels_last
+        self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        self.forward = torch.compile(self.model) if config.compile else self.model
+
+        self.mean, self.std = ds.channel_stats()
+        loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
+                           channels_last=self.channels_last, seed=config.seed)
+        self.train_loader = DeviceLoader(
+            place_images(torch.from_numpy(ds.train_images), self.device, force=config.loader),
+            torch.from_numpy(ds.train_labels), batch_size=config.batch_size, train=True,
+            augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
+        self.eval_loader = DeviceLoader(
+            place_images(torch.from_numpy(ds.test_images), self.device, force=config.loader),
+            torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size, train=False, **loader_args)
+
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
+        self.optimizer = build_optimizer(self.model, config, self.device)
+        self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
+
+        # where in the data order training stands, and what it has achieved so far
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.global_step = 0
+        self.train_seconds = 0.0
+        self.images_seen = 0
+        self.best_accuracy = 0.0
+        self.last_eval: dict = {}
+        self.time_to_target: float | None = None
+        self.run_dir: Path | None = None
+        self.setup_seconds = time.perf_counter() - setup_start
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict:
+        """Trains until a stop condition; returns the summary (also written to summary.json)."""
+        cfg = self.config
+        self.run_dir = self.run_dir or self._make_run_dir()
+        metrics = MetricsFile(self.run_dir / "metrics.jsonl")
+        progress = Progress(cfg.epochs * self.steps_per_epoch, self.global_step, self.quiet)
+        progress.log(f"{self.dataset.describe()}; model {cfg.model} "
+                     f"({sum(p.numel() for p in self.model.parameters()):,} parameters) on "
+                     f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}")
+
+        loss_sum = torch.zeros((), device=self.device)  # summed on the device, read at evaluations
+        images_since_eval, seconds_at_eval = 0, self.train_seconds
+        last_checkpoint = time.perf_counter()
+        stopped_by = None
+        wall_start = time.perf_counter()
+        previous_handler = _install_sigterm()
+        self.model.train()
+        try:
+            segment_start = time.perf_counter()
+            while stopped_by is None and self.epoch < cfg.epochs:
+                batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
+                for images, labels in batches:
+                    with self.precision.autocast(self.device):
+                        loss = F.cross_entropy(self.forward(images), labels, label_smoothing=cfg.label_smoothing)
+                    self.scaler.scale(loss / cfg.grad_accum).backward()
+                    loss_sum += loss.detach().float() * labels.shape[0]
+                    images_since_eval += labels.shape[0]
+                    self.batch_in_epoch += 1
+
+                    end_of_epoch = self.batch_in_epoch == len(self.train_loader)
+                    if self.batch_in_epoch % cfg.grad_accum and not end_of_epoch:
+                        continue  # accumulate more micro-batches before stepping
+                    self._optimizer_step()
+                    self.global_step += 1
+                    progress.advance()
+                    if end_of_epoch:
+                        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+                    elapsed = self.train_seconds + time.perf_counter() - segment_start
+                    due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
+                        or self.epoch == cfg.epochs
+                    out_of_time = cfg.time_limit is not None and elapsed >= cfg.time_limit
+                    if due_eval or out_of_time:
+                        synchronize(self.device)
+                        self.train_seconds += time.perf_counter() - segment_start
+                        record = self._evaluate_and_record(loss_sum, images_since_eval,
+                                                           self.train_seconds - seconds_at_eval, wall_start)
+                        metrics.append(record)
+                        progress.log(_format_record(record, cfg.epochs))
+                        loss_sum.zero_()
+                        images_since_eval, seconds_at_eval = 0, self.train_seconds
+                        if cfg.target_acc is not None and record["accuracy"] >= cfg.target_acc:
+                            stopped_by = "target_acc"
+                        segment_start = time.perf_counter()
+                    if out_of_time:
+                        stopped_by = stopped_by or "time_limit"
+                    due_checkpoint = end_of_epoch or stopped_by is not None or \
+                        (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
+                        time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
+                    if due_checkpoint:
+                        pause = time.perf_counter()
+                        self.save_checkpoint()
+                        last_checkpoint = time.perf_counter()
+                        segment_start += last_checkpoint - pause  # checkpoint time is not training time
+                    if stopped_by is not None or end_of_epoch:
+                        break
+            stopped_by = stopped_by or "epochs"
+        except (KeyboardInterrupt, Stop):
+            self.save_checkpoint()
+            progress.close()
+            raise KeyboardInterrupt(str(self.run_dir)) from None
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGTERM, previous_handler)
+        progress.close()
+        return self._finish(stopped_by, time.perf_counter() - wall_start)
+
+    def _optimizer_step(self) -> None:
+        if self.config.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Loss and top-1 accuracy on the held-out split (one host synchronisation at the end)."""
+        was_training = self.model.training
+        self.model.eval()
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        loss_sum = torch.zeros((), device=self.device)
+        for images, labels in self.eval_loader.batches():
+            with self.precision.autocast(self.device):
+                logits = self.forward(images)
+            loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+            correct += (logits.argmax(1) == labels).sum()
+        self.model.train(was_training)
+        count = self.eval_loader.num_images
+        return {"loss": loss_sum.item() / count, "accuracy": correct.item() / count}
+
+    def _evaluate_and_record(self, loss_sum, images, seconds, wall_start) -> dict:
+        train_loss = loss_sum.item() / max(1, images)
+        self.images_seen += images
+        result = self.evaluate()
+        self.last_eval = result
+        self.best_accuracy = max(self.best_accuracy, result["accuracy"])
+        target = self.config.target_acc
+        if target is not None and self.time_to_target is None and result["accuracy"] >= target:
+            self.time_to_target = self.train_seconds
+        return {"step": self.global_step, "epoch": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4),
+                "train_loss": round(train_loss, 6), "loss": round(result["loss"], 6),
+                "accuracy": round(result["accuracy"], 6), "lr": self.scheduler.get_last_lr()[0],
+                "images_per_second": round(images / max(seconds, 1e-9), 1),
+                "elapsed": round(self.train_seconds, 4), "wall": round(time.perf_counter() - wall_start, 4)}
+
+    # ------------------------------------------------------------------ run directory and checkpoints
+
+    def _make_run_dir(self) -> Path:
+        cfg = self.config
+        if cfg.run_dir:
+            path = Path(cfg.run_dir)
+        else:
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            path = Path("runs") / f"{self.dataset.name}-{cfg.model.replace(':', '_').replace('/', '_')}-{stamp}"
+            suffix = 1
+            while path.exists():
+                suffix += 1
+                path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
+        if (path / CHECKPOINT).exists():
+            raise GpuaccelError(f"{path} already holds a run; continue it with --resume {path} or pick another --run-dir")
+        path.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_json(path / "config.json", cfg.to_dict())
+        return path
+
+    def _state(self, full: bool) -> dict:
+        state = {"model_name": self.config.model, "model_args": self.model_args, "classes": self.dataset.classes,
+                 "mean": self.mean, "std": self.std, "config": self.config.to_dict(),
+                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__}
+        if full:
+            state.update(
+                optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                scaler=self.scaler.state_dict(),
+                rng={"torch": torch.get_rng_state(),
+                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                position={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
+                progress={"train_seconds": self.train_seconds, "images_seen": self.images_seen,
+                          "best_accuracy": self.best_accuracy, "time_to_target": self.time_to_target,
+                          "last_eval": self.last_eval})
+        return state
+
+    def save_checkpoint(self) -> Path:
+        path = self.run_dir / CHECKPOINT
+        checkpoint.save(path, self._state(full=True))
+        checkpoint.write_json(self.run_dir / "checkpoint.json",
+                              {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                               "global_step": self.global_step})
+        return path
+
+    def load_state(self, state: dict) -> None:
+        """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped."""
+        if state["model_name"] != self.config.model:
+            raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {self.config.model!r}")
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise GpuaccelError(f"the checkpoint does not fit model {self.config.model!r}: {first}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
+        pos, prog = state["position"], state["progress"]
+        self.epoch, self.batch_in_epoch, self.global_step = pos["epoch"], pos["batch_in_epoch"], pos["global_step"]
+        self.train_seconds, self.images_seen = prog["train_seconds"], prog["images_seen"]
+        self.best_accuracy, self.time_to_target = prog["best_accuracy"], prog["time_to_target"]
+        self.last_eval = prog["last_eval"]
+
+    @classmethod
+    def resume(cls, run_dir, *, overrides: dict | None = None, quiet: bool = False) -> "Trainer":
+        """Rebuilds the trainer of ``run_dir`` from its config.json and continues from its checkpoint.
+
+        ``overrides`` may change the stop conditions, the device and output settings; the
+        model and data must stay those of the run.
+        """
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise GpuaccelError(f"resume directory {run_dir} does not exist")
+        if not (run_dir / CHECKPOINT).exists() or not (run_dir / "config.json").exists():
+            raise GpuaccelError(f"{run_dir} holds no gpuaccel checkpoint to resume ({CHECKPOINT} and config.json)")
+        with open(run_dir / "config.json") as f:
+            config = TrainConfig.from_dict(json.load(f))
+        state = checkpoint.load(run_dir / CHECKPOINT)
+        changeable = {"epochs", "time_limit", "target_acc", "device", "loader", "eval_every", "checkpoint_every",
+                      "checkpoint_seconds", "cache_dir", "compile"}
+        for key, value in (overrides or {}).items():
+            if key == "model" and value != state["model_name"]:
+                raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, "
+                                    f"not {value!r}; resume without --model or start a new run")
+            if getattr(config, key) != value and key not in changeable:
+                raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
+                                    f"(changeable: {', '.join(sorted(changeable))})")
+        config = config.replace(**{k: v for k, v in (overrides or {}).items() if k in changeable})
+        trainer = cls(config, quiet=quiet)
+        trainer.load_state(state)
+        trainer.run_dir = run_dir
+        # evaluations logged after the checkpoint are redone; drop them so the log stays one line per eval
+        metrics = MetricsFile(run_dir / "metrics.jsonl")
+        kept = [r for r in metrics.read() if r["step"] <= trainer.global_step]
+        checkpoint.atomic_write(metrics.path, lambda f: f.write("".join(
+            json.dumps(r) + "\n" for r in kept).encode()))
+        return trainer
+
+    def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
+        checkpoint.save(self.run_dir / FINAL_MODEL, self._state(full=False))
+        images_per_second = self.images_seen / self.train_seconds if self.train_seconds > 0 else 0.0
+        summary = {
+            "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,
+            "channels_last": self.channels_last, "compile": self.config.compile,
+            "model": self.config.model, "parameters": sum(p.numel() for p in self.model.parameters()),
+            "data": self.dataset.name, "train_images": len(self.dataset.train_labels),
+            "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
+            "epochs": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4), "steps": self.global_step,
+            "stopped_by": stopped_by, "setup_seconds": round(self.setup_seconds, 3),
+            "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
+            "images_per_second": round(images_per_second, 1),
+            "test_accuracy": self.last_eval.get("accuracy"), "test_loss": self.last_eval.get("loss"),
+            "best_accuracy": self.best_accuracy, "target_acc": self.config.target_acc,
+            "time_to_target": None if self.time_to_target is None else round(self.time_to_target, 3),
+            "run_dir": str(self.run_dir), "torch": torch.__version__, "gpuaccel": __version__,
+        }
+        checkpoint.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+
+def _format_record(record: dict, epochs: int) -> str:
+    return (f"epoch {record['epoch']:.2f}/{epochs} step {record['step']}: train loss {record['train_loss']:.4f}, "
+            f"test loss {record['loss']:.4f}, test acc {100 * record['accuracy']:.2f}%, "
+            f"{record['images_per_second']:,.0f} img/s, {record['elapsed']:.1f} s")
+
+
+def _install_sigterm():
+    """SIGTERM (what torchrun and schedulers send) checkpoints and stops, like Ctrl-C."""
+    def handler(signum, frame):
+        raise Stop()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return None

@@ -1,0 +1,142 @@
+"""The command line: help a newcomer can read, and one clear line (exit 2) for every user error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLASSES, make_image_folder
+
+from gpuaccel.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(capsys, argv, *needles):
+    code, out, err = run(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("gpuaccel: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def quick(tmp_path):
+    """Common options for a fast run writing into tmp_path."""
+    return ["--epochs", "1", "--quiet", "--cache-dir", str(tmp_path / "cache")]
+
+
+def test_help_explains_the_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    for text in ("--data SPEC", "--target-acc", "--resume RUN_DIR", "examples:", "digits"):
+        assert text in out
+
+
+def test_console_script_entry_point(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "gpuaccel", "models"], capture_output=True, text=True)
+    assert result.returncode == 0 and "resnet18" in result.stdout
+
+
+def test_json_summary_on_stdout(capsys, tmp_path, quick):
+    code, out, _ = run(capsys, "train", "--run-dir", str(tmp_path / "r"), "--json", *quick)
+    summary = json.loads(out)
+    assert code == 0 and summary["model"] == "lenet5" and summary["data"] == "digits"
+    assert summary["run_dir"] == str(tmp_path / "r")
+
+
+def test_human_summary(capsys, tmp_path, quick):
+    code, out, _ = run(capsys, "train", "--recipe", "digits", "--run-dir", str(tmp_path / "r"), *quick)
+    assert code == 0
+    for label in ("device", "precision", "epochs", "wall time", "throughput", "test accuracy", "saved to"):
+        assert label in out
+
+
+def test_missing_path(capsys, tmp_path):
+    assert_user_error(capsys, ["train", "--data", str(tmp_path / "nope")], "does not exist")
+
+
+def test_empty_data_set(capsys, tmp_path):
+    (tmp_path / "empty" / "train" / "cat").mkdir(parents=True)
+    assert_user_error(capsys, ["train", "--data", str(tmp_path / "empty")], "empty")
+
+
+def test_class_folder_without_images(capsys, tmp_path, quick):
+    root = make_image_folder(tmp_path / "img", per_class=(2, 1))
+    (root / "train" / "zebra").mkdir()
+    (root / "train" / "zebra" / "notes.txt").write_text("no images here")
+    assert_user_error(capsys, ["train", "--data", str(root), *quick], "zebra", "holds no images")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_bad_image_named_then_skipped(capsys, tmp_path, quick, damage):
+    root = make_image_folder(tmp_path / "img", per_class=(4, 2), ext="jpg", size=32)
+    bad = root / "train" / CLASSES[1] / "0002.jpg"
+    bad.write_bytes(b"not an image" if damage == "garbage" else bad.read_bytes()[: len(bad.read_bytes()) // 2])
+    assert_user_error(capsys, ["train", "--data", str(root), *quick], str(bad), "--skip-bad")
+    code, out, err = run(capsys, "train", "--data", str(root), "--skip-bad", "--json",
+                         "--run-dir", str(tmp_path / "r"), *quick)
+    assert code == 0 and json.loads(out)["skipped_images"] == 1
+
+
+def test_labels_out_of_range(capsys, tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, images=np.zeros((20, 4, 4), np.uint8), labels=np.arange(20) % 4, classes=np.array(["a", "b", "c"]))
+    assert_user_error(capsys, ["train", "--data", str(path)], "label 3 is out of range", "3 classes")
+    neg = tmp_path / "neg.npz"
+    np.savez(neg, images=np.zeros((20, 4, 4), np.uint8), labels=np.arange(20) - 1)
+    assert_user_error(capsys, ["train", "--data", str(neg)], "label -1 is out of range")
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--model", "resnet9000"], ["unknown model 'resnet9000'", "lenet5"]),
+    (["--optimizer", "lion"], ["unknown optimizer 'lion'", "sgd, adamw"]),
+    (["--precision", "fp8"], ["unknown precision 'fp8'", "bf16"]),
+    (["--schedule", "step"], ["unknown schedule 'step'", "onecycle"]),
+    (["--flip", "sideways"], ["unknown flip 'sideways'", "alternate"]),
+    (["--loader", "disk"], ["unknown loader 'disk'", "gpu"]),
+    (["--batch-size", "0"], ["--batch-size must be"]),
+    (["--target-acc", "99"], ["--target-acc is a fraction"]),
+    (["--precision", "fp16", "--device", "cpu"], ["fp16 needs a CUDA GPU"]),
+    (["--recipe", "nope"], ["unknown recipe 'nope'", "digits"]),
+    (["--bogus"], ["unrecognized arguments: --bogus", "--help"]),
+    (["--epochs", "many"], ["invalid int value"]),
+    (["--data", "bogus:/tmp"], ["unknown data kind 'bogus'"]),
+])
+def test_unknown_or_invalid_values(capsys, argv, needles):
+    assert_user_error(capsys, ["train", *argv], *needles)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu(capsys):
+    assert_user_error(capsys, ["train", "--device", "cuda"], "no CUDA GPU", "--device cpu")
+
+
+def test_resume_errors(capsys, tmp_path, quick):
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path / "gone")], "does not exist")
+    run_dir = tmp_path / "run"
+    assert run(capsys, "train", "--run-dir", str(run_dir), *quick)[0] == 0
+    assert_user_error(capsys, ["train", "--resume", str(run_dir), "--model", "mlp"],
+                      "checkpoint of model 'lenet5'", "not 'mlp'")
+    assert_user_error(capsys, ["train", "--resume", str(run_dir), "--lr", "1.0"], "--lr cannot change")
+    (run_dir / "checkpoint.pt").write_bytes(b"this is not a checkpoint")
+    assert_user_error(capsys, ["train", "--resume", str(run_dir)], "not a readable gpuaccel checkpoint")
+
+
+def test_resume_can_extend_a_finished_run(capsys, tmp_path, quick):
+    run_dir = tmp_path / "run"
+    assert run(capsys, "train", "--run-dir", str(run_dir), *quick)[0] == 0
+    code, out, _ = run(capsys, "train", "--resume", str(run_dir), "--epochs", "2", "--json")
+    assert code == 0 and json.loads(out)["epochs"] == 2

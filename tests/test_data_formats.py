@@ -1,0 +1,177 @@
+"""Every data format is read into the same uint8 NCHW form, with the right labels and classes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import CLASSES, balanced_labels, make_image_folder, make_tar, pattern_images, write_idx
+from PIL import Image
+
+from gpuaccel import GpuaccelError, load_dataset
+from gpuaccel.data import formats, parse_spec
+
+
+def test_digits_is_embedded_and_split_stratified():
+    ds = load_dataset("digits")
+    assert ds.train_images.shape[1:] == (1, 8, 8) and ds.train_images.dtype == np.uint8
+    assert ds.num_classes == 10 and len(ds.train_labels) + len(ds.test_labels) == 1797
+    assert abs(len(ds.test_labels) / 1797 - 0.2) < 0.01
+    assert set(np.unique(ds.test_labels)) == set(range(10))  # every class held out
+    assert ds.train_images.max() > 200  # scaled from 0..16 to 0..255
+
+
+def test_mnist_idx_gz_and_raw(mnist_dir, tmp_path):
+    ds = load_dataset(str(mnist_dir))
+    assert ds.name == "mnist" and ds.train_images.shape == (300, 1, 16, 16) and ds.test_images.shape == (90, 1, 16, 16)
+    expected = balanced_labels(300, 6, 0)
+    np.testing.assert_array_equal(ds.train_labels, expected)
+    np.testing.assert_array_equal(ds.train_images[:, 0], pattern_images(expected, 16, 1, 0))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_idx(raw / "train-images-idx3-ubyte", pattern_images(expected, 16, 1, 0), gz=False)
+    write_idx(raw / "train-labels-idx1-ubyte", expected.astype(np.uint8), gz=False)
+    ds2 = load_dataset(f"idx:{raw}")  # no test files: a held-out split is carved out
+    assert len(ds2.train_labels) + len(ds2.test_labels) == 300 and len(ds2.test_labels) == 30
+
+
+def test_idx_truncated_is_a_clear_error(mnist_dir):
+    import gzip
+    path = mnist_dir / "train-images-idx3-ubyte.gz"
+    data = gzip.decompress(path.read_bytes())[:-100]
+    path.write_bytes(gzip.compress(data))
+    with pytest.raises(GpuaccelError, match="truncated"):
+        load_dataset(str(mnist_dir))
+
+
+def test_cifar_pickles(cifar_dir):
+    ds = load_dataset(str(cifar_dir))
+    assert ds.name == "cifar10" and ds.classes[:2] == ["c0", "c1"]
+    assert ds.train_images.shape == (100, 3, 32, 32) and ds.test_images.shape == (30, 3, 32, 32)
+    labels = balanced_labels(50, 10, 1)
+    np.testing.assert_array_equal(ds.train_images[:50], pattern_images(labels, 32, 3, 1).transpose(0, 3, 1, 2))
+
+
+def test_cifar100_layout(tmp_path):
+    import pickle
+    root = tmp_path / "cifar-100-python"
+    root.mkdir()
+    for name, n in (("train", 40), ("test", 20)):
+        labels = np.arange(n) % 100
+        with open(root / name, "wb") as f:
+            pickle.dump({b"data": np.zeros((n, 3072), np.uint8), b"fine_labels": labels.tolist()}, f)
+    with open(root / "meta", "wb") as f:
+        pickle.dump({b"fine_label_names": [f"k{i}".encode() for i in range(100)]}, f)
+    ds = load_dataset(f"cifar100:{tmp_path}")
+    assert ds.name == "cifar100" and ds.num_classes == 100 and len(ds.test_labels) == 20
+
+
+def test_image_folder_with_splits(image_folder, cache_dir):
+    ds = load_dataset(str(image_folder), cache_dir=cache_dir)
+    assert ds.classes == sorted(CLASSES)
+    assert ds.train_images.shape == (36, 3, 12, 12) and ds.test_images.shape == (12, 3, 12, 12)
+    assert np.bincount(ds.train_labels).tolist() == [12, 12, 12]
+    # pixels survive PNG exactly: the first 'circle' training image
+    expected = pattern_images(np.zeros(12, dtype=int), 12, 3, seed=0 + len("train"))[0].transpose(2, 0, 1)
+    np.testing.assert_array_equal(ds.train_images[0], expected)
+
+
+def test_image_folder_single_tree_uses_val_split(tmp_path, cache_dir):
+    root = make_image_folder(tmp_path / "flat", per_class=(10, 0), split=False)
+    ds = load_dataset(str(root), val_split=0.3, cache_dir=cache_dir)
+    assert len(ds.test_labels) == 9 and len(ds.train_labels) == 21
+    assert np.bincount(ds.test_labels).tolist() == [3, 3, 3]
+
+
+def test_val_split_refused_when_test_split_exists(image_folder, cache_dir):
+    with pytest.raises(GpuaccelError, match="already has a test split"):
+        load_dataset(str(image_folder), val_split=0.2, cache_dir=cache_dir)
+
+
+@pytest.mark.parametrize("mode,channels", [("L", 1), ("P", 3), ("RGBA", 3)])
+def test_channel_conversion(tmp_path, cache_dir, mode, channels):
+    root = make_image_folder(tmp_path / mode, per_class=(3, 1), mode=mode)
+    ds = load_dataset(str(root), cache_dir=cache_dir)
+    assert ds.in_channels == channels
+
+
+def test_mixed_gray_and_rgb_become_rgb(tmp_path, cache_dir):
+    root = make_image_folder(tmp_path / "mixed", per_class=(3, 1))
+    gray = root / "train" / CLASSES[0] / "0000.png"
+    Image.open(gray).convert("L").save(gray)
+    ds = load_dataset(str(root), cache_dir=cache_dir)
+    assert ds.in_channels == 3
+    first = ds.train_images[0]
+    assert (first[0] == first[1]).all() and (first[1] == first[2]).all()  # gray repeated over RGB
+
+
+def test_mixed_sizes_resized_to_most_common_with_warning(tmp_path, cache_dir):
+    root = make_image_folder(tmp_path / "sizes", per_class=(3, 1))
+    Image.new("RGB", (20, 17), "red").save(root / "train" / CLASSES[1] / "big.png")
+    with pytest.warns(UserWarning, match="1 of 13 images are not 12x12"):
+        ds = load_dataset(str(root), cache_dir=cache_dir)
+    assert ds.train_images.shape[2:] == (12, 12)
+    ds = load_dataset(str(root), cache_dir=cache_dir, image_size=8)
+    assert ds.train_images.shape[2:] == (8, 8) and ds.test_images.shape[2:] == (8, 8)
+
+
+def test_jpeg_and_tar_archives(tmp_path, cache_dir):
+    root = make_image_folder(tmp_path / "jpg", per_class=(4, 2), ext="jpg")
+    from_dir = load_dataset(str(root), cache_dir=cache_dir)
+    for name, wrap in (("wrapped.tar.gz", "cifar10"), ("flat.tar", None)):
+        archive = make_tar(root, tmp_path / name, wrap)
+        from_tar = load_dataset(str(archive), cache_dir=cache_dir)
+        assert from_tar.classes == from_dir.classes
+        np.testing.assert_array_equal(from_tar.train_images, from_dir.train_images)
+        np.testing.assert_array_equal(from_tar.test_labels, from_dir.test_labels)
+
+
+def test_npz_layouts(npz_file, tmp_path):
+    ds = load_dataset(str(npz_file))
+    assert ds.train_images.shape == (120, 3, 12, 12) and ds.num_classes == 4
+    flat = tmp_path / "flat.npz"
+    y = balanced_labels(50, 5)
+    np.savez(flat, images=pattern_images(y, 10, 1).astype(np.float32) / 255.0, labels=y,
+             classes=np.array(list("abcde")))
+    ds = load_dataset(f"npz:{flat}", val_split=0.2)
+    assert ds.classes == list("abcde") and ds.train_images.dtype == np.uint8 and len(ds.test_labels) == 10
+    # floats in [0, 1] are scaled back to 0..255 (within rounding)
+    assert abs(int(ds.train_images.max()) - int(pattern_images(y, 10, 1).max())) <= 1
+
+
+def test_decoded_images_are_cached(image_folder, cache_dir, monkeypatch):
+    first = load_dataset(str(image_folder), cache_dir=cache_dir)
+    assert len(list(cache_dir.glob("*.npz"))) == 1
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again despite a warm cache")
+    monkeypatch.setattr(formats, "decode_images", no_decoding)
+    second = load_dataset(str(image_folder), cache_dir=cache_dir)
+    np.testing.assert_array_equal(first.train_images, second.train_images)
+    # a changed file changes the key: the cache is not trusted blindly
+    path = image_folder / "train" / CLASSES[0] / "0000.png"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(AssertionError, match="decoded again"):
+        load_dataset(str(image_folder), cache_dir=cache_dir)
+
+
+def test_parallel_decoding_matches_serial(tmp_path):
+    from gpuaccel.data.images import ImageSource, decode_images
+    root = make_image_folder(tmp_path / "many", per_class=(200, 0), size=8, split=False)
+    sources = [ImageSource(str(p), str(p)) for p in sorted(root.rglob("*.png"))]
+    assert len(sources) >= 512  # large enough for the process pool
+    parallel, _, _ = decode_images(sources, workers=2)
+    serial, _, _ = decode_images(sources, workers=1)
+    np.testing.assert_array_equal(parallel, serial)
+
+
+def test_spec_detection(mnist_dir, cifar_dir, image_folder, npz_file, tmp_path):
+    assert parse_spec("digits") == ("digits", None)
+    assert parse_spec(str(mnist_dir))[0] == "mnist"
+    assert parse_spec(str(cifar_dir))[0] == "cifar10"
+    assert parse_spec(str(image_folder))[0] == "imagefolder"
+    assert parse_spec(str(npz_file))[0] == "npz"
+    assert parse_spec(f"imagefolder:{image_folder}") == ("imagefolder", image_folder)
+    with pytest.raises(GpuaccelError, match="unknown data kind 'bogus'"):
+        parse_spec(f"bogus:{image_folder}")

@@ -1,0 +1,142 @@
+"""The device loader's logic, run on CPU tensors (the same code runs on the GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpuaccel.data import augment as aug
+from gpuaccel.data.augment import AugmentConfig
+from gpuaccel.data.loader import DeviceLoader
+
+CPU = torch.device("cpu")
+
+
+def make_loader(n=103, batch=10, train=True, rank=0, world=1, seed=0, augment=None, drop_last=None):
+    images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous()
+    return DeviceLoader(images, torch.arange(n), batch_size=batch, device=CPU, mean=[0.0], std=[1 / 255],
+                        train=train, seed=seed, augment=augment, rank=rank, world_size=world, drop_last=drop_last)
+
+
+def served_labels(loader, epoch=0, start=0):
+    return torch.cat([y for _, y in loader.batches(epoch, start)])
+
+
+def test_each_sample_exactly_once_per_epoch_without_drop():
+    loader = make_loader(drop_last=False)
+    for epoch in range(3):
+        seen = served_labels(loader, epoch)
+        assert sorted(seen.tolist()) == list(range(103))
+
+
+def test_drop_last_keeps_batches_full_and_shuffles_by_epoch():
+    loader = make_loader()
+    assert len(loader) == 10 and all(x.shape[0] == 10 for x, _ in loader.batches(0))
+    assert not torch.equal(served_labels(loader, 0), served_labels(loader, 1))
+
+
+def test_images_and_labels_stay_paired_and_normalised():
+    loader = make_loader()
+    for x, y in loader.batches(2):
+        # image i holds the value i everywhere; mean 0, std 1/255 makes normalisation the identity
+        assert torch.equal(x[:, 0, 0, 0], y.float())
+
+
+def test_same_seed_same_order_other_seed_other_order():
+    assert torch.equal(served_labels(make_loader(seed=3), 1), served_labels(make_loader(seed=3), 1))
+    assert not torch.equal(served_labels(make_loader(seed=3), 1), served_labels(make_loader(seed=4), 1))
+
+
+def test_resuming_mid_epoch_serves_the_rest_identically():
+    cfg = AugmentConfig(crop_padding=1, flip="random", cutout=2)
+    loader = make_loader(augment=cfg)
+    full = list(loader.batches(epoch=1))
+    rest = list(make_loader(augment=cfg).batches(epoch=1, start=4))
+    assert len(rest) == len(full) - 4
+    for (xa, ya), (xb, yb) in zip(full[4:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shards_are_disjoint_and_cover_the_epoch(world):
+    shards = [make_loader(n=101, rank=r, world=world, drop_last=False).epoch_indices(5) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # every rank takes the same number of steps
+    together = torch.cat(shards).tolist()
+    assert set(together) == set(range(101))
+    assert len(together) - 101 < world  # only the wrap-around padding repeats
+    firsts = [set(s.tolist()) for s in shards]
+    overlap = sum(len(a & b) for i, a in enumerate(firsts) for b in firsts[i + 1:])
+    assert overlap == len(together) - 101
+
+
+def test_eval_shards_split_exactly():
+    shards = [make_loader(n=101, train=False, rank=r, world=3).epoch_indices(0) for r in range(3)]
+    assert sorted(torch.cat(shards).tolist()) == list(range(101))
+
+
+def reference_crop(image: np.ndarray, dy: int, dx: int, pad: int) -> np.ndarray:
+    padded = np.pad(image, ((0, 0), (pad, pad), (pad, pad)), mode="reflect")
+    return padded[:, dy:dy + image.shape[1], dx:dx + image.shape[2]]
+
+
+def test_random_crop_matches_a_reflect_pad_reference():
+    x = torch.randn(16, 3, 8, 8)
+    out = aug.random_crop(x, 2, torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)  # the same draws the op made
+    dy = torch.randint(0, 5, (16,), generator=gen)
+    dx = torch.randint(0, 5, (16,), generator=gen)
+    for i in range(16):
+        np.testing.assert_allclose(out[i].numpy(), reference_crop(x[i].numpy(), int(dy[i]), int(dx[i]), 2))
+    assert len({(int(a), int(b)) for a, b in zip(dy, dx)}) > 1  # offsets really vary
+
+
+def test_flip_mirrors_exactly_the_masked_images():
+    x = torch.randn(6, 2, 3, 5)
+    mask = torch.tensor([True, False, True, False, False, True])
+    out = aug.apply_flip(x, mask)
+    for i in range(6):
+        assert torch.equal(out[i], x[i].flip(-1) if mask[i] else x[i])
+
+
+def test_alternating_flip_flips_each_image_in_exactly_one_of_two_epochs():
+    idx = torch.arange(1000)
+    gen = torch.Generator()
+    even = aug.flip_mask(idx, 4, "alternate", seed=1, generator=gen)
+    odd = aug.flip_mask(idx, 5, "alternate", seed=1, generator=gen)
+    assert torch.equal(even, ~odd)
+    assert 0.4 < even.float().mean() < 0.6
+    random = aug.flip_mask(idx, 0, "random", seed=1, generator=gen)
+    assert 0.4 < random.float().mean() < 0.6
+
+
+def test_cutout_zeroes_one_square_of_the_right_size():
+    x = torch.ones(50, 1, 16, 16)
+    out = aug.cutout(x, 4, torch.Generator().manual_seed(0))
+    zeros = (out == 0).sum(dim=(1, 2, 3))
+    assert zeros.max() == 16 and zeros.min() >= 4  # squares clipped at the border lose area
+    for i in range(50):
+        ys, xs = torch.nonzero(out[i, 0] == 0, as_tuple=True)
+        assert ys.max() - ys.min() < 4 and xs.max() - xs.min() < 4
+
+
+def test_augmented_loader_is_deterministic_and_only_in_training():
+    cfg = AugmentConfig(crop_padding=1, flip="alternate", cutout=2)
+    a = [x for x, _ in make_loader(augment=cfg).batches(0)]
+    b = [x for x, _ in make_loader(augment=cfg).batches(0)]
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    ev = make_loader(train=False, augment=cfg)
+    x, y = next(ev.batches())
+    assert torch.equal(x[:, 0, 0, 0], y.float())  # evaluation is never augmented
+
+
+def test_channels_last_and_dtype():
+    images = torch.randint(0, 255, (8, 3, 4, 4), dtype=torch.uint8)
+    loader = DeviceLoader(images, torch.zeros(8, dtype=torch.long), batch_size=4, device=CPU, mean=[0.5] * 3,
+                          std=[0.25] * 3, train=False, dtype=torch.bfloat16, channels_last=True)
+    x, _ = next(loader.batches())
+    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    expected = (images[:4].float() / 255 - 0.5) / 0.25
+    torch.testing.assert_close(x.float(), expected, atol=0.02, rtol=0.01)
+    F.conv2d(x.float(), torch.randn(2, 3, 3, 3))  # a usable input

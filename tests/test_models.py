@@ -1,0 +1,61 @@
+"""The registry builds every model for any image size and channel count."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from gpuaccel import GpuaccelError, create_model, list_models
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", "resnet18", "resnet34", "resnet50", "mobilenet_v2"])
+@pytest.mark.parametrize("size,channels", [(8, 1), (32, 3), (64, 3)])
+def test_every_model_maps_images_to_class_logits(name, size, channels):
+    if name in ("resnet34", "resnet50", "mobilenet_v2") and size == 64:
+        pytest.skip("the ImageNet stem is covered by resnet18; keeps the suite fast")
+    model = create_model(name, num_classes=7, in_channels=channels, image_size=size).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, channels, size, size))
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+
+
+def test_resnet_stem_follows_image_size():
+    small = create_model("resnet18", image_size=32)
+    large = create_model("resnet18", image_size=224)
+    assert small.stem[0].stride == (1, 1) and large.stem[0][0].stride == (2, 2)
+
+
+def test_registry_lists_builtins():
+    assert {"mlp", "lenet5", "resnet18", "resnet34", "resnet50", "mobilenet_v2"} <= set(list_models())
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(GpuaccelError, match="unknown model 'resnet9000'.*lenet5.*resnet18"):
+        create_model("resnet9000")
+
+
+def test_user_model_from_module(tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text(
+        "import torch.nn as nn\n"
+        "def tiny(num_classes, in_channels):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))\n"
+        "def not_a_module(**kw):\n"
+        "    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = create_model("my_models:tiny", num_classes=4, in_channels=1, image_size=8)
+    assert model(torch.randn(3, 1, 8, 8)).shape == (3, 4)
+    with pytest.raises(GpuaccelError, match="not a torch.nn.Module"):
+        create_model("my_models:not_a_module")
+    with pytest.raises(GpuaccelError, match="no callable 'missing'"):
+        create_model("my_models:missing")
+    with pytest.raises(GpuaccelError, match="cannot import"):
+        create_model("no_such_module_xyz:f")
+
+
+def test_timm_models_pass_through_or_explain(monkeypatch):
+    if "timm" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "timm", None)  # make 'import timm' fail for sure
+        with pytest.raises(GpuaccelError, match="pip install timm"):
+            create_model("timm:resnet18")

@@ -1,0 +1,155 @@
+"""The training engine learns, stops when told, logs what it did, and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuaccel import GpuaccelError, TrainConfig, Trainer, load_dataset
+from gpuaccel.train import checkpoint
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+def fit(tmp_path, dataset, **kw):
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, **kw)
+    return Trainer(cfg, dataset=dataset, quiet=True).fit()
+
+
+def test_short_run_really_learns_and_writes_its_run_dir(tmp_path, digits):
+    s = fit(tmp_path, digits, model="lenet5", epochs=6, batch_size=32, label_smoothing=0.1)
+    assert s["test_accuracy"] > 0.9  # chance is 0.1
+    run = Path(s["run_dir"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert set(records[0]) >= {"step", "epoch", "loss", "accuracy", "images_per_second", "elapsed"}
+    assert records[-1]["accuracy"] == pytest.approx(s["test_accuracy"], abs=1e-6)
+    assert json.loads((run / "summary.json").read_text())["test_accuracy"] == s["test_accuracy"]
+    assert json.loads((run / "config.json").read_text())["model"] == "lenet5"
+    final = checkpoint.load(run / "model.pt")
+    assert final["model_name"] == "lenet5" and final["classes"] == digits.classes
+    assert s["stopped_by"] == "epochs" and s["device"] == "cpu" and s["precision"] == "fp32"
+
+
+def test_learns_from_generated_image_folder(tmp_path, image_folder):
+    ds = load_dataset(str(image_folder), cache_dir=None)
+    s = fit(tmp_path, ds, model="resnet18", epochs=4, batch_size=8, lr=0.02, crop_padding=1)
+    assert s["test_accuracy"] >= 0.8  # three classes: chance is 0.33
+
+
+@pytest.mark.parametrize("options", [
+    dict(optimizer="adamw", lr=3e-3, schedule="cosine", grad_clip=1.0),
+    dict(schedule="constant", grad_accum=3, flip="random", cutout=2, crop_padding=1, precision="bf16"),
+    dict(model="mlp", nesterov=False, momentum=0.0, eval_every=20),
+])
+def test_option_combinations_train(tmp_path, digits, options):
+    s = fit(tmp_path, digits, **{"epochs": 4, "batch_size": 32, **options})
+    assert s["test_accuracy"] > 0.6
+
+
+def test_grad_accumulation_counts_optimizer_steps(tmp_path, digits):
+    s = fit(tmp_path, digits, epochs=1, batch_size=32, grad_accum=4)
+    assert s["steps"] == -(-(len(digits.train_labels) // 32) // 4)
+
+
+def test_target_accuracy_stops_early_and_records_time(tmp_path, digits):
+    s = fit(tmp_path, digits, epochs=30, batch_size=32, target_acc=0.85, eval_every=10)
+    assert s["stopped_by"] == "target_acc" and s["test_accuracy"] >= 0.85
+    assert 0 < s["time_to_target"] <= s["train_seconds"] and s["epochs"] < 30
+
+
+def test_time_limit_stops(tmp_path, digits):
+    s = fit(tmp_path, digits, model="resnet18", epochs=50, batch_size=64, time_limit=1.0)
+    assert s["stopped_by"] == "time_limit" and s["epochs"] < 50 and s["test_accuracy"] is not None
+
+
+def test_run_dir_with_a_checkpoint_is_not_overwritten(tmp_path, digits):
+    fit(tmp_path, digits, epochs=1)
+    with pytest.raises(GpuaccelError, match="already holds a run"):
+        fit(tmp_path, digits, epochs=1)
+
+
+def test_checkpoint_files_are_replaced_atomically(tmp_path):
+    target = tmp_path / "state.pt"
+    checkpoint.save(target, {"a": torch.ones(3)})
+
+    def broken(f):
+        f.write(b"partial")
+        raise OSError("disk full")
+    with pytest.raises(OSError):
+        checkpoint.atomic_write(target, broken)
+    assert torch.equal(checkpoint.load(target)["a"], torch.ones(3))  # the old file survived intact
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temporary left behind
+
+
+def _train_command(run_dir, epochs=3):
+    return [sys.executable, "-m", "gpuaccel", "train", "--data", "digits", "--model", "lenet5", "--batch-size", "8",
+            "--epochs", str(epochs), "--checkpoint-every", "10", "--run-dir", str(run_dir), "--quiet"]
+
+
+def _final_weights(run_dir):
+    return checkpoint.load(Path(run_dir) / "model.pt")["model"]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_resume_after_sigkill_ends_with_identical_weights(tmp_path):
+    reference = tmp_path / "reference"
+    subprocess.run(_train_command(reference), check=True, env=_env(), capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_command(killed), env=_env(), stderr=subprocess.PIPE)
+    marker = killed / "checkpoint.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if marker.exists():
+            position = json.loads(marker.read_text())
+            if position["epoch"] >= 1 and position["batch_in_epoch"] > 0:
+                break  # a checkpoint in the middle of the second epoch
+        time.sleep(0.005)
+    assert proc.poll() is None, "training finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "summary.json").exists()
+    stopped_at = json.loads(marker.read_text())
+    assert stopped_at["batch_in_epoch"] > 0  # resume starts mid-epoch
+
+    result = subprocess.run([sys.executable, "-m", "gpuaccel", "train", "--resume", str(killed), "--json"],
+                            env=_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["epochs"] == 3
+    ref, got = _final_weights(reference), _final_weights(killed)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(ref[key], got[key]), key
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and len(steps) == 3  # one record per evaluation, none repeated
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(_train_command(run_dir, epochs=200), env=_env(),
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / "checkpoint.json").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "checkpoint saved" in err and f"--resume {run_dir}" in err
+    assert (run_dir / "checkpoint.pt").exists()
