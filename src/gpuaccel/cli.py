@@ -70,7 +70,10 @@ def _train_parser(sub) -> None:
     m.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="NHWC memory layout (default: on for GPUs)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model (slower start, faster steps)")
+                   help="torch.compile the model (slower start, faster steps; compiled kernels are cached on disk)")
+    m.add_argument("--compile-mode", metavar="MODE",
+                   help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
+                        "max-autotune-no-cudagraphs")
 
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", metavar="NAME", help="sgd (default, Nesterov momentum) or adamw")
@@ -80,7 +83,13 @@ def _train_parser(sub) -> None:
     o.add_argument("--weight-decay", type=float, help="on weights, not on biases or norms (default 5e-4)")
     o.add_argument("--schedule", metavar="NAME", help="onecycle (default), cosine (with warm-up) or constant")
     o.add_argument("--warmup-epochs", type=float, help="length of the rising part of the schedule (default 1)")
+    o.add_argument("--bias-lr-scale", type=float, metavar="X",
+                   help="learning-rate multiplier for biases and norm parameters (default 1)")
     o.add_argument("--label-smoothing", type=float, help="(default 0)")
+    o.add_argument("--ema", type=float, metavar="DECAY",
+                   help="evaluate an exponential moving average of the weights (e.g. 0.99 per step)")
+    o.add_argument("--tta", type=int, metavar="LEVEL",
+                   help="test-time augmentation: 0 none (default), 1 flip, 2 flip and one-pixel translations")
     o.add_argument("--grad-accum", type=int, metavar="K",
                    help="accumulate K batches per optimizer step (effective batch = K x batch size)")
     o.add_argument("--grad-clip", type=float, metavar="NORM", help="clip the gradient norm to NORM")

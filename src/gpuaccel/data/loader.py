@@ -87,6 +87,13 @@ class DeviceLoader:
             order = torch.cat([order, order[: total - self.num_images]])
         return order[self.rank::self.world_size]
 
+    def normalised_sample(self, count: int) -> torch.Tensor:
+        """The first ``count`` images of a fixed random order, normalised, on the compute device
+        (for data-dependent initialisation such as patch whitening)."""
+        idx = torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
+        x = self.images[idx.to(self.images.device)].to(self.device)
+        return (x.float() - self.mean) * self.inv_std
+
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``."""
         order = self.epoch_indices(epoch).to(self.images.device)

@@ -16,6 +16,7 @@ from ..errors import GpuaccelError, choice_error
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LOADERS = ("auto", "gpu", "cpu")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class TrainConfig:
     precision: str = "auto"
     channels_last: bool | None = None  # None: on for GPUs
     compile: bool = False
+    compile_mode: str = "default"
     loader: str = "auto"
     # optimisation
     optimizer: str = "sgd"
@@ -39,6 +41,7 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
+    bias_lr_scale: float = 1.0  # learning-rate multiplier for biases and norm parameters (no weight decay)
     schedule: str = "onecycle"
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
@@ -47,6 +50,8 @@ class TrainConfig:
     batch_size: int = 128
     eval_batch_size: int = 1024
     seed: int = 0
+    ema: float | None = None  # decay of an exponential moving average of the weights, used for evaluation
+    tta: int = 0  # test-time augmentation: 0 none, 1 + horizontal flip, 2 + one-pixel translations
     # augmentation (applied on the device; see data/augment.py)
     crop_padding: int = 0
     flip: str = "none"
@@ -64,15 +69,21 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Raises GpuaccelError naming the first bad value and the valid ones."""
         for name, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
-                            ("flip", FLIP_MODES), ("loader", LOADERS)):
+                            ("flip", FLIP_MODES), ("loader", LOADERS), ("compile_mode", COMPILE_MODES)):
             if getattr(self, name) not in valid:
                 raise choice_error(name.replace("_", " "), getattr(self, name), valid)
         positive = ("batch_size", "eval_batch_size", "grad_accum", "epochs")
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(self, name)}")
+        if self.ema is not None and not 0 < self.ema < 1:
+            raise GpuaccelError(f"--ema is a decay in (0, 1) (e.g. 0.99), got {self.ema}")
+        if self.tta not in (0, 1, 2):
+            raise GpuaccelError(f"--tta must be 0 (none), 1 (flip) or 2 (flip and translate), got {self.tta}")
         if not self.lr > 0:
             raise GpuaccelError(f"--lr must be positive, got {self.lr}")
+        if not self.bias_lr_scale > 0:
+            raise GpuaccelError(f"--bias-lr-scale must be positive, got {self.bias_lr_scale}")
         for name in ("weight_decay", "crop_padding", "cutout", "warmup_epochs", "checkpoint_seconds"):
             if getattr(self, name) < 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

@@ -11,13 +11,14 @@ from .config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy."""
+    """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
+    Those also take ``bias_lr_scale`` times the learning rate."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim > 1 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": config.weight_decay, "lr": config.lr},
+              {"params": no_decay, "weight_decay": 0.0, "lr": config.lr * config.bias_lr_scale}]
     fused = {"fused": True} if device.type == "cuda" else {}
     if config.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999), **fused)

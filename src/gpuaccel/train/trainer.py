@@ -10,8 +10,10 @@ step never waits for the GPU. Evaluations, checkpoints and the stop conditions
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import os
 import signal
 import time
 from datetime import datetime
@@ -30,6 +32,7 @@ from ..errors import GpuaccelError
 from ..models import create_model
 from . import checkpoint
 from .config import TrainConfig
+from .ema import WeightAverage
 from .optim import build_optimizer, build_scheduler
 from .progress import MetricsFile, Progress
 
@@ -60,7 +63,8 @@ class Trainer:
         self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
             else config.channels_last
         self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
 
         self.mean, self.std = ds.channel_stats()
         loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
@@ -72,6 +76,11 @@ class Trainer:
         self.eval_loader = DeviceLoader(
             place_images(torch.from_numpy(ds.test_images), self.device, force=config.loader),
             torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size, train=False, **loader_args)
+        if hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
+            self.model.data_init(self.train_loader.normalised_sample(5000))
+        self.ema = WeightAverage(self.model, config.ema) if config.ema else None
+        self.forward = self._compiled(self.model)
+        self.eval_forward = self._compiled(self.ema.module) if self.ema else self.forward
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device)
@@ -88,7 +97,17 @@ class Trainer:
         self.last_eval: dict = {}
         self.time_to_target: float | None = None
         self.run_dir: Path | None = None
+        self.warmup_seconds = 0.0
         self.setup_seconds = time.perf_counter() - setup_start
+
+    def _compiled(self, module: nn.Module):
+        if not self.config.compile:
+            return module
+        # compiled kernels are cached on disk, so only the first run on a machine pays for them
+        from ..data.cache import default_cache_dir
+
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
+        return torch.compile(module, mode=self.config.compile_mode)
 
     # ------------------------------------------------------------------ the loop
 
@@ -102,6 +121,10 @@ class Trainer:
                      f"({sum(p.numel() for p in self.model.parameters()):,} parameters) on "
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}")
 
+        if self.config.compile or self.device.type == "cuda":
+            self.warmup_seconds = self.warm_up()
+            progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
+                         f"not counted as training time")
         loss_sum = torch.zeros((), device=self.device)  # summed on the device, read at evaluations
         images_since_eval, seconds_at_eval = 0, self.train_seconds
         last_checkpoint = time.perf_counter()
@@ -177,17 +200,67 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def warm_up(self) -> float:
+        """Runs two training steps and a full evaluation, then puts every piece of state back,
+        so that compilation and cuDNN autotuning happen before the clock starts.
+        Returns the seconds it took."""
+        start = time.perf_counter()
+        saved = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                 "ema": copy.deepcopy(self.ema.state_dict()) if self.ema else None,
+                 "rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
+        images, labels = next(iter(self.train_loader.batches(0)))
+        for _ in range(2):
+            with self.precision.autocast(self.device):
+                loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
+            self.scaler.scale(loss).backward()
+            self._optimizer_step()
+        self.evaluate()
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        if self.ema:
+            self.ema.load_state_dict(saved["ema"])
+        torch.set_rng_state(saved["rng"])
+        if saved["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        synchronize(self.device)
+        return time.perf_counter() - start
+
+    def _tta_logits(self, net, images: torch.Tensor) -> torch.Tensor:
+        """Mean logits over the image, its mirror (tta >= 1) and one-pixel translations of both
+        (tta 2, half weight each)."""
+        logits = net(images)
+        if self.config.tta == 0:
+            return logits
+        flipped = images.flip(-1)
+        logits = logits + net(flipped)
+        if self.config.tta == 1:
+            return logits / 2
+        padded = [F.pad(x, (1, 1, 1, 1), mode="reflect") for x in (images, flipped)]
+        h, w = images.shape[2:]
+        for x in padded:
+            for dy, dx in ((0, 0), (2, 2)):
+                logits = logits + 0.5 * net(x[:, :, dy:dy + h, dx:dx + w])
+        return logits / 4
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Loss and top-1 accuracy on the held-out split (one host synchronisation at the end)."""
+        """Loss and top-1 accuracy on the held-out split (one host synchronisation at the end),
+        with the weight average when there is one."""
+        net = self.eval_forward
         was_training = self.model.training
         self.model.eval()
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         loss_sum = torch.zeros((), device=self.device)
         for images, labels in self.eval_loader.batches():
             with self.precision.autocast(self.device):
-                logits = self.forward(images)
+                logits = self._tta_logits(net, images)
             loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += (logits.argmax(1) == labels).sum()
         self.model.train(was_training)
@@ -232,11 +305,12 @@ class Trainer:
         state = {"model_name": self.config.model, "model_args": self.model_args, "classes": self.dataset.classes,
                  "mean": self.mean, "std": self.std, "config": self.config.to_dict(),
                  "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
                  "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__}
         if full:
             state.update(
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                scaler=self.scaler.state_dict(),
+                scaler=self.scaler.state_dict(), ema=self.ema.state_dict() if self.ema else None,
                 rng={"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
                 position={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
@@ -265,6 +339,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state.get("ema"):
+            self.ema.load_state_dict(state["ema"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
@@ -320,6 +396,7 @@ class Trainer:
             "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
             "epochs": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4), "steps": self.global_step,
             "stopped_by": stopped_by, "setup_seconds": round(self.setup_seconds, 3),
+            "warmup_seconds": round(self.warmup_seconds, 3),
             "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
             "images_per_second": round(images_per_second, 1),
             "test_accuracy": self.last_eval.get("accuracy"), "test_loss": self.last_eval.get("loss"),
