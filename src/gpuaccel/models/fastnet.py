@@ -21,7 +21,7 @@ class FixedScaleBatchNorm(nn.BatchNorm2d):
     """Batch norm that learns only its shift: the scale is redundant before a GELU and a
     scale-invariant next layer, and leaving it out trains faster."""
 
-    def __init__(self, channels: int, momentum: float = 0.4, eps: float = 1e-12):
+    def __init__(self, channels: int, momentum: float = 0.4, eps: float = 1e-5):
         super().__init__(channels, eps=eps, momentum=momentum)
         self.weight.requires_grad_(False)
 
@@ -73,7 +73,9 @@ class FastNet(nn.Module):
 
     def forward(self, x):
         x = self.stages(F.gelu(self.whiten(x)))
-        x = torch.amax(x, dim=(2, 3))
+        # not torch.amax(x, dim=(2, 3)): compiled with bf16 autocast (torch 2.11-2.13) its
+        # backward gives NaN gradients; the pooling op is correct and as fast
+        x = F.adaptive_max_pool2d(x, 1).flatten(1)
         return self.head(x) * self.head_scale
 
 
