@@ -20,23 +20,28 @@ class WeightAverage:
             p.requires_grad_(False)
         self.decay = decay
         self.updates = 0
+        self._tensors = None  # (ours, theirs) float tensors and other tensors, found once
 
-    def _pairs(self, model: nn.Module):
+    def _pair_up(self, model: nn.Module):
+        # state_dict() returns the same tensor objects every time (loading copies in place)
         ours = list(self.module.state_dict().values())
-        theirs = list(model.state_dict().values())
-        floats = [(a, b) for a, b in zip(ours, theirs) if a.is_floating_point()]
-        others = [(a, b) for a, b in zip(ours, theirs) if not a.is_floating_point()]
-        return floats, others
+        theirs = [t.detach() for t in model.state_dict().values()]
+        floats = [i for i, t in enumerate(ours) if t.is_floating_point()]
+        others = [i for i, t in enumerate(ours) if not t.is_floating_point()]
+        return ([ours[i] for i in floats], [theirs[i] for i in floats],
+                [ours[i] for i in others], [theirs[i] for i in others])
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """Early on the average follows the model closely (decay (1+n)/(10+n)), so it is
         never dominated by the random initialisation."""
+        if self._tensors is None:
+            self._tensors = self._pair_up(model)
+        ours, theirs, our_counts, their_counts = self._tensors
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        floats, others = self._pairs(model)
-        torch._foreach_lerp_([a for a, _ in floats], [b.detach() for _, b in floats], 1.0 - decay)
-        for a, b in others:  # e.g. batch norm's step counters
+        torch._foreach_lerp_(ours, theirs, 1.0 - decay)
+        for a, b in zip(our_counts, their_counts):  # e.g. batch norm's step counters
             a.copy_(b)
 
     def state_dict(self) -> dict:

@@ -244,9 +244,12 @@ class Trainer:
             return logits / 2
         padded = [F.pad(x, (1, 1, 1, 1), mode="reflect") for x in (images, flipped)]
         h, w = images.shape[2:]
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
         for x in padded:
             for dy, dx in ((0, 0), (2, 2)):
-                logits = logits + 0.5 * net(x[:, :, dy:dy + h, dx:dx + w])
+                # a contiguous copy has the strides of a normal batch: no recompilation
+                shifted = x[:, :, dy:dy + h, dx:dx + w].contiguous(memory_format=layout)
+                logits = logits + 0.5 * net(shifted)
         return logits / 4
 
     @torch.no_grad()
