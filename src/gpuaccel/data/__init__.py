@@ -39,11 +39,13 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
 
 
 def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_size: int | None = None,
-                 skip_bad: bool = False, seed: int = 0, cache_dir: str | Path | None = "default") -> ImageDataset:
+                 skip_bad: bool = False, seed: int = 0, cache_dir: str | Path | None = "default",
+                 decode_device=None) -> ImageDataset:
     """Reads a data set into memory as uint8 arrays (decoding image files once, then from cache).
 
     ``cache_dir=None`` turns the decoded-file cache off; the default lives under
-    ``$GPUACCEL_CACHE_DIR`` or ``~/.cache/gpuaccel``.
+    ``$GPUACCEL_CACHE_DIR`` or ``~/.cache/gpuaccel``. With ``decode_device`` a CUDA device
+    (and torchvision installed), JPEG files are decoded on that GPU in batches.
     """
     kind, path = parse_spec(spec)
     if cache_dir == "default":
@@ -51,7 +53,7 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     if image_size is not None and image_size < 4:
         raise GpuaccelError(f"--image-size must be at least 4 pixels, got {image_size}")
     opts = ReadOptions(val_split=val_split, image_size=image_size, skip_bad=skip_bad, seed=seed,
-                       cache_dir=Path(cache_dir) if cache_dir else None)
+                       cache_dir=Path(cache_dir) if cache_dir else None, decode_device=decode_device)
     dataset = READERS[kind](path, opts)
     if image_size is not None and dataset.train_images.shape[2:] != (image_size, image_size):
         dataset = _resized(dataset, image_size)

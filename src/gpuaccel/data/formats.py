@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import GpuaccelError
 from . import cache
 from .dataset import ImageDataset, stratified_split
-from .images import ImageSource, decode_images, is_image_name
+from .images import ImageSource, decode_images, gpu_jpeg_decoder_available, is_image_name
 
 TEST_SPLIT_NAMES = ("test", "val", "valid", "validation")
 
@@ -31,6 +31,7 @@ class ReadOptions:
     skip_bad: bool = False
     seed: int = 0
     cache_dir: Path | None = None
+    decode_device: object = None  # a CUDA device decodes JPEGs on the GPU (with torchvision)
 
 
 def _finish(name, source, opts, train_x, train_y, classes, test_x=None, test_y=None, skipped=(),
@@ -226,7 +227,9 @@ def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fi
     if unknown:
         raise GpuaccelError(f"{source}: test classes {unknown} do not appear in the training split")
 
-    options = {"image_size": opts.image_size, "skip_bad": opts.skip_bad}
+    # nvJPEG and Pillow differ in the last bit of some pixels: each decoder has its own entry
+    decoder = "nvjpeg" if gpu_jpeg_decoder_available(opts.decode_device) else "pil"
+    options = {"image_size": opts.image_size, "skip_bad": opts.skip_bad, "decoder": decoder}
     key = cache.cache_key(reader, fingerprint, options)
     hit = cache.load(opts.cache_dir, key)
     if hit is not None:
@@ -234,8 +237,8 @@ def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fi
     else:
         ordered = [(split, cls, n) for split in ("train", "test") for cls in sorted(splits.get(split, {}))
                    for n in sorted(splits[split][cls])]
-        images, kept, bad = decode_images([fetch(root + n) for _, _, n in ordered],
-                                          image_size=opts.image_size, skip_bad=opts.skip_bad)
+        images, kept, bad = decode_images([fetch(root + n) for _, _, n in ordered], image_size=opts.image_size,
+                                          skip_bad=opts.skip_bad, device=opts.decode_device)
         index = {c: i for i, c in enumerate(classes)}
         labels = np.array([index[ordered[k][1]] for k in kept], dtype=np.int64)
         is_test = np.array([ordered[k][0] == "test" for k in kept], dtype=bool)

@@ -53,7 +53,8 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.precision, self.device)
         self.dataset = dataset or load_dataset(config.data, val_split=config.val_split, image_size=config.image_size,
-                                               skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir)
+                                               skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir,
+                                               decode_device=self.device)
 
         torch.manual_seed(config.seed)
         ds = self.dataset
@@ -137,6 +138,8 @@ class Trainer:
             while stopped_by is None and self.epoch < cfg.epochs:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
                 for images, labels in batches:
+                    if self._cuda_graphs:
+                        torch.compiler.cudagraph_mark_step_begin()
                     with self.precision.autocast(self.device):
                         loss = F.cross_entropy(self.forward(images), labels, label_smoothing=cfg.label_smoothing)
                     self.scaler.scale(loss / cfg.grad_accum).backward()
@@ -204,7 +207,7 @@ class Trainer:
             self.ema.update(self.model)
 
     def warm_up(self) -> float:
-        """Runs two training steps and a full evaluation, then puts every piece of state back,
+        """Runs three training steps and a full evaluation, then puts every piece of state back,
         so that compilation and cuDNN autotuning happen before the clock starts.
         Returns the seconds it took."""
         start = time.perf_counter()
@@ -214,7 +217,9 @@ class Trainer:
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         images, labels = next(iter(self.train_loader.batches(0)))
-        for _ in range(2):
+        for _ in range(3):  # CUDA graphs are recorded on the third call
+            if self._cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.precision.autocast(self.device):
                 loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
             self.scaler.scale(loss).backward()
@@ -235,11 +240,11 @@ class Trainer:
     def _tta_logits(self, net, images: torch.Tensor) -> torch.Tensor:
         """Mean logits over the image, its mirror (tta >= 1) and one-pixel translations of both
         (tta 2, half weight each)."""
-        logits = net(images)
+        logits = self._call(net, images)
         if self.config.tta == 0:
             return logits
         flipped = images.flip(-1)
-        logits = logits + net(flipped)
+        logits = logits + self._call(net, flipped)
         if self.config.tta == 1:
             return logits / 2
         padded = [F.pad(x, (1, 1, 1, 1), mode="reflect") for x in (images, flipped)]
@@ -249,8 +254,20 @@ class Trainer:
             for dy, dx in ((0, 0), (2, 2)):
                 # a contiguous copy has the strides of a normal batch: no recompilation
                 shifted = x[:, :, dy:dy + h, dx:dx + w].contiguous(memory_format=layout)
-                logits = logits + 0.5 * net(shifted)
+                logits = logits + 0.5 * self._call(net, shifted)
         return logits / 4
+
+    def _call(self, net, images: torch.Tensor) -> torch.Tensor:
+        """One forward pass. Under CUDA graphs an output lives in memory the next replay
+        overwrites, so outputs that are kept are cloned."""
+        if not self._cuda_graphs:
+            return net(images)
+        torch.compiler.cudagraph_mark_step_begin()
+        return net(images).clone()
+
+    @property
+    def _cuda_graphs(self) -> bool:
+        return self.config.compile and self.config.compile_mode == "reduce-overhead" and self.device.type == "cuda"
 
     @torch.no_grad()
     def evaluate(self) -> dict:
