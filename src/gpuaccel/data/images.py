@@ -70,11 +70,9 @@ def gpu_jpeg_decoder_available(device) -> bool:
     """Batched JPEG decoding on the GPU needs a CUDA device and torchvision's nvJPEG bindings."""
     if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
         return False
-    try:
-        import torchvision.io  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is not None  # found without the cost of importing it
 
 
 def _is_jpeg(source: ImageSource) -> bool:
@@ -103,9 +101,19 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
             raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in pool.map(read, part)]
             try:
                 decoded = decode_jpeg(raw, mode=ImageReadMode.UNCHANGED, device=device)
-                results.extend((img.permute(1, 2, 0).cpu().numpy(), None) for img in decoded)
             except RuntimeError:
                 results.extend(_decode_one(s, None) for s in part)
+                continue
+            # one device-to-host copy per image shape, not one per image
+            by_shape: dict[tuple, list[int]] = {}
+            for i, img in enumerate(decoded):
+                by_shape.setdefault(tuple(img.shape), []).append(i)
+            arrays: list = [None] * len(decoded)
+            for members in by_shape.values():
+                host = torch.stack([decoded[i] for i in members]).permute(0, 2, 3, 1).cpu().numpy()
+                for j, i in enumerate(members):
+                    arrays[i] = (host[j], None)
+            results.extend(arrays)
     return results
 
 
