@@ -1,0 +1,110 @@
+"""The pieces behind the speed recipes: whitening init, weight averaging, test-time
+augmentation, the warm-up that leaves no trace, and recipe files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpuaccel import GpuaccelError, TrainConfig, Trainer, create_model, load_dataset
+from gpuaccel.data.images import gpu_jpeg_decoder_available
+from gpuaccel.train.ema import WeightAverage
+from gpuaccel.train.recipes import list_recipes, load_recipe
+
+
+def test_fastnet_first_layer_whitens_patches():
+    torch.manual_seed(0)
+    mix = torch.randn(12, 12)
+    # correlated 2x2 patches: random images pushed through a fixed mixing of patch pixels
+    images = torch.nn.functional.conv_transpose2d(torch.randn(256, 12, 8, 8), mix.view(12, 3, 2, 2), stride=2)
+    model = create_model("fastnet")
+    model.data_init(images)
+    out = torch.nn.functional.conv2d(images, model.whiten.weight[:12])  # the positive half of the filters
+    flat = out.permute(0, 2, 3, 1).reshape(-1, 12)
+    cov = torch.cov(flat.T)
+    assert torch.allclose(cov, torch.eye(12), atol=0.05)
+    assert not model.whiten.weight.requires_grad
+
+
+def test_weight_average_tracks_with_warmup_decay():
+    model = torch.nn.Linear(3, 2)
+    avg = WeightAverage(model, decay=0.9)
+    start = avg.module.weight.clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    avg.update(model)  # first decay is min(0.9, 2/11)
+    d = 2 / 11
+    torch.testing.assert_close(avg.module.weight, d * start + (1 - d) * model.weight)
+    for _ in range(200):
+        avg.update(model)
+    torch.testing.assert_close(avg.module.weight, model.weight, atol=1e-6, rtol=0)
+    restored = WeightAverage(model, 0.9)
+    restored.load_state_dict(avg.state_dict())
+    assert restored.updates == avg.updates
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+@pytest.mark.parametrize("tta", [0, 1, 2])
+def test_tta_levels_evaluate(tmp_path, digits, tta):
+    cfg = TrainConfig(model="lenet5", epochs=2, batch_size=32, tta=tta, ema=0.9, run_dir=str(tmp_path / "r"))
+    summary = Trainer(cfg, dataset=digits, quiet=True).fit()
+    assert summary["test_accuracy"] > 0.5
+
+
+def test_tta_of_a_symmetric_model_changes_nothing(tmp_path, digits):
+    trainer = Trainer(TrainConfig(model="mlp", tta=1, run_dir=str(tmp_path / "r")), dataset=digits, quiet=True)
+    images = torch.rand(4, 1, 8, 8)
+    symmetric = images + images.flip(-1)
+    net = lambda x: x.flatten(1)[:, :3]  # noqa: E731 -- any function; mirrored inputs are identical
+    torch.testing.assert_close(trainer._tta_logits(net, symmetric), net(symmetric))
+
+
+def test_warm_up_leaves_no_trace(tmp_path, digits):
+    cfg = TrainConfig(model="lenet5", ema=0.9, run_dir=str(tmp_path / "r"))
+    trainer = Trainer(cfg, dataset=digits, quiet=True)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    trainer.warm_up()
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert trainer.optimizer.state_dict()["state"] == {}
+    assert trainer.scheduler.last_epoch == 0 and trainer.ema.updates == 0
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_shipped_recipes_are_valid_configs():
+    assert {"digits", "cifar10-fast", "cifar10-accurate"} <= set(list_recipes())
+    for name in list_recipes():
+        TrainConfig.from_dict(load_recipe(name)).validate()
+
+
+def test_user_recipe_file_and_errors(tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text("model: mlp\nepochs: 3\n")
+    assert load_recipe(str(good)) == {"model": "mlp", "epochs": 3}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("modle: mlp\n")
+    with pytest.raises(GpuaccelError, match="unknown training setting"):
+        TrainConfig.from_dict(load_recipe(str(bad)))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(GpuaccelError, match="not valid YAML"):
+        load_recipe(str(broken))
+
+
+def test_gpu_jpeg_decoding_only_with_a_cuda_device():
+    assert not gpu_jpeg_decoder_available(None)
+    assert not gpu_jpeg_decoder_available(torch.device("cpu"))
+
+
+def test_bias_lr_scale_sets_the_second_group():
+    from gpuaccel.train.optim import build_optimizer
+    model = create_model("lenet5", image_size=8)
+    opt = build_optimizer(model, TrainConfig(lr=0.1, bias_lr_scale=4.0), torch.device("cpu"))
+    assert [g["lr"] for g in opt.param_groups] == [0.1, pytest.approx(0.4)]
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])
