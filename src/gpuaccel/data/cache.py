@@ -24,15 +24,6 @@ def default_cache_dir() -> Path:
     return Path(root) / "datasets"
 
 
-def file_fingerprint(paths, root: Path) -> list:
-    """(relative name, size, mtime_ns) of each file: cheap to compute, changes with the file."""
-    rows = []
-    for path in paths:
-        st = os.stat(path)
-        rows.append((os.path.relpath(path, root), st.st_size, st.st_mtime_ns))
-    return rows
-
-
 def cache_key(reader: str, fingerprint, options: dict) -> str:
     payload = json.dumps([CACHE_VERSION, reader, fingerprint, options], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
