@@ -141,34 +141,33 @@ def _names(values) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 
+# the two layouts: (name, training files, test file, label key, meta file, class-names key, classes)
+_CIFAR_LAYOUTS = (("cifar10", "data_batch_*", "test_batch", "labels", "batches.meta", "label_names", 10),
+                  ("cifar100", "train", "test", "fine_labels", "meta", "fine_label_names", 100))
+
+
+def _read_batches(files: list[Path], label_key: str):
+    batches = [_unpickle(p) for p in files]
+    images = np.concatenate([_cifar_images(b, p) for b, p in zip(batches, files)])
+    return images, np.concatenate([np.asarray(b[label_key]) for b in batches])
+
+
 def read_cifar(path, opts: ReadOptions) -> ImageDataset:
     directory = Path(path)
-    if (directory / "cifar-10-batches-py").is_dir():
-        directory = directory / "cifar-10-batches-py"
-    elif (directory / "cifar-100-python").is_dir():
-        directory = directory / "cifar-100-python"
-    if (directory / "data_batch_1").exists():
-        train_files = sorted(directory.glob("data_batch_*"))
-        batches = [_unpickle(p) for p in train_files]
-        train_x = np.concatenate([_cifar_images(b, p) for b, p in zip(batches, train_files)])
-        train_y = np.concatenate([np.asarray(b["labels"]) for b in batches])
-        test = _unpickle(directory / "test_batch") if (directory / "test_batch").exists() else None
-        test_x = _cifar_images(test, directory / "test_batch") if test else None
-        test_y = np.asarray(test["labels"]) if test else None
-        meta = directory / "batches.meta"
-        classes = _names(_unpickle(meta)["label_names"]) if meta.exists() else [str(i) for i in range(10)]
-        name = "cifar10"
-    elif (directory / "train").is_file():
-        train = _unpickle(directory / "train")
-        train_x, train_y = _cifar_images(train, directory / "train"), np.asarray(train["fine_labels"])
-        test = _unpickle(directory / "test") if (directory / "test").is_file() else None
-        test_x = _cifar_images(test, directory / "test") if test else None
-        test_y = np.asarray(test["fine_labels"]) if test else None
-        meta = directory / "meta"
-        classes = _names(_unpickle(meta)["fine_label_names"]) if meta.exists() else [str(i) for i in range(100)]
-        name = "cifar100"
+    for wrapper in ("cifar-10-batches-py", "cifar-100-python"):
+        if (directory / wrapper).is_dir():
+            directory = directory / wrapper
+    for name, train_glob, test_name, label_key, meta_name, names_key, count in _CIFAR_LAYOUTS:
+        train_files = sorted(p for p in directory.glob(train_glob) if p.is_file())
+        if train_files:
+            break
     else:
         raise GpuaccelError(f"{path}: no CIFAR batches (data_batch_1..5 + test_batch, or train + test)")
+    train_x, train_y = _read_batches(train_files, label_key)
+    test_file = directory / test_name
+    test_x, test_y = _read_batches([test_file], label_key) if test_file.is_file() else (None, None)
+    meta = directory / meta_name
+    classes = _names(_unpickle(meta)[names_key]) if meta.exists() else [str(i) for i in range(count)]
     return _finish(name, directory, opts, train_x, train_y, classes, test_x, test_y)
 
 
