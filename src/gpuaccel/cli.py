@@ -13,6 +13,8 @@ import json
 import sys
 import warnings
 
+import numpy as np
+
 from .errors import GpuaccelError
 
 EXIT_USER_ERROR = 2
@@ -179,6 +181,227 @@ def _run_models(args) -> int:
     return 0
 
 
+def _deploy_parsers(sub) -> None:
+    e = sub.add_parser("export", help="export a trained model (ONNX, torch.export, TorchScript) and verify it",
+                       description="Export a trained model and verify the export: the original and the exported "
+                                   "model run on real held-out images of the run's data set; the command fails "
+                                   "(exit 1) if their top-1 predictions agree on fewer than 99.9%% of them. The "
+                                   "exported model takes float32 images in [0, 1] (normalisation is inside it); "
+                                   "class names and input shape are written to <artefact>.json beside it.")
+    e.add_argument("checkpoint", metavar="CKPT", help="a run directory, or its model.pt / checkpoint.pt")
+    e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
+    e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
+    e.add_argument("--dynamic-batch", action="store_true", help="accept any batch size (default: fixed at 2)")
+    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
+    e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
+    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images to compare (1000)")
+    e.add_argument("--json", action="store_true", help="print the verification as JSON")
+    e.set_defaults(handler=_run_export)
+
+    i = sub.add_parser("infer", help="predict classes for images with a trained or exported model",
+                       description="Predict classes for image files, a folder of images, or a data set's held-out "
+                                   "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
+                                   ".ts file. Writes CSV (input, class_1, prob_1, ...) and prints latency statistics.")
+    i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
+    i.add_argument("inputs", nargs="+", metavar="INPUTS", help="image files, a folder of images, or a data set spec")
+    i.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    i.add_argument("--batch", type=int, default=256, help="images per batch (default 256)")
+    i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
+    i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
+    i.set_defaults(handler=_run_infer)
+
+    q = sub.add_parser("quantize", help="post-training static int8 quantisation (ONNX Runtime), with a report",
+                       description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export') "
+                                   "to int8 with ONNX Runtime, calibrated on N real training images; reports size, "
+                                   "held-out accuracy and CPU latency before and after.")
+    q.add_argument("model", metavar="CKPT|MODEL.onnx")
+    q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ)")
+    q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration images (default 512)")
+    q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
+    q.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
+    q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx beside the checkpoint")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=_run_quantize)
+
+    b = sub.add_parser("bench-infer", help="inference latency and throughput on every backend available",
+                       description="Batch-1 latency (p50/p90/p99) and best-batch throughput of a trained model: "
+                                   "PyTorch eager on the CPU, ONNX Runtime fp32 and int8 on the CPU, and on a GPU "
+                                   "PyTorch fp32, bf16 and bf16 compiled with CUDA graphs.")
+    b.add_argument("model", metavar="CKPT")
+    b.add_argument("--data", metavar="SPEC", help="calibration data for the int8 row (default: the run's)")
+    b.add_argument("--repeats", type=int, default=200, help="timed batch-1 calls (default 200)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=_run_bench_infer)
+
+
+def _held_out_and_calibration(trained, spec, calib: int):
+    """The run's data set (or ``spec``): held-out images for accuracy, training images to calibrate."""
+    from .data import load_dataset
+
+    try:
+        data = load_dataset(spec or trained.config.get("data"),
+                            val_split=None if spec else trained.config.get("val_split"),
+                            image_size=trained.image_size, seed=trained.config.get("seed", 0))
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"no data to calibrate and evaluate with ({exc}); pass --data SPEC") from None
+    picks = np.random.default_rng(0).permutation(len(data.train_images))[:calib]
+    return data, data.train_images[np.sort(picks)]
+
+
+def _run_quantize(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from .deploy.artifact import load_trained
+    from .deploy.bench import measure
+    from .deploy.export import export
+    from .deploy.infer import predict
+    from .deploy.quantize import quantize_int8
+    from .deploy.runners import load_runner, metadata_path
+
+    if not args.int8:
+        raise GpuaccelError("say what to quantise to: --int8 (fp16 GPU artefacts are not implemented yet)")
+    source = Path(args.model)
+    tmp = tempfile.TemporaryDirectory()
+    if source.suffix == ".onnx":
+        if not source.exists():
+            raise GpuaccelError(f"model file {source} does not exist")
+        meta = json.loads(metadata_path(source).read_text()) if metadata_path(source).exists() else {}
+        if "source" not in meta:
+            raise GpuaccelError(f"{source} has no {metadata_path(source).name} naming its checkpoint; "
+                                f"export it with 'gpuaccel export'")
+        trained, fp32 = load_trained(meta["source"]), source
+        load_runner(fp32)  # a corrupt file fails here, with a clear message
+    else:
+        trained = load_trained(source)
+        fp32 = export(trained, "onnx", Path(tmp.name) / "model.onnx", dynamic_batch=True)
+    out = Path(args.out) if args.out else trained.source.with_name("model.int8.onnx")
+    data, calibration = _held_out_and_calibration(trained, args.data, args.calib)
+    quantize_int8(fp32, out, calibration, per_channel=args.per_channel)
+    metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()), "format": "onnx-int8",
+                                              "calibration_images": len(calibration)}, indent=2) + "\n")
+    report = {"int8": str(out), "calibration_images": len(calibration), "per_channel": args.per_channel}
+    c, s = trained.in_channels, trained.image_size
+    for name, path in (("fp32", fp32), ("int8", out)):
+        runner = load_runner(path)
+        probs, _ = predict(runner, data.test_images)
+        speed = measure(runner, lambda b: np.random.rand(b, c, s, s).astype(np.float32), repeats=100)
+        report[name] = {"size_bytes": Path(path).stat().st_size,
+                        "test_accuracy": float((probs.argmax(1) == data.test_labels).mean()),
+                        "latency_p50_ms": speed["latency_p50_ms"],
+                        "best_images_per_second": speed["best_images_per_second"]}
+    tmp.cleanup()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name in ("fp32", "int8"):
+            r = report[name]
+            print(f"{name}: {r['size_bytes'] / 1e6:.2f} MB, test accuracy {100 * r['test_accuracy']:.2f}%, "
+                  f"batch-1 latency {r['latency_p50_ms']:.3f} ms, {r['best_images_per_second']:,.0f} images/s")
+        print(f"saved {out}")
+    return 0
+
+
+def _run_bench_infer(args) -> int:
+    from .deploy.artifact import load_trained
+    from .deploy.bench import bench_inference
+    from .device import cpu_name
+
+    trained = load_trained(args.model)
+    calibration = None
+    try:
+        calibration = _held_out_and_calibration(trained, args.data, 256)[1]
+    except GpuaccelError as exc:
+        print(f"gpuaccel: note: no int8 row ({exc})", file=sys.stderr)
+    rows = bench_inference(trained, calibration, repeats=args.repeats)
+    result = {"model": trained.model_name, "image_size": trained.image_size, "cpu": cpu_name(),
+              "cpu_threads": torch_threads(), "gpu": gpu_name(), "rows": rows}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{trained.model_name}, {trained.image_size} px; CPU {result['cpu']} ({result['cpu_threads']} threads)"
+          + (f"; GPU {result['gpu']}" if result["gpu"] else ""))
+    print(f"{'backend':42s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'best img/s':>12s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['backend']:42s} failed: {r['error']}")
+        else:
+            print(f"{r['backend']:42s} {r['latency_p50_ms']:8.3f} {r['latency_p90_ms']:8.3f} "
+                  f"{r['latency_p99_ms']:8.3f} {r['best_images_per_second']:12,.0f}")
+    return 0
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _run_export(args) -> int:
+    from pathlib import Path
+
+    from .data import load_dataset
+    from .deploy.artifact import load_trained
+    from .deploy.export import FORMAT_SUFFIX, FORMATS, export, verify
+    from .errors import choice_error
+
+    if args.format not in FORMATS:
+        raise choice_error("export format", args.format, FORMATS)
+    trained = load_trained(args.checkpoint)
+    out = Path(args.out) if args.out else trained.source.with_name(f"model{FORMAT_SUFFIX[args.format]}")
+    spec = args.data or trained.config.get("data")
+    try:
+        data = load_dataset(spec, val_split=None if args.data else trained.config.get("val_split"),
+                            image_size=trained.image_size, seed=trained.config.get("seed", 0))
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"cannot load held-out images to verify the export ({exc}); pass --data SPEC") from None
+    if data.in_channels != trained.in_channels:
+        raise GpuaccelError(f"--data has {data.in_channels}-channel images; the model takes {trained.in_channels}")
+    path = export(trained, args.format, out, dynamic_batch=args.dynamic_batch, opset=args.opset)
+    report = verify(trained, path, data.test_images[: args.verify_images], dynamic_batch=args.dynamic_batch)
+    report.update(artifact=str(path), format=args.format, size_bytes=path.stat().st_size)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"exported {path} ({report['size_bytes'] / 1e6:.2f} MB); on {report['images']} held-out images: "
+              f"top-1 agreement {100 * report['top1_agreement']:.2f}%, max |diff| {report['max_abs_diff']:.2e}, "
+              f"mean |diff| {report['mean_abs_diff']:.2e}")
+    if not report["passed"]:
+        print("gpuaccel: export verification FAILED: top-1 agreement under 99.9%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_infer(args) -> int:
+    from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv
+    from .deploy.runners import load_runner
+
+    if args.batch < 1 or args.top_k < 1:
+        raise GpuaccelError("--batch and --top-k must be at least 1")
+    runner = load_runner(args.model, args.device)
+    names, images, labels = gather_inputs(args.inputs)
+    images = fit_to_model(images, runner.in_channels, runner.image_size)
+    probs, stats = predict(runner, images, args.batch)
+    text = predictions_csv(names, probs, runner.classes, args.top_k)
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "
+            f"batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
+    if labels is not None:
+        line += f"; accuracy {100 * float((probs.argmax(1) == labels).mean()):.2f}%"
+    print(line, file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -188,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _train_parser(sub)
     sub.add_parser("models", help="list the model names create_model accepts").set_defaults(handler=_run_models)
+    _deploy_parsers(sub)
     return parser
 
 

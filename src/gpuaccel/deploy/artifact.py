@@ -1,0 +1,62 @@
+"""A trained model as a deployable unit: weights, class names, input normalisation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import GpuaccelError
+from ..models import create_model
+from ..train import checkpoint
+
+
+class Normalized(nn.Module):
+    """The model with its input normalisation built in: it takes float images in [0, 1],
+    so an exported artefact needs nothing beside it to be used correctly."""
+
+    def __init__(self, model: nn.Module, mean, std):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x):
+        return self.model((x - self.mean) / self.std)
+
+
+@dataclass
+class TrainedModel:
+    module: Normalized  # eval mode, on the CPU, float32
+    classes: list[str]
+    model_name: str
+    model_args: dict
+    config: dict
+    source: Path
+
+    @property
+    def in_channels(self) -> int:
+        return self.model_args["in_channels"]
+
+    @property
+    def image_size(self) -> int:
+        return self.model_args["image_size"]
+
+
+def load_trained(path) -> TrainedModel:
+    """Reads ``model.pt`` or ``checkpoint.pt`` of a run (or the run directory itself).
+    Where the run kept a weight average, that is the model it evaluated, so it is used."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.pt" if (path / "model.pt").exists() else path / "checkpoint.pt"
+    state = checkpoint.load(path)
+    try:
+        model = create_model(state["model_name"], **state["model_args"])
+        model.load_state_dict(state.get("ema_model") or state["model"])
+    except (KeyError, RuntimeError) as exc:
+        raise GpuaccelError(f"{path}: the checkpoint's weights do not fit its model ({exc!s:.200})") from None
+    module = Normalized(model, state["mean"], state["std"]).eval()
+    return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),
+                        dict(state["config"]), path)

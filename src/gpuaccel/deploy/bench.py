@@ -1,0 +1,92 @@
+"""Inference speed of one trained model on every backend available here.
+
+Batch-1 latency (p50/p90/p99 over timed single-image calls after warm-up; GPU calls end
+with a synchronisation, so the time is the whole call) and best-batch throughput (the
+fastest of a few batch sizes, images per second).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .artifact import TrainedModel
+from .export import export
+from .quantize import quantize_int8
+from .runners import load_runner
+
+
+def _time_calls(call, x, repeats: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        call(x)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call(x)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
+    single = _time_calls(call, make_input(1), repeats, warmup=20)
+    best = 0.0
+    for b in batches:
+        secs = statistics.median(_time_calls(call, make_input(b), repeats=max(5, repeats // 20), warmup=3))
+        best = max(best, b / secs)
+    return {"latency_p50_ms": 1000 * float(np.percentile(single, 50)),
+            "latency_p90_ms": 1000 * float(np.percentile(single, 90)),
+            "latency_p99_ms": 1000 * float(np.percentile(single, 99)), "best_images_per_second": best}
+
+
+def _torch_call(module, device, dtype=None):
+    @torch.no_grad()
+    def call(x):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            out = module(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+    return call
+
+
+def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Path):
+    """Yields (name, call, input maker) for every backend this machine has."""
+    c, s = trained.in_channels, trained.image_size
+    cpu_input = lambda b: torch.rand(b, c, s, s)  # noqa: E731
+    module = trained.module.eval()
+    yield "pytorch-cpu-fp32", _torch_call(module, torch.device("cpu")), cpu_input
+    try:
+        onnx_path = export(trained, "onnx", workdir / "model.onnx", dynamic_batch=True)
+    except Exception as exc:  # noqa: BLE001 -- report and carry on with the other backends
+        yield "onnxruntime-cpu-fp32", exc, None
+    else:
+        np_input = lambda b: np.random.rand(b, c, s, s).astype(np.float32)  # noqa: E731
+        yield "onnxruntime-cpu-fp32", load_runner(onnx_path), np_input
+        if calibration is not None:
+            int8 = quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration)
+            (workdir / "model.int8.onnx.json").write_text((workdir / "model.onnx.json").read_text())
+            yield "onnxruntime-cpu-int8", load_runner(int8), np_input
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        gpu = trained.module.to(device).to(memory_format=torch.channels_last)
+        gpu_input = lambda b: torch.rand(b, c, s, s, device=device).to(memory_format=torch.channels_last)  # noqa: E731
+        yield "pytorch-cuda-fp32", _torch_call(gpu, device), gpu_input
+        yield "pytorch-cuda-bf16", _torch_call(gpu, device, torch.bfloat16), gpu_input
+        graphs = torch.compile(gpu, mode="reduce-overhead")
+        yield "pytorch-cuda-bf16-compiled-cuda-graphs", _torch_call(graphs, device, torch.bfloat16), gpu_input
+
+
+def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, call, make_input in backends(trained, calibration, Path(tmp)):
+            if isinstance(call, Exception):
+                rows.append({"backend": name, "error": f"{type(call).__name__}: {str(call)[:200]}"})
+                continue
+            rows.append({"backend": name, **measure(call, make_input, repeats=repeats)})
+    return rows

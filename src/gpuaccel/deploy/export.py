@@ -1,0 +1,81 @@
+"""Export a trained model (ONNX, torch.export .pt2, TorchScript) and verify the result
+against the original on real held-out images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import GpuaccelError, choice_error
+from .artifact import TrainedModel
+from .runners import FORMAT_SUFFIX, load_runner, metadata_path
+
+FORMATS = tuple(FORMAT_SUFFIX)
+AGREEMENT_REQUIRED = 0.999
+
+
+def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = False,
+           opset: int | None = None) -> Path:
+    """Writes the artefact and, beside it, ``<name>.json`` with class names and input shape."""
+    if fmt not in FORMATS:
+        raise choice_error("export format", fmt, FORMATS)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.rand(2, trained.in_channels, trained.image_size, trained.image_size)
+    module = trained.module.eval()
+    batch = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else None
+    try:
+        if fmt == "onnx":
+            _require("onnxscript")
+            program = torch.onnx.export(module, (example,), dynamo=True, opset_version=opset,
+                                        dynamic_shapes={"x": batch} if batch else None, verbose=False)
+            program.save(str(out))
+        elif fmt == "pt2":
+            program = torch.export.export(module, (example,), dynamic_shapes={"x": batch} if batch else None)
+            torch.export.save(program, str(out))
+        else:
+            torch.jit.trace(module, example).save(str(out))
+    except GpuaccelError:
+        raise
+    except Exception as exc:  # an operator or construct the format cannot express
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        others = ", ".join(f for f in FORMATS if f != fmt)
+        raise GpuaccelError(f"the model cannot be exported as {fmt}: {reason}; try --format {others}") from None
+    meta = {"classes": trained.classes, "in_channels": trained.in_channels, "image_size": trained.image_size,
+            "model": trained.model_name, "format": fmt, "dynamic_batch": dynamic_batch,
+            "input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
+            "source": str(trained.source)}
+    metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def _require(module: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise GpuaccelError(f"ONNX export needs {module}: pip install 'gpuaccel[deploy]'")
+
+
+def verify(trained: TrainedModel, artifact: Path, images: np.ndarray, *, batch_size: int = 256,
+           dynamic_batch: bool = True) -> dict:
+    """Runs the original and the exported model on the same images (uint8 NCHW) and compares
+    logits and top-1 predictions. A fixed-batch export is fed batches of its own size."""
+    runner = load_runner(artifact)
+    if not dynamic_batch:
+        batch_size = 2  # the example batch the export was traced with
+        images = images[: len(images) - len(images) % batch_size]
+    diffs, agree, count = [], 0, 0
+    with torch.no_grad():
+        for start in range(0, len(images), batch_size):
+            x = images[start:start + batch_size].astype(np.float32) / 255.0
+            reference = trained.module(torch.from_numpy(x)).numpy()
+            exported = runner(x)
+            diffs.append(np.abs(reference - exported).reshape(-1))
+            agree += int((reference.argmax(1) == exported.argmax(1)).sum())
+            count += len(x)
+    diff = np.concatenate(diffs)
+    return {"images": count, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "top1_agreement": agree / count, "passed": agree / count >= AGREEMENT_REQUIRED}

@@ -1,0 +1,156 @@
+"""Export and verify round trips, inference with every artefact, and the deployment errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLASSES, make_image_folder
+from PIL import Image
+
+from gpuaccel import TrainConfig, Trainer
+from gpuaccel.cli import main
+from gpuaccel.deploy import export, load_runner, load_trained, verify
+
+FORMATS = ["onnx", "pt2", "torchscript"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deploy") / "run"
+    Trainer(TrainConfig(model="lenet5", epochs=3, batch_size=32, run_dir=str(path)), quiet=True).fit()
+    return path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_export_round_trip_matches_the_original(run_dir, tmp_path, fmt, dynamic):
+    trained = load_trained(run_dir)
+    artifact = export(trained, fmt, tmp_path / f"m.{fmt}", dynamic_batch=dynamic)
+    images = np.random.default_rng(0).integers(0, 256, (37, 1, 8, 8), dtype=np.uint8)
+    report = verify(trained, artifact, images, dynamic_batch=dynamic)
+    assert report["passed"] and report["top1_agreement"] == 1.0 and report["max_abs_diff"] < 1e-4
+    meta = json.loads((tmp_path / f"m.{fmt}.json").read_text())
+    assert meta["classes"] == trained.classes and meta["in_channels"] == 1 and meta["image_size"] == 8
+    if dynamic:  # any batch size runs
+        assert load_runner(artifact)(np.random.rand(5, 1, 8, 8).astype(np.float32)).shape == (5, 10)
+
+
+def test_export_cli_verifies_on_held_out_data(run_dir, tmp_path, capsys):
+    out = tmp_path / "cli.onnx"
+    code = main(["export", str(run_dir), "--format", "onnx", "--dynamic-batch", "--out", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["passed"] and report["images"] == 359  # the digits held-out split
+    assert out.exists()
+
+
+def test_exported_model_has_normalisation_inside(run_dir):
+    trained = load_trained(run_dir)
+    x = torch.rand(3, 1, 8, 8)
+    mean, std = (torch.tensor(trained.module.mean), torch.tensor(trained.module.std))
+    expected = trained.module.model((x - mean) / std)
+    torch.testing.assert_close(trained.module(x), expected)
+
+
+def test_infer_on_a_folder_writes_the_expected_csv(run_dir, tmp_path, capsys):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((8, 8), 40 * i, np.uint8), "L").save(folder / f"{i}.png")
+    csv_path = tmp_path / "preds.csv"
+    code = main(["infer", str(run_dir / "model.pt"), str(folder), "--top-k", "3", "--out", str(csv_path)])
+    err = capsys.readouterr().err
+    rows = list(csv.reader(io.StringIO(csv_path.read_text())))
+    assert code == 0 and rows[0] == ["input", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]
+    assert [r[0] for r in rows[1:]] == [str(folder / f"{i}.png") for i in range(3)]
+    for row in rows[1:]:
+        probs = [float(p) for p in row[2::2]]
+        assert row[1] in [str(d) for d in range(10)] and probs == sorted(probs, reverse=True)
+    assert "images/s" in err and "latency median" in err
+
+
+def test_infer_on_a_data_set_reports_accuracy_with_every_backend(run_dir, tmp_path, capsys):
+    onnx_path = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx", dynamic_batch=True)
+    for model in (str(run_dir), str(onnx_path)):
+        assert main(["infer", model, "digits", "--out", str(tmp_path / "p.csv")]) == 0
+        err = capsys.readouterr().err
+        accuracy = float(err.split("accuracy ")[1].rstrip("%\n"))
+        assert accuracy > 80
+
+
+def test_infer_converts_channels_and_size_with_warnings(run_dir, tmp_path, capsys):
+    root = make_image_folder(tmp_path / "rgb", per_class=(2, 0), size=12, split=False)
+    with pytest.warns(UserWarning) as caught:
+        assert main(["infer", str(run_dir), str(root)]) == 0
+    messages = " ".join(str(w.message) for w in caught)
+    assert "3 channel(s), the model takes 1" in messages and "resized" in messages
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 2 * len(CLASSES)
+
+
+def _one_line_error(capsys, argv, *needles):
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("gpuaccel: error:"), err
+    for needle in needles:
+        assert needle in err[0]
+
+
+def test_deploy_errors(run_dir, tmp_path, capsys):
+    not_ckpt = tmp_path / "x.pt"
+    torch.save({"weights": torch.ones(2)}, not_ckpt)
+    _one_line_error(capsys, ["export", str(not_ckpt)], "not a gpuaccel checkpoint")
+    bad_onnx = tmp_path / "bad.onnx"
+    bad_onnx.write_bytes(b"\x08\x01garbage")
+    (tmp_path / "bad.onnx.json").write_text(json.dumps({"classes": ["a"], "in_channels": 1, "image_size": 8}))
+    _one_line_error(capsys, ["infer", str(bad_onnx), "digits"], "not a valid ONNX model")
+    _one_line_error(capsys, ["export", str(run_dir), "--format", "tflite"], "unknown export format 'tflite'")
+    _one_line_error(capsys, ["export", str(run_dir), "--data", str(tmp_path / "missing")],
+                    "cannot load held-out images", "--data")
+    _one_line_error(capsys, ["infer", str(tmp_path / "none.onnx"), "digits"], "does not exist")
+
+
+def test_unexportable_model_names_the_problem_and_suggests_another_format(tmp_path):
+    from gpuaccel import GpuaccelError
+    from gpuaccel.deploy.artifact import Normalized, TrainedModel
+
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.mean() > 0.5:  # control flow on a tensor's value: torch.export cannot capture it
+                return x.flatten(1)[:, :2]
+            return -x.flatten(1)[:, :2]
+
+    trained = TrainedModel(Normalized(DataDependent(), [0.0], [1.0]), ["a", "b"], "custom",
+                           {"in_channels": 1, "image_size": 4, "num_classes": 2}, {}, tmp_path)
+    with pytest.raises(GpuaccelError, match="cannot be exported as pt2.*try --format onnx, torchscript"):
+        export(trained, "pt2", tmp_path / "m.pt2")
+
+
+def test_int8_quantisation_keeps_digits_accuracy(run_dir, tmp_path, capsys):
+    out = tmp_path / "m.int8.onnx"
+    code = main(["quantize", str(run_dir), "--int8", "--calib", "256", "--out", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and out.exists() and report["calibration_images"] == 256
+    assert report["int8"]["size_bytes"] < report["fp32"]["size_bytes"]
+    assert report["int8"]["test_accuracy"] >= report["fp32"]["test_accuracy"] - 0.02
+    import onnx
+    ops = {node.op_type for node in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # really quantised, not a copy
+
+
+def test_quantize_without_calibration_data_is_a_clear_error(run_dir, tmp_path, capsys):
+    _one_line_error(capsys, ["quantize", str(run_dir), "--int8", "--data", str(tmp_path / "gone")],
+                    "no data to calibrate", "--data")
+    _one_line_error(capsys, ["quantize", str(run_dir)], "--int8")
+
+
+def test_bench_infer_covers_the_cpu_backends(run_dir, capsys):
+    assert main(["bench-infer", str(run_dir), "--repeats", "20", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    names = [r["backend"] for r in result["rows"]]
+    assert names[:3] == ["pytorch-cpu-fp32", "onnxruntime-cpu-fp32", "onnxruntime-cpu-int8"]
+    for row in result["rows"][:3]:
+        assert 0 < row["latency_p50_ms"] <= row["latency_p99_ms"] and row["best_images_per_second"] > 0
