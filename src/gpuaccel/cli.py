@@ -270,13 +270,15 @@ def _run_quantize(args) -> int:
         if "source" not in meta:
             raise GpuaccelError(f"{source} has no {metadata_path(source).name} naming its checkpoint; "
                                 f"export it with 'gpuaccel export'")
-        trained, fp32 = load_trained(meta["source"]), source
-        load_runner(fp32)  # a corrupt file fails here, with a clear message
+        load_runner(source)  # a corrupt file fails here, with a clear message
+        trained = load_trained(meta["source"])
     else:
         trained = load_trained(source)
-        fp32 = export(trained, "onnx", Path(tmp.name) / "model.onnx", dynamic_batch=True)
-    out = Path(args.out) if args.out else trained.source.with_name("model.int8.onnx")
+    # the data first: a run without calibration data stops before any work is done
     data, calibration = _held_out_and_calibration(trained, args.data, args.calib)
+    fp32 = source if source.suffix == ".onnx" else export(trained, "onnx", Path(tmp.name) / "model.onnx",
+                                                          dynamic_batch=True)
+    out = Path(args.out) if args.out else trained.source.with_name("model.int8.onnx")
     quantize_int8(fp32, out, calibration, per_channel=args.per_channel)
     metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()), "format": "onnx-int8",
                                               "calibration_images": len(calibration)}, indent=2) + "\n")
