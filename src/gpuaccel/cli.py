@@ -404,6 +404,17 @@ def _run_infer(args) -> int:
     return 0
 
 
+def _run_env(args) -> int:
+    from .bench.env import collect, format_report, measure_ceilings
+    from .device import resolve_device
+
+    info = collect()
+    if args.measure:
+        info["ceilings"] = measure_ceilings(resolve_device(args.device))
+    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -414,6 +425,15 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     sub.add_parser("models", help="list the model names create_model accepts").set_defaults(handler=_run_models)
     _deploy_parsers(sub)
+    env = sub.add_parser("env", help="this machine's hardware and software, and optionally measured GPU ceilings",
+                         description="CPU, memory, every GPU (memory, compute capability, driver, clocks, power "
+                                     "limit), torch/CUDA/cuDNN/NCCL versions and optional packages. --measure adds "
+                                     "the GPU's measured ceilings: bf16/tf32/fp32 matrix-multiply TFLOP/s, device "
+                                     "copy bandwidth and host-to-device bandwidth, pinned and pageable.")
+    env.add_argument("--measure", action="store_true", help="measure the GPU's ceilings (takes seconds)")
+    env.add_argument("--device", default="auto", help="the GPU to measure (default: auto)")
+    env.add_argument("--json", action="store_true")
+    env.set_defaults(handler=_run_env)
     return parser
 
 

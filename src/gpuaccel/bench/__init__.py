@@ -1,0 +1,1 @@
+"""Measurement: the machine report (env) and, later, the CPU-vs-GPU ladder."""
