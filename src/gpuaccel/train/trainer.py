@@ -133,6 +133,7 @@ class Trainer:
         wall_start = time.perf_counter()
         previous_handler = _install_sigterm()
         self.model.train()
+        stepped_at = (self.epoch, self.batch_in_epoch)  # the data position the weights correspond to
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epoch < cfg.epochs:
@@ -155,6 +156,7 @@ class Trainer:
                     progress.advance()
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                    stepped_at = (self.epoch, self.batch_in_epoch)
 
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
                     due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
@@ -186,6 +188,9 @@ class Trainer:
                         break
             stopped_by = stopped_by or "epochs"
         except (KeyboardInterrupt, Stop):
+            # batches consumed since the last optimizer step are not in the weights: redo them on resume
+            self.epoch, self.batch_in_epoch = stepped_at
+            self.optimizer.zero_grad(set_to_none=True)
             self.save_checkpoint()
             progress.close()
             raise KeyboardInterrupt(str(self.run_dir)) from None
