@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import gpuaccel
+from gpuaccel.bench.timing import cuda_times_ms
 
 
 def time_steps(model, opt, x, y, steps=50, warmup=10):
@@ -21,16 +22,7 @@ def time_steps(model, opt, x, y, steps=50, warmup=10):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = cuda_times_ms(step, repeats=steps, warmup=warmup)
     return statistics.median(times), min(times), max(times)
 
 

@@ -16,6 +16,7 @@ import subprocess
 import torch
 
 from ..device import cpu_name
+from .timing import cuda_times_ms
 
 OPTIONAL_PACKAGES = ("torchvision", "timm", "onnx", "onnxruntime", "onnxscript", "nvidia-ml-py", "triton",
                      "matplotlib", "torch-pruning", "tqdm", "scikit-learn", "pillow")
@@ -82,17 +83,7 @@ def collect() -> dict:
 
 
 def _median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(cuda_times_ms(fn, repeats, warmup))
 
 
 def measure_ceilings(device: torch.device, matmul_size: int = 8192, copy_bytes: int = 2 << 30) -> dict:
