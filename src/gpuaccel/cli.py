@@ -13,7 +13,6 @@ import json
 import sys
 import warnings
 
-import numpy as np
 
 from .errors import GpuaccelError
 
@@ -234,29 +233,13 @@ def _deploy_parsers(sub) -> None:
     b.set_defaults(handler=_run_bench_infer)
 
 
-def _held_out_and_calibration(trained, spec, calib: int):
-    """The run's data set (or ``spec``): held-out images for accuracy, training images to calibrate."""
-    from .data import load_dataset
-
-    try:
-        data = load_dataset(spec or trained.config.get("data"),
-                            val_split=None if spec else trained.config.get("val_split"),
-                            image_size=trained.image_size, seed=trained.config.get("seed", 0))
-    except GpuaccelError as exc:
-        raise GpuaccelError(f"no data to calibrate and evaluate with ({exc}); pass --data SPEC") from None
-    picks = np.random.default_rng(0).permutation(len(data.train_images))[:calib]
-    return data, data.train_images[np.sort(picks)]
-
-
 def _run_quantize(args) -> int:
     import tempfile
     from pathlib import Path
 
     from .deploy.artifact import load_trained
-    from .deploy.bench import measure
     from .deploy.export import export
-    from .deploy.infer import predict
-    from .deploy.quantize import quantize_int8
+    from .deploy.quantize import calibration_sample, compare, quantize_int8
     from .deploy.runners import load_runner, metadata_path
 
     if not args.int8:
@@ -275,23 +258,16 @@ def _run_quantize(args) -> int:
     else:
         trained = load_trained(source)
     # the data first: a run without calibration data stops before any work is done
-    data, calibration = _held_out_and_calibration(trained, args.data, args.calib)
+    data = trained.load_data(args.data, "no data to calibrate and evaluate with")
+    calibration = calibration_sample(data.train_images, args.calib)
     fp32 = source if source.suffix == ".onnx" else export(trained, "onnx", Path(tmp.name) / "model.onnx",
                                                           dynamic_batch=True)
     out = Path(args.out) if args.out else trained.source.with_name("model.int8.onnx")
     quantize_int8(fp32, out, calibration, per_channel=args.per_channel)
     metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()), "format": "onnx-int8",
                                               "calibration_images": len(calibration)}, indent=2) + "\n")
-    report = {"int8": str(out), "calibration_images": len(calibration), "per_channel": args.per_channel}
-    c, s = trained.in_channels, trained.image_size
-    for name, path in (("fp32", fp32), ("int8", out)):
-        runner = load_runner(path)
-        probs, _ = predict(runner, data.test_images)
-        speed = measure(runner, lambda b: np.random.rand(b, c, s, s).astype(np.float32), repeats=100)
-        report[name] = {"size_bytes": Path(path).stat().st_size,
-                        "test_accuracy": float((probs.argmax(1) == data.test_labels).mean()),
-                        "latency_p50_ms": speed["latency_p50_ms"],
-                        "best_images_per_second": speed["best_images_per_second"]}
+    report = {"int8": str(out), "calibration_images": len(calibration), "per_channel": args.per_channel,
+              **compare({"fp32": fp32, "int8": out}, data.test_images, data.test_labels)}
     tmp.cleanup()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -307,24 +283,22 @@ def _run_quantize(args) -> int:
 def _run_bench_infer(args) -> int:
     from .deploy.artifact import load_trained
     from .deploy.bench import bench_inference
-    from .device import cpu_name
+    from .deploy.quantize import calibration_sample
 
     trained = load_trained(args.model)
     calibration = None
     try:
-        calibration = _held_out_and_calibration(trained, args.data, 256)[1]
+        calibration = calibration_sample(trained.load_data(args.data, "no calibration data").train_images, 256)
     except GpuaccelError as exc:
         print(f"gpuaccel: note: no int8 row ({exc})", file=sys.stderr)
-    rows = bench_inference(trained, calibration, repeats=args.repeats)
-    result = {"model": trained.model_name, "image_size": trained.image_size, "cpu": cpu_name(),
-              "cpu_threads": torch_threads(), "gpu": gpu_name(), "rows": rows}
+    result = bench_inference(trained, calibration, repeats=args.repeats)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{trained.model_name}, {trained.image_size} px; CPU {result['cpu']} ({result['cpu_threads']} threads)"
           + (f"; GPU {result['gpu']}" if result["gpu"] else ""))
     print(f"{'backend':42s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'best img/s':>12s}")
-    for r in rows:
+    for r in result["rows"]:
         if "error" in r:
             print(f"{r['backend']:42s} failed: {r['error']}")
         else:
@@ -333,22 +307,9 @@ def _run_bench_infer(args) -> int:
     return 0
 
 
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
 def _run_export(args) -> int:
     from pathlib import Path
 
-    from .data import load_dataset
     from .deploy.artifact import load_trained
     from .deploy.export import FORMAT_SUFFIX, FORMATS, export, verify
     from .errors import choice_error
@@ -357,14 +318,7 @@ def _run_export(args) -> int:
         raise choice_error("export format", args.format, FORMATS)
     trained = load_trained(args.checkpoint)
     out = Path(args.out) if args.out else trained.source.with_name(f"model{FORMAT_SUFFIX[args.format]}")
-    spec = args.data or trained.config.get("data")
-    try:
-        data = load_dataset(spec, val_split=None if args.data else trained.config.get("val_split"),
-                            image_size=trained.image_size, seed=trained.config.get("seed", 0))
-    except GpuaccelError as exc:
-        raise GpuaccelError(f"cannot load held-out images to verify the export ({exc}); pass --data SPEC") from None
-    if data.in_channels != trained.in_channels:
-        raise GpuaccelError(f"--data has {data.in_channels}-channel images; the model takes {trained.in_channels}")
+    data = trained.load_data(args.data, "cannot load held-out images to verify the export")
     path = export(trained, args.format, out, dynamic_batch=args.dynamic_batch, opset=args.opset)
     report = verify(trained, path, data.test_images[: args.verify_images], dynamic_batch=args.dynamic_batch)
     report.update(artifact=str(path), format=args.format, size_bytes=path.stat().st_size)

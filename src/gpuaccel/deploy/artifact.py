@@ -44,6 +44,20 @@ class TrainedModel:
     def image_size(self) -> int:
         return self.model_args["image_size"]
 
+    def load_data(self, spec: str | None, why: str):
+        """The run's data set (split as in training), or ``spec`` instead, at the model's image size.
+        ``why`` opens the error message when it cannot be read."""
+        from ..data import load_dataset
+
+        try:
+            data = load_dataset(spec or self.config.get("data"), val_split=None if spec else self.config.get("val_split"),
+                                image_size=self.image_size, seed=self.config.get("seed", 0))
+        except GpuaccelError as exc:
+            raise GpuaccelError(f"{why} ({exc}); pass --data SPEC") from None
+        if data.in_channels != self.in_channels:
+            raise GpuaccelError(f"--data has {data.in_channels}-channel images; the model takes {self.in_channels}")
+        return data
+
 
 def load_trained(path) -> TrainedModel:
     """Reads ``model.pt`` or ``checkpoint.pt`` of a run (or the run directory itself).

@@ -88,7 +88,17 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", _torch_call(bf16_graphs, device), bf16_input
 
 
-def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200) -> list[dict]:
+def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200) -> dict:
+    """The machine and one row per backend."""
+    from ..device import cpu_name
+
+    return {"model": trained.model_name, "image_size": trained.image_size, "cpu": cpu_name(),
+            "cpu_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "rows": _rows(trained, calibration, repeats)}
+
+
+def _rows(trained: TrainedModel, calibration: np.ndarray | None, repeats: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, call, make_input in backends(trained, calibration, Path(tmp)):

@@ -46,3 +46,28 @@ def quantize_int8(fp32_model: Path, out: Path, calibration: np.ndarray, *, per_c
         quantize_static(str(prepared), str(out), Batches(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return Path(out)
+
+
+def calibration_sample(train_images: np.ndarray, count: int) -> np.ndarray:
+    """``count`` training images spread over the whole set (a fixed random choice, in order)."""
+    picks = np.random.default_rng(0).permutation(len(train_images))[:count]
+    return train_images[np.sort(picks)]
+
+
+def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray) -> dict:
+    """Size, held-out accuracy and CPU speed of each ONNX file in ``models`` (name -> path)."""
+    from .bench import measure
+    from .infer import predict
+    from .runners import load_runner
+
+    report = {}
+    for name, path in models.items():
+        runner = load_runner(path)
+        probs, _ = predict(runner, test_images)
+        c, s = runner.in_channels, runner.image_size
+        speed = measure(runner, lambda b: np.random.rand(b, c, s, s).astype(np.float32), repeats=100)
+        report[name] = {"size_bytes": Path(path).stat().st_size,
+                        "test_accuracy": float((probs.argmax(1) == test_labels).mean()),
+                        "latency_p50_ms": speed["latency_p50_ms"],
+                        "best_images_per_second": speed["best_images_per_second"]}
+    return report
