@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gpuaccel.cli import main
+
 CLASSES = ["circle", "square", "stripe"]
 
 
@@ -116,3 +118,19 @@ def npz_file(tmp_path) -> Path:
     np.savez(path, x_train=pattern_images(train_y, 12, 3, 0), y_train=train_y,
              x_test=pattern_images(test_y, 12, 3, 1), y_test=test_y)
     return path
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(capsys, argv, *needles):
+    code, out, err = run(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("gpuaccel: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

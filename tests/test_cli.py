@@ -9,26 +9,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, make_image_folder
+from conftest import CLASSES, assert_user_error, make_image_folder, run
 
 from gpuaccel.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(capsys, argv, *needles):
-    code, out, err = run(capsys, *argv)
-    lines = err.strip().splitlines()
-    assert code == 2, (code, err)
-    assert len(lines) == 1 and lines[0].startswith("gpuaccel: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
 
 @pytest.fixture
 def quick(tmp_path):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from gpuaccel.data import augment as aug
 from gpuaccel.data.augment import AugmentConfig
-from gpuaccel.data.loader import DeviceLoader
+from gpuaccel.data.loader import DeviceLoader, WorkerLoader, build_loader
 
 CPU = torch.device("cpu")
 
@@ -140,3 +140,51 @@ def test_channels_last_and_dtype():
     expected = (images[:4].float() / 255 - 0.5) / 0.25
     torch.testing.assert_close(x.float(), expected, atol=0.02, rtol=0.01)
     F.conv2d(x.float(), torch.randn(2, 3, 3, 3))  # a usable input
+
+
+def make_pair(n=103, batch=10, augment=None, workers=2, **kw):
+    """A device loader and a worker loader over the same random RGB images."""
+    images = torch.randint(0, 256, (n, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    common = dict(batch_size=batch, device=CPU, mean=[0.4, 0.5, 0.6], std=[0.2, 0.25, 0.3], train=True,
+                  augment=augment, **kw)
+    return (DeviceLoader(images, torch.arange(n), **common),
+            WorkerLoader(images, torch.arange(n), workers=workers, **common))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_loader_serves_the_device_loaders_batches(workers):
+    device, host = make_pair(augment=AugmentConfig(crop_padding=2, flip="random"), workers=workers)
+    assert len(device) == len(host)
+    for epoch in (0, 1):
+        pairs = list(zip(device.batches(epoch), host.batches(epoch), strict=True))
+        for (xa, ya), (xb, yb) in pairs:
+            assert torch.equal(ya, yb)
+            torch.testing.assert_close(xa, xb)
+
+
+def test_worker_loader_cutout_fills_with_the_mean():
+    device, host = make_pair(augment=AugmentConfig(cutout=3), workers=0)
+    for (xa, _), (xb, _) in zip(device.batches(0), host.batches(0)):
+        holes = xa == 0
+        assert holes.any()
+        assert xb[holes].abs().max() < 0.03  # the uint8 mean, normalised: zero up to rounding
+        torch.testing.assert_close(xa[~holes], xb[~holes])
+
+
+def test_worker_loader_resumes_mid_epoch_and_shards():
+    _, host = make_pair(augment=AugmentConfig(crop_padding=1, flip="alternate"))
+    full = list(host.batches(epoch=2))
+    rest = list(host.batches(epoch=2, start=3))  # the same persistent workers, a new pass
+    for (xa, ya), (xb, yb) in zip(full[3:], rest, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    shards = [make_pair(n=101, rank=r, world_size=2, drop_last=False, workers=0)[1] for r in range(2)]
+    labels = [torch.cat([y for _, y in s.batches(4)]) for s in shards]
+    assert set(labels[0].tolist()) | set(labels[1].tolist()) == set(range(101))
+    assert len(set(labels[0].tolist()) & set(labels[1].tolist())) <= 1  # only the wrap-around pad
+
+
+def test_build_loader_keeps_cpu_data_in_process_unless_told():
+    images, labels = torch.zeros(8, 1, 2, 2, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
+    common = dict(device=CPU, batch_size=4, mean=[0.0], std=[1.0], train=False)
+    assert isinstance(build_loader(images, labels, **common), DeviceLoader)
+    assert isinstance(build_loader(images, labels, placement="cpu", workers=0, **common), WorkerLoader)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 import warnings
+from pathlib import Path
 
 
 from .errors import GpuaccelError
@@ -55,7 +56,10 @@ def _train_parser(sub) -> None:
     d.add_argument("--skip-bad", action="store_true", default=None,
                    help="skip images that cannot be decoded (they are counted) instead of stopping")
     d.add_argument("--cache-dir", metavar="DIR", help="where decoded images are cached (default ~/.cache/gpuaccel)")
-    d.add_argument("--loader", metavar="WHERE", help="auto (GPU memory when the data fits), gpu, or cpu")
+    d.add_argument("--loader", metavar="WHERE",
+                   help="auto (default: the data set lives in GPU memory when it fits), gpu, or cpu (worker "
+                        "processes augment on the host; batches are copied to the GPU one step ahead)")
+    d.add_argument("--workers", type=int, metavar="N", help="processes of the cpu loader (default: cores - 1, max 8)")
     d.add_argument("--crop-padding", type=int, metavar="P", help="random translation by up to P pixels (default 0)")
     d.add_argument("--flip", metavar="MODE", help="horizontal flips: none (default), random, alternate")
     d.add_argument("--cutout", type=int, metavar="S", help="zero a random SxS square in each image (default 0)")
@@ -107,6 +111,13 @@ def _train_parser(sub) -> None:
     s.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                    help="also checkpoint every STEPS steps (always at each epoch's end and every 5 minutes)")
     s.add_argument("--run-dir", metavar="DIR", help="where to save the run (default runs/<data>-<model>-<time>)")
+    s.add_argument("--monitor", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample GPU utilisation, memory, power, temperature and clock every 0.1 s into gpu.jsonl "
+                        "(default on; needs nvidia-ml-py)")
+    s.add_argument("--profile", action="store_true", default=None,
+                   help="write a torch.profiler trace of steps 6-12 to profile/trace.json and an operator table")
+    s.add_argument("--tensorboard", action="store_true", default=None,
+                   help="log the metrics as TensorBoard scalars in tensorboard/ (needs tensorboard)")
     s.add_argument("--recipe", metavar="NAME|FILE",
                    help="start from a recipe: a shipped one (digits) or your own YAML file of settings; "
                         "options given here override it")
@@ -235,7 +246,6 @@ def _deploy_parsers(sub) -> None:
 
 def _run_quantize(args) -> int:
     import tempfile
-    from pathlib import Path
 
     from .deploy.artifact import load_trained
     from .deploy.export import export
@@ -308,7 +318,6 @@ def _run_bench_infer(args) -> int:
 
 
 def _run_export(args) -> int:
-    from pathlib import Path
 
     from .deploy.artifact import load_trained
     from .deploy.export import FORMAT_SUFFIX, FORMATS, export, verify
@@ -369,6 +378,74 @@ def _run_env(args) -> int:
     return 0
 
 
+def _bench_parsers(sub) -> None:
+    from .bench.ladder import RUNG_NAMES
+
+    b = sub.add_parser(
+        "bench", help="how much faster than the CPU, and why: a ladder of optimisations, measured",
+        description="Train one model on one data set through a ladder of configurations, each adding one "
+                    "optimisation to the one before: " + ", ".join(RUNG_NAMES) + ". For each rung: steady-state "
+                    "throughput, data-wait share, peak GPU memory, MFU, speed-up over the CPU and over the "
+                    "previous rung. Rungs this machine cannot run are listed as skipped, with the reason. Writes "
+                    "results.json, gpu.jsonl and report.html into the run directory.",
+        epilog="examples:\n"
+               "  gpuaccel bench --quick                                  # LeNet-5 on the built-in digits\n"
+               "  gpuaccel bench --data ~/cifar10 --model resnet18 --time-to-acc 0.9\n"
+               "  gpuaccel bench --data ~/cifar10 --model resnet18 --only cpu,cuda-graphs,max-batch",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--data", default="digits", metavar="SPEC", help="any data spec 'gpuaccel train' takes")
+    b.add_argument("--model", default="lenet5", metavar="NAME")
+    b.add_argument("--batch-size", type=int, default=128, help="of every rung but max-batch (default 128)")
+    b.add_argument("--lr", type=float, default=0.05, help="for --time-to-acc training (default 0.05)")
+    b.add_argument("--crop-padding", type=int, default=4, metavar="P", help="augmentation (default 4)")
+    b.add_argument("--flip", default="random", metavar="MODE", help="augmentation (default random)")
+    b.add_argument("--image-size", type=int, metavar="N")
+    b.add_argument("--val-split", type=float, metavar="F")
+    b.add_argument("--precision", default="auto", metavar="P", help="of the mixed-precision rungs: auto, bf16, fp16")
+    b.add_argument("--device", default="auto", metavar="DEV", help="the GPU to use (default auto; cpu: CPU only)")
+    b.add_argument("--only", metavar="RUNGS", type=lambda text: [r.strip() for r in text.split(",") if r.strip()],
+                   help="comma-separated rungs to run (default all)")
+    b.add_argument("--quick", action="store_true", help="shorter timing windows: a rough answer in less time")
+    b.add_argument("--time-to-acc", type=float, metavar="F",
+                   help="also train each GPU rung until held-out accuracy F and report the time")
+    b.add_argument("--epochs", type=int, default=10, help="at most this many epochs for --time-to-acc")
+    b.add_argument("--workers", type=int, metavar="N", help="processes of the CPU DataLoader rungs")
+    b.add_argument("--run-dir", metavar="DIR", help="default runs/bench-<model>-<time>")
+    b.add_argument("--json", action="store_true", help="print results.json on stdout")
+    b.set_defaults(handler=_run_bench)
+
+    r = sub.add_parser("report", help="write report.html (tables and charts) for a bench or training run",
+                       description="Write RUN_DIR/report.html, one self-contained page with the tables and charts "
+                                   "of a bench or training run (charts need matplotlib), and RUN_DIR/results.json.")
+    r.add_argument("run_dir", metavar="RUN_DIR")
+    r.set_defaults(handler=_run_report)
+
+
+def _run_bench(args) -> int:
+    from .bench.ladder import BenchOptions, format_table, run_bench
+    from .bench.report import write_report
+
+    fields = {f.name for f in dataclasses.fields(BenchOptions)} - {"command"}
+    options = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields},
+                           command=["gpuaccel", *sys.argv[1:]])
+    log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    results = run_bench(options, log=log)
+    page = write_report(results["run_dir"])
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(format_table(results))
+        print(f"report: {page}")
+    return 0
+
+
+def _run_report(args) -> int:
+    from .bench.report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -379,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     sub.add_parser("models", help="list the model names create_model accepts").set_defaults(handler=_run_models)
     _deploy_parsers(sub)
+    _bench_parsers(sub)
     env = sub.add_parser("env", help="this machine's hardware and software, and optionally measured GPU ceilings",
                          description="CPU, memory, every GPU (memory, compute capability, driver, clocks, power "
                                      "limit), torch/CUDA/cuDNN/NCCL versions and optional packages. --measure adds "

@@ -16,7 +16,7 @@ import subprocess
 import torch
 
 from ..device import cpu_name
-from .timing import cuda_times_ms
+from .timing import cuda_times_ms, matmul_tflops
 
 OPTIONAL_PACKAGES = ("torchvision", "timm", "onnx", "onnxruntime", "onnxscript", "nvidia-ml-py", "triton",
                      "matplotlib", "torch-pruning", "tqdm", "scikit-learn", "pillow")
@@ -95,16 +95,7 @@ def measure_ceilings(device: torch.device, matmul_size: int = 8192, copy_bytes: 
     result = {}
     for label, dtype, tf32 in (("bf16", torch.bfloat16, False), ("fp32", torch.float32, False),
                                ("tf32", torch.float32, True)):
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
-            ms = _median_ms(lambda: torch.mm(a, b))
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-        result[f"matmul_{label}_tflops"] = 2 * n ** 3 / (ms / 1000) / 1e12
-        del a, b
+        result[f"matmul_{label}_tflops"] = matmul_tflops(device, dtype, n, tf32)
     src = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     result["d2d_copy_gb_per_s"] = 2 * copy_bytes / (_median_ms(lambda: dst.copy_(src)) / 1000) / 1e9

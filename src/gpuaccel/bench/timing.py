@@ -1,6 +1,10 @@
-"""Timing GPU work correctly: CUDA events around each call, after warm-up calls."""
+"""Timing work correctly: CUDA events around each call on a GPU, the host clock on the CPU,
+always after warm-up calls."""
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 
@@ -18,3 +22,30 @@ def cuda_times_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return times
+
+
+def median_ms(fn, device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds per call of ``fn`` on ``device``."""
+    if device.type == "cuda":
+        return statistics.median(cuda_times_ms(fn, repeats, warmup))
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, tf32: bool = False, repeats: int = 20) -> float:
+    """Measured TFLOP/s of an n x n x n matrix multiply (random data, never zeros)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        ms = median_ms(lambda: torch.mm(a, b), device, repeats)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2 * n ** 3 / (ms / 1000) / 1e12

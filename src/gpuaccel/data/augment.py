@@ -63,8 +63,9 @@ def apply_flip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask[:, None, None, None], x.flip(-1), x)
 
 
-def cutout(x: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
-    """Zeroes one ``size`` x ``size`` square per image, centred anywhere (clipped at the edges)."""
+def cutout(x: torch.Tensor, size: int, generator: torch.Generator, fill: torch.Tensor | float = 0) -> torch.Tensor:
+    """Sets one ``size`` x ``size`` square per image, centred anywhere (clipped at the edges), to
+    ``fill`` (a scalar or a per-channel (1, C, 1, 1) tensor: the mean pixel before normalisation)."""
     if size <= 0:
         return x
     n, _, h, w = x.shape
@@ -75,4 +76,15 @@ def cutout(x: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tens
     in_y = (ys >= (cy - size // 2)[:, None]) & (ys < (cy - size // 2 + size)[:, None])
     in_x = (xs >= (cx - size // 2)[:, None]) & (xs < (cx - size // 2 + size)[:, None])
     hole = in_y[:, :, None] & in_x[:, None, :]
-    return x.masked_fill(hole[:, None], 0)
+    if isinstance(fill, torch.Tensor):
+        return torch.where(hole[:, None], fill.to(x.dtype), x)
+    return x.masked_fill(hole[:, None], fill)
+
+
+def augment_batch(x: torch.Tensor, indices: torch.Tensor, epoch: int, config: AugmentConfig, seed: int,
+                  generator: torch.Generator, fill: torch.Tensor | float = 0) -> torch.Tensor:
+    """Crop/translate, flip and cutout, in that order, drawing from ``generator``."""
+    x = random_crop(x, config.crop_padding, generator)
+    if config.flip != "none":
+        x = apply_flip(x, flip_mask(indices, epoch, config.flip, seed, generator))
+    return cutout(x, config.cutout, generator, fill)

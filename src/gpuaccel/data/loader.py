@@ -1,67 +1,44 @@
 """Batch loaders that keep the data set where the compute is.
 
-A :class:`DeviceLoader` holds a whole split as one uint8 tensor. When it fits on the
-GPU (``place_images`` decides) every step is a gather, the augmentation ops and a
-normalisation, all on the GPU: no host work, no host-device copy, no synchronisation.
-When it does not fit, the uint8 images stay in pinned host memory and each batch is
-gathered on the host and copied on a side stream one step ahead of its use.
+:class:`DeviceLoader` holds a whole split as one uint8 tensor on the compute device.
+On a GPU every step is then a gather, a few augmentation ops and a normalisation, all
+on the GPU: no host work, no host-device copy, no synchronisation.
 
-The order of batches is a pure function of (seed, epoch), and each batch's
-augmentation of (seed, epoch, step), so training can stop at any step and resume at
-the next one with exactly the same data. With ``world_size`` > 1 each rank takes a
-disjoint shard of every epoch's permutation.
+:class:`WorkerLoader` is for data that does not fit in GPU memory (``--loader cpu``
+forces it): worker processes gather and augment uint8 batches on the CPU, the
+batches are pinned and copied to the GPU on a side stream one step ahead of use, and
+only the normalisation runs on the GPU (uint8 crosses the bus, a quarter of fp32).
+
+Both serve the same order: batches are a pure function of (seed, epoch) and each
+batch's augmentation of (seed, epoch, step), so training can stop at any step and
+resume at the next one with the same data. With ``world_size`` > 1 each rank takes a
+disjoint shard of every epoch's permutation. ``build_loader`` picks one of the two.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import torch
 
-from . import augment as aug
-from .augment import AugmentConfig
+from .augment import AugmentConfig, augment_batch
 
 _EPOCH_SALT = 1_000_003
 _STEP_SALT = 7_919
+PLACEMENTS = ("auto", "gpu", "cpu")
 
 
-def place_images(images: torch.Tensor, device: torch.device, max_share: float = 0.5, force: str = "auto") -> torch.Tensor:
-    """Moves a uint8 image tensor onto ``device`` if it takes under ``max_share`` of the free
-    memory there (or ``force == 'gpu'``); otherwise pins it in host memory."""
-    if device.type != "cuda" or force == "cpu":
-        return images.pin_memory() if device.type == "cuda" else images
-    free, _total = torch.cuda.mem_get_info(device)
-    if force == "gpu" or images.numel() * images.element_size() < max_share * free:
-        return images.to(device, non_blocking=False)
-    return images.pin_memory()
+class _ShardedOrder:
+    """Which images each rank serves, in which order, in how many batches."""
 
-
-class DeviceLoader:
-    """Shuffled (training) or ordered (evaluation) batches of normalised images.
-
-    ``images``: uint8 (N, C, H, W) on the compute device or on the host; ``labels``: int64 (N,).
-    """
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
-                 mean, std, train: bool, dtype: torch.dtype = torch.float32, augment: AugmentConfig | None = None,
-                 channels_last: bool = False, seed: int = 0, drop_last: bool | None = None,
-                 rank: int = 0, world_size: int = 1):
-        self.images, self.labels = images, labels.to(images.device)
-        self.device, self.dtype = device, dtype
-        self.batch_size, self.train, self.seed = batch_size, train, seed
-        self.augment = augment if (train and augment is not None and augment.active) else None
-        self.channels_last = channels_last
+    def __init__(self, num_images: int, *, batch_size: int, train: bool, seed: int, rank: int, world_size: int,
+                 drop_last: bool | None):
+        self.num_images, self.batch_size, self.train, self.seed = num_images, batch_size, train, seed
         self.rank, self.world_size = rank, world_size
-        shape = (1, -1, 1, 1)
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(shape) * 255.0
-        self.inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(shape) * 255.0)
         # dropping the ragged last batch keeps every training step the same shape (compile, graphs)
         self.drop_last = (train and self.shard_size > batch_size) if drop_last is None else drop_last
-
-    @property
-    def num_images(self) -> int:
-        return int(self.labels.shape[0])
 
     @property
     def shard_size(self) -> int:
@@ -87,52 +64,170 @@ class DeviceLoader:
             order = torch.cat([order, order[: total - self.num_images]])
         return order[self.rank::self.world_size]
 
+    def batch_seed(self, epoch: int, step: int) -> int:
+        return (self.seed * _EPOCH_SALT + epoch) * _STEP_SALT + step * self.world_size + self.rank
+
+
+class _Normaliser:
+    """uint8 (or float in 0..255) batch -> normalised batch in the training dtype and layout."""
+
+    def __init__(self, mean, std, device: torch.device, dtype: torch.dtype, channels_last: bool):
+        shape = (1, -1, 1, 1)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(shape) * 255.0
+        self.inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(shape) * 255.0)
+        self.dtype, self.channels_last = dtype, channels_last
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - self.mean) * self.inv_std
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+
+class DeviceLoader(_ShardedOrder):
+    """Shuffled (training) or ordered (evaluation) batches of normalised images, from a uint8
+    (N, C, H, W) tensor that lives on the compute device; ``labels``: int64 (N,)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
+                 mean, std, train: bool, dtype: torch.dtype = torch.float32, augment: AugmentConfig | None = None,
+                 channels_last: bool = False, seed: int = 0, drop_last: bool | None = None,
+                 rank: int = 0, world_size: int = 1):
+        super().__init__(int(labels.shape[0]), batch_size=batch_size, train=train, seed=seed, rank=rank,
+                         world_size=world_size, drop_last=drop_last)
+        self.device = device
+        self.images, self.labels = images.to(device), labels.to(device)
+        self.augment = augment if (train and augment is not None and augment.active) else None
+        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+
     def normalised_sample(self, count: int) -> torch.Tensor:
         """The first ``count`` images of a fixed random order, normalised, on the compute device
         (for data-dependent initialisation such as patch whitening)."""
         idx = torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
-        x = self.images[idx.to(self.images.device)].to(self.device)
-        return (x.float() - self.mean) * self.inv_std
+        return self.normaliser.scale(self.images[idx.to(self.device)])
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``."""
-        order = self.epoch_indices(epoch).to(self.images.device)
-        steps = len(self)
-        on_host = self.images.device != self.device
-        stream = torch.cuda.Stream(self.device) if on_host and self.device.type == "cuda" else None
-
-        def fetch(step):
+        order = self.epoch_indices(epoch).to(self.device)
+        for step in range(start, len(self)):
             idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            x, y = self.images[idx], self.labels[idx]
-            if on_host:
-                if stream is not None:
-                    x, y = x.pin_memory(), y.pin_memory()
-                    with torch.cuda.stream(stream):
-                        x, y, idx = (t.to(self.device, non_blocking=True) for t in (x, y, idx))
-                else:
-                    x, y, idx = x.to(self.device), y.to(self.device), idx.to(self.device)
-            return x, y, idx
+            x = self.normaliser.scale(self.images[idx])
+            if self.augment is not None:
+                generator = torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step))
+                x = augment_batch(x, idx, epoch, self.augment, self.seed, generator)
+            yield self.normaliser.finish(x), self.labels[idx]
 
-        pending = fetch(start) if start < steps else None
-        for step in range(start, steps):
-            x, y, idx = pending
-            if stream is not None:
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                for t in (x, y, idx):
-                    t.record_stream(torch.cuda.current_stream(self.device))
-            pending = fetch(step + 1) if step + 1 < steps else None
-            yield self._prepare(x, idx, epoch, step), y
 
-    def _prepare(self, x: torch.Tensor, idx: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
-        x = (x.float() - self.mean) * self.inv_std
+class _HostBatches(torch.utils.data.Dataset):
+    """What a worker process computes: item (epoch, step) is that batch, gathered and augmented
+    on the CPU as uint8."""
+
+    def __init__(self, order: _ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
+                 augment: AugmentConfig | None, fill: torch.Tensor):
+        self.order, self.images, self.labels, self.augment, self.fill = order, images, labels, augment, fill
+        self._epoch, self._indices = None, None
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, step = key
+        if epoch != self._epoch:
+            self._epoch, self._indices = epoch, self.order.epoch_indices(epoch)
+        idx = self._indices[step * self.order.batch_size:(step + 1) * self.order.batch_size]
+        x = self.images[idx]
         if self.augment is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed((self.seed * _EPOCH_SALT + epoch) * _STEP_SALT + step * self.world_size + self.rank)
-            x = aug.random_crop(x, self.augment.crop_padding, generator)
-            if self.augment.flip != "none":
-                x = aug.apply_flip(x, aug.flip_mask(idx, epoch, self.augment.flip, self.seed, generator))
-            x = aug.cutout(x, self.augment.cutout, generator)
-        x = x.to(self.dtype)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+            generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, step))
+            x = augment_batch(x, idx, epoch, self.augment, self.order.seed, generator, self.fill)
+        return x, self.labels[idx]
+
+
+class _EpochSteps(torch.utils.data.Sampler):
+    """The (epoch, step) keys of one pass; set ``epoch`` and ``start`` before iterating."""
+
+    def __init__(self, steps: int):
+        self.steps, self.epoch, self.start = steps, 0, 0
+
+    def __iter__(self):
+        return ((self.epoch, step) for step in range(self.start, self.steps))
+
+    def __len__(self) -> int:
+        return self.steps - self.start
+
+
+class WorkerLoader(_ShardedOrder):
+    """The same batches as :class:`DeviceLoader`, prepared by ``workers`` processes on the host.
+
+    Cutout fills with the mean pixel (what a zero after normalisation is), so the batches
+    equal the device loader's up to uint8 rounding inside cutout squares.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
+                 mean, std, train: bool, dtype: torch.dtype = torch.float32, augment: AugmentConfig | None = None,
+                 channels_last: bool = False, seed: int = 0, drop_last: bool | None = None,
+                 rank: int = 0, world_size: int = 1, workers: int | None = None):
+        super().__init__(int(labels.shape[0]), batch_size=batch_size, train=train, seed=seed, rank=rank,
+                         world_size=world_size, drop_last=drop_last)
+        self.device = device
+        self.workers = default_workers() if workers is None else workers
+        augment = augment if (train and augment is not None and augment.active) else None
+        fill = torch.tensor(mean).view(1, -1, 1, 1).mul(255).round().to(torch.uint8)
+        # shared memory: workers started by fork or spawn read the images without a copy
+        self.host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
+        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self._steps = _EpochSteps(len(self))
+        on_gpu = device.type == "cuda"
+        # the workers get a plain copy of the ordering, not this object with its stream and loader
+        order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
+                              world_size=world_size, drop_last=self.drop_last)
+        self._loader = torch.utils.data.DataLoader(
+            _HostBatches(order, self.host_images, host_labels, augment, fill), batch_size=None,
+            sampler=self._steps, num_workers=self.workers, pin_memory=on_gpu,
+            persistent_workers=self.workers > 0, prefetch_factor=4 if self.workers > 0 else None)
+        self._stream = torch.cuda.Stream(device) if on_gpu else None
+
+    def normalised_sample(self, count: int) -> torch.Tensor:
+        idx = torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
+        return self.normaliser.scale(self.host_images[idx].to(self.device))
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if start >= len(self):
+            return
+        self._steps.epoch, self._steps.start = epoch, start
+        host_batches = iter(self._loader)
+        pending = self._to_device(next(host_batches))
+        while pending is not None:
+            x, y = pending
+            if self._stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self._stream)
+                x.record_stream(current)
+                y.record_stream(current)
+            following = next(host_batches, None)
+            pending = None if following is None else self._to_device(following)  # the copy of the next batch
+            yield self.normaliser.finish(self.normaliser.scale(x)), y
+
+    def _to_device(self, batch):
+        x, y = batch
+        if self._stream is None:
+            return x.to(self.device), y.to(self.device)
+        with torch.cuda.stream(self._stream):
+            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+
+def default_workers() -> int:
+    """Loader processes per training process: the cores shared among the local ranks, at most 8."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(8, (os.cpu_count() or 2) // local_ranks - 1))
+
+
+def fits_on_device(images: torch.Tensor, device: torch.device, max_share: float = 0.5) -> bool:
+    """True when the uint8 images take under ``max_share`` of the free memory of a GPU."""
+    free, _total = torch.cuda.mem_get_info(device)
+    return images.numel() * images.element_size() < max_share * free
+
+
+def build_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.device, placement: str = "auto",
+                 workers: int | None = None, **options) -> DeviceLoader | WorkerLoader:
+    """A :class:`DeviceLoader` when the images may live on ``device`` (``placement`` 'gpu', or
+    'auto' and they fit; always for the CPU, unless 'cpu' is forced), else a :class:`WorkerLoader`."""
+    if placement == "cpu" or (placement == "auto" and device.type == "cuda" and not fits_on_device(images, device)):
+        return WorkerLoader(images, labels, device=device, workers=workers, **options)
+    return DeviceLoader(images, labels, device=device, **options)

@@ -10,12 +10,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..data.augment import FLIP_MODES
+from ..data.loader import PLACEMENTS as LOADERS
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
-LOADERS = ("auto", "gpu", "cpu")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -34,7 +34,8 @@ class TrainConfig:
     channels_last: bool | None = None  # None: on for GPUs
     compile: bool = False
     compile_mode: str = "default"
-    loader: str = "auto"
+    loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes)
+    workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
     optimizer: str = "sgd"
     lr: float = 0.05
@@ -65,6 +66,9 @@ class TrainConfig:
     eval_every: int | None = None  # optimizer steps; None: at the end of every epoch
     checkpoint_every: int | None = None  # optimizer steps; epochs are always checkpointed
     checkpoint_seconds: float = 300.0
+    monitor: bool = True  # sample GPU telemetry into gpu.jsonl (needs nvidia-ml-py)
+    profile: bool = False  # a torch.profiler trace of a few steps in profile/
+    tensorboard: bool = False  # TensorBoard scalars in tensorboard/
 
     def validate(self) -> "TrainConfig":
         """Raises GpuaccelError naming the first bad value and the valid ones."""
@@ -97,6 +101,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
         for name in ("eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -26,10 +26,12 @@ import torch.nn.functional as F
 from .. import __version__
 from ..data import ImageDataset, load_dataset
 from ..data.augment import AugmentConfig
-from ..data.loader import DeviceLoader, place_images
+from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..models import create_model
+from ..monitor import DataWaitMeter, GpuSampler
+from ..monitor.profiling import ScalarLog, StepProfiler
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -69,14 +71,14 @@ class Trainer:
 
         self.mean, self.std = ds.channel_stats()
         loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
-                           channels_last=self.channels_last, seed=config.seed)
-        self.train_loader = DeviceLoader(
-            place_images(torch.from_numpy(ds.train_images), self.device, force=config.loader),
-            torch.from_numpy(ds.train_labels), batch_size=config.batch_size, train=True,
-            augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
-        self.eval_loader = DeviceLoader(
-            place_images(torch.from_numpy(ds.test_images), self.device, force=config.loader),
-            torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size, train=False, **loader_args)
+                           channels_last=self.channels_last, seed=config.seed, placement=config.loader,
+                           workers=config.workers)
+        self.train_loader = build_loader(
+            torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels), batch_size=config.batch_size,
+            train=True, augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
+        self.eval_loader = build_loader(
+            torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size,
+            train=False, **loader_args)
         if hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(self.train_loader.normalised_sample(5000))
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
@@ -134,26 +136,32 @@ class Trainer:
         previous_handler = _install_sigterm()
         self.model.train()
         stepped_at = (self.epoch, self.batch_in_epoch)  # the data position the weights correspond to
+        sampler = GpuSampler(self.run_dir / "gpu.jsonl", [self.device.index or 0] if self.device.type == "cuda"
+                             else [], origin=wall_start) if cfg.monitor else None
+        if sampler is not None:
+            sampler.start()
+        data_wait = DataWaitMeter(self.device)
+        profiler = StepProfiler(self.run_dir, self.device) if cfg.profile else None
+        scalars = ScalarLog(self.run_dir) if cfg.tensorboard else None
+        wall_at_eval = 0.0
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epoch < cfg.epochs:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
-                for images, labels in batches:
-                    if self._cuda_graphs:
-                        torch.compiler.cudagraph_mark_step_begin()
-                    with self.precision.autocast(self.device):
-                        loss = F.cross_entropy(self.forward(images), labels, label_smoothing=cfg.label_smoothing)
-                    self.scaler.scale(loss / cfg.grad_accum).backward()
-                    loss_sum += loss.detach().float() * labels.shape[0]
+                for images, labels in data_wait.timed(batches):
+                    loss = self.forward_backward(images, labels, cfg.grad_accum)
+                    loss_sum += loss.float() * labels.shape[0]
                     images_since_eval += labels.shape[0]
                     self.batch_in_epoch += 1
 
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
                     if self.batch_in_epoch % cfg.grad_accum and not end_of_epoch:
                         continue  # accumulate more micro-batches before stepping
-                    self._optimizer_step()
+                    self.optimizer_step()
                     self.global_step += 1
                     progress.advance()
+                    if profiler is not None:
+                        profiler.step()
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                     stepped_at = (self.epoch, self.batch_in_epoch)
@@ -165,9 +173,15 @@ class Trainer:
                     if due_eval or out_of_time:
                         synchronize(self.device)
                         self.train_seconds += time.perf_counter() - segment_start
-                        record = self._evaluate_and_record(loss_sum, images_since_eval,
-                                                           self.train_seconds - seconds_at_eval, wall_start)
+                        record = {**self._evaluate_and_record(loss_sum, images_since_eval,
+                                                              self.train_seconds - seconds_at_eval, wall_start),
+                                  "data_wait": round(data_wait.read()["data_share"], 4)}
+                        if sampler is not None and sampler.mean("util", since=wall_at_eval) is not None:
+                            record["gpu_util"] = round(sampler.mean("util", since=wall_at_eval), 1)
+                        wall_at_eval = record["wall"]
                         metrics.append(record)
+                        if scalars is not None:
+                            scalars.add(record, self.global_step)
                         progress.log(_format_record(record, cfg.epochs))
                         loss_sum.zero_()
                         images_since_eval, seconds_at_eval = 0, self.train_seconds
@@ -197,10 +211,26 @@ class Trainer:
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
+            if sampler is not None:
+                sampler.stop()
+            if profiler is not None:
+                profiler.close()
+            if scalars is not None:
+                scalars.close()
         progress.close()
         return self._finish(stopped_by, time.perf_counter() - wall_start)
 
-    def _optimizer_step(self) -> None:
+    def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1) -> torch.Tensor:
+        """One forward and backward pass; gradients of the loss / ``accumulate`` add up in ``.grad``.
+        Returns the (unscaled) loss, detached, on the device."""
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.precision.autocast(self.device):
+            loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
+        self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
         if self.config.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
@@ -211,9 +241,9 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
 
-    def warm_up(self) -> float:
-        """Runs three training steps and a full evaluation, then puts every piece of state back,
-        so that compilation and cuDNN autotuning happen before the clock starts.
+    def warm_up(self, evaluate: bool = True) -> float:
+        """Runs three training steps and (``evaluate``) a full evaluation, then puts every piece of
+        state back, so that compilation and cuDNN autotuning happen before the clock starts.
         Returns the seconds it took."""
         start = time.perf_counter()
         saved = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
@@ -223,13 +253,10 @@ class Trainer:
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         images, labels = next(iter(self.train_loader.batches(0)))
         for _ in range(3):  # CUDA graphs are recorded on the third call
-            if self._cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            with self.precision.autocast(self.device):
-                loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
-            self.scaler.scale(loss).backward()
-            self._optimizer_step()
-        self.evaluate()
+            self.forward_backward(images, labels)
+            self.optimizer_step()
+        if evaluate:
+            self.evaluate()
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -390,7 +417,8 @@ class Trainer:
         with open(run_dir / "config.json") as f:
             config = TrainConfig.from_dict(json.load(f))
         state = checkpoint.load(run_dir / CHECKPOINT)
-        changeable = {"epochs", "time_limit", "target_acc", "device", "loader", "eval_every", "checkpoint_every",
+        changeable = {"epochs", "time_limit", "target_acc", "device", "loader", "workers", "monitor", "profile",
+                      "tensorboard", "eval_every", "checkpoint_every",
                       "checkpoint_seconds", "cache_dir", "compile"}
         for key, value in (overrides or {}).items():
             if key == "model" and value != state["model_name"]:
@@ -436,7 +464,9 @@ class Trainer:
 def _format_record(record: dict, epochs: int) -> str:
     return (f"epoch {record['epoch']:.2f}/{epochs} step {record['step']}: train loss {record['train_loss']:.4f}, "
             f"test loss {record['loss']:.4f}, test acc {100 * record['accuracy']:.2f}%, "
-            f"{record['images_per_second']:,.0f} img/s, {record['elapsed']:.1f} s")
+            f"{record['images_per_second']:,.0f} img/s, {record['elapsed']:.1f} s, "
+            f"data wait {100 * record['data_wait']:.0f}%"
+            + (f", GPU busy {record['gpu_util']:.0f}%" if "gpu_util" in record else ""))
 
 
 def _install_sigterm():

@@ -1,0 +1,165 @@
+"""gpuaccel bench, the monitors and the HTML report: behaviour on the CPU, the page in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_user_error, run
+
+from gpuaccel.bench.ladder import RUNG_NAMES, training_flops_per_image
+from gpuaccel.monitor import DataWaitMeter, GpuSampler
+from gpuaccel.monitor.gpu import read_samples
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """One quick ladder on the built-in digits, with time-to-accuracy, shared by the tests below."""
+    from gpuaccel.cli import main
+
+    run_dir = tmp_path_factory.mktemp("bench") / "run"
+    code = main(["bench", "--quick", "--only", "cpu,gpu-fp32,cuda-graphs,multi-gpu", "--time-to-acc", "0.5",
+                 "--epochs", "2", "--run-dir", str(run_dir), "--json"])
+    assert code == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+    from gpuaccel.cli import main
+
+    run_dir = tmp_path_factory.mktemp("train") / "run"
+    assert main(["train", "--epochs", "3", "--quiet", "--run-dir", str(run_dir), "--profile", "--tensorboard"]) == 0
+    return run_dir
+
+
+def test_ladder_measures_the_cpu_and_explains_every_skipped_rung(bench_run):
+    results = json.loads((bench_run / "results.json").read_text())
+    rungs = {r["rung"]: r for r in results["rungs"]}
+    assert list(rungs) == ["cpu", "gpu-fp32", "cuda-graphs", "multi-gpu"]  # --only keeps the ladder's order
+    cpu = rungs["cpu"]
+    assert cpu["images_per_second"] > 0 and cpu["images_per_second_min"] <= cpu["images_per_second"] \
+        <= cpu["images_per_second_max"]
+    assert 0 <= cpu["data_wait_share"] < 1 and 0 < cpu["mfu"] < 1
+    assert cpu["speedup_vs_cpu"] == pytest.approx(1.0)
+    assert results["training_flops_per_image"] > 0 and results["env"]["cpu"]["cores"] >= 1
+    if not torch.cuda.is_available():
+        for name in ("gpu-fp32", "cuda-graphs", "multi-gpu"):
+            assert rungs[name]["skipped"] == "no CUDA GPU here"
+        assert "time_to_acc" not in cpu  # time-to-accuracy is for the GPU rungs
+
+
+def test_bench_writes_a_report_with_the_ladder(bench_run):
+    page = (bench_run / "report.html").read_text()
+    assert '<table id="ladder">' in page and "skipped: " in page and "<svg" in page
+    for fetch in ('src="http', "src='http", 'href="http', "url(http", "<script"):
+        assert fetch not in page  # self-contained: nothing to fetch, nothing to run
+
+
+def test_flop_count_of_an_mlp_matches_the_arithmetic():
+    # forward 2*sum(in*out); backward: weight gradients as much again, input gradients for layers 2 and 3
+    layers = [(64, 512), (512, 256), (256, 10)]
+    forward = 2 * sum(i * o for i, o in layers)
+    expected = 2 * forward + 2 * sum(i * o for i, o in layers[1:])
+    assert training_flops_per_image("mlp", {"num_classes": 10, "in_channels": 1, "image_size": 8}) == expected
+
+
+def test_data_wait_meter_tells_slow_data_from_slow_compute():
+    def batches(delay):
+        for i in range(5):
+            time.sleep(delay)
+            yield i
+
+    for data_delay, compute_delay, low, high in ((0.03, 0.0, 0.8, 1.0), (0.0, 0.03, 0.0, 0.2)):
+        meter = DataWaitMeter(torch.device("cpu"))
+        for _ in meter.timed(batches(data_delay)):
+            time.sleep(compute_delay)
+        share = meter.read()["data_share"]
+        assert low <= share <= high, (data_delay, compute_delay, share)
+    assert meter.read()["data_share"] == 0.0  # read resets
+
+
+def test_gpu_sampler_without_a_gpu_says_why_and_does_nothing(tmp_path):
+    sampler = GpuSampler(tmp_path / "gpu.jsonl", [])
+    with sampler:
+        pass
+    assert sampler.unavailable and sampler.mean("util") is None
+    assert not (tmp_path / "gpu.jsonl").exists()
+
+
+def test_read_samples_ignores_a_torn_last_line(tmp_path):
+    path = tmp_path / "gpu.jsonl"
+    path.write_text('{"t": 0.1, "gpu": 0, "util": 50}\n{"t": 0.2, "gpu": 0, "ut')
+    assert read_samples(path) == [{"t": 0.1, "gpu": 0, "util": 50}]
+
+
+def test_train_profile_and_tensorboard_outputs(train_run):
+    trace = json.loads((train_run / "profile" / "trace.json").read_text())
+    assert trace["traceEvents"] and "convolution" in (train_run / "profile" / "ops.txt").read_text()
+    assert list((train_run / "tensorboard").glob("events.out.tfevents.*"))
+    records = [json.loads(line) for line in (train_run / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= r["data_wait"] <= 1 for r in records)
+
+
+def test_report_of_a_training_run(train_run, capsys):
+    code, out, err = run(capsys, "report", str(train_run))
+    assert code == 0 and out.strip().endswith("report.html")
+    page = (train_run / "report.html").read_text()
+    assert '<table id="summary"' in page and '<table id="evaluations">' in page and page.count("<svg") >= 2
+    results = json.loads((train_run / "results.json").read_text())
+    assert results["kind"] == "train" and len(results["metrics"]) == 3
+
+
+def test_bench_and_report_errors(capsys, tmp_path):
+    assert_user_error(capsys, ["bench", "--only", "cpu,warp-drive"], "unknown rung 'warp-drive'", RUNG_NAMES[0])
+    assert_user_error(capsys, ["bench", "--precision", "fp32"], "auto, bf16 or fp16")
+    assert_user_error(capsys, ["bench", "--device", "cpu", "--precision", "fp16"], "fp16 needs a CUDA GPU")
+    assert_user_error(capsys, ["bench", "--time-to-acc", "90"], "fraction")
+    assert_user_error(capsys, ["report", str(tmp_path / "missing")], "is not a directory")
+    assert_user_error(capsys, ["report", str(tmp_path)], "holds no gpuaccel run")
+    (tmp_path / "results.json").write_text("{not json")
+    assert_user_error(capsys, ["report", str(tmp_path)], "cannot read the run")
+
+
+def _open_in_chromium(page_path: Path, screenshot: Path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors = []
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(page_path.resolve().as_uri())
+            page.wait_for_load_state("load")
+            table = page.locator("table#ladder, table#summary").first
+            table.screenshot(path=str(screenshot))
+            box = table.bounding_box()
+            rows = page.locator("table#ladder tr, table#summary tr").count()
+            figures = page.locator("figure svg").count()
+        finally:
+            browser.close()
+    return errors, box, rows, figures
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+@pytest.mark.parametrize("which", ["bench_run", "train_run"])
+def test_report_renders_in_headless_chromium(which, request, tmp_path):
+    from PIL import Image
+
+    run_dir = request.getfixturevalue(which)
+    errors, box, rows, figures = _open_in_chromium(run_dir / "report.html", tmp_path / "table.png")
+    assert errors == []
+    assert box is not None and box["width"] > 300 and box["height"] > 100 and box["y"] < 900
+    assert rows >= 5 and figures >= 1
+    shot = Image.open(tmp_path / "table.png").convert("L")
+    low, high = shot.getextrema()
+    assert shot.width > 300 and high - low > 100  # text on a background, not a blank box
