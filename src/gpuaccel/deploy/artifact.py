@@ -11,6 +11,7 @@ import torch.nn as nn
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..train import checkpoint
+from .prune import apply_structure
 
 
 class Normalized(nn.Module):
@@ -68,6 +69,8 @@ def load_trained(path) -> TrainedModel:
     state = checkpoint.load(path)
     try:
         model = create_model(state["model_name"], **state["model_args"])
+        if state.get("structure"):  # a channel-pruned model: narrower layers than the registry's
+            apply_structure(model, state["structure"])
         model.load_state_dict(state.get("ema_model") or state["model"])
     except (KeyError, RuntimeError) as exc:
         raise GpuaccelError(f"{path}: the checkpoint's weights do not fit its model ({exc!s:.200})") from None

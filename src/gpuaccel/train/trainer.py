@@ -30,6 +30,7 @@ from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..models import create_model
+from ..deploy.prune import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
 from . import checkpoint
@@ -48,7 +49,10 @@ class Stop(Exception):
 
 class Trainer:
     def __init__(self, config: TrainConfig, *, dataset: ImageDataset | None = None, model: nn.Module | None = None,
-                 quiet: bool = False):
+                 structure: dict | None = None, data_init: bool = True, quiet: bool = False):
+        """``model``: train this instead of creating ``config.model`` (a pruned one, say: then
+        ``structure`` holds its layer widths, stored in checkpoints so it can be rebuilt).
+        ``data_init=False`` skips a model's data-dependent initialisation (it is trained already)."""
         setup_start = time.perf_counter()
         self.config = config = config.validate()
         self.quiet = quiet
@@ -61,7 +65,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         ds = self.dataset
         self.model_args = {"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size}
-        self.model = model if model is not None else create_model(config.model, **self.model_args)
+        self.structure = structure
+        if model is None:
+            model = create_model(config.model, **self.model_args)
+            if structure:
+                apply_structure(model, structure)
+        self.model = model
         has_conv = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
         self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
             else config.channels_last
@@ -79,7 +88,7 @@ class Trainer:
         self.eval_loader = build_loader(
             torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size,
             train=False, **loader_args)
-        if hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
+        if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(self.train_loader.normalised_sample(5000))
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
         self.forward = self._compiled(self.model)
@@ -358,7 +367,7 @@ class Trainer:
                  "mean": self.mean, "std": self.std, "config": self.config.to_dict(),
                  "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                  "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
-                 "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__}
+                 "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__, "structure": self.structure}
         if full:
             state.update(
                 optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
@@ -428,7 +437,7 @@ class Trainer:
                 raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
                                     f"(changeable: {', '.join(sorted(changeable))})")
         config = config.replace(**{k: v for k, v in (overrides or {}).items() if k in changeable})
-        trainer = cls(config, quiet=quiet)
+        trainer = cls(config, structure=state.get("structure"), data_init=False, quiet=quiet)
         trainer.load_state(state)
         trainer.run_dir = run_dir
         # evaluations logged after the checkpoint are redone; drop them so the log stays one line per eval

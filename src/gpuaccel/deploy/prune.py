@@ -1,0 +1,217 @@
+"""Pruning a trained model: magnitude (unstructured) or whole channels (structured).
+
+Unstructured pruning zeroes the smallest weights of every convolution and linear layer
+(one global threshold, ``torch.nn.utils.prune``): the file compresses better but dense
+kernels run no faster. Structured pruning removes the least important channels with
+torch-pruning, which follows the dependencies between layers (residual additions,
+depthwise convolutions, batch norms), so the model really gets smaller and faster.
+
+A channel-pruned model no longer matches its registry definition, so its checkpoint
+carries ``structure``: the widths of every convolution, linear and batch-norm layer.
+``apply_structure`` reshapes a freshly created model to those widths before its
+weights are loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..errors import GpuaccelError
+
+_SHAPED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.BatchNorm1d)
+
+
+def layer_structure(model: nn.Module) -> dict[str, dict]:
+    """The width attributes of every convolution, linear and batch-norm layer, by module name."""
+    structure = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            structure[name] = {"in_channels": m.in_channels, "out_channels": m.out_channels, "groups": m.groups}
+        elif isinstance(m, nn.Linear):
+            structure[name] = {"in_features": m.in_features, "out_features": m.out_features}
+        elif isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            structure[name] = {"num_features": m.num_features}
+    return structure
+
+
+def apply_structure(model: nn.Module, structure: dict[str, dict]) -> nn.Module:
+    """Reshapes ``model``'s layers in place to the widths in ``structure`` (new, uninitialised
+    tensors: load the pruned weights next)."""
+    for name, widths in structure.items():
+        try:
+            m = model.get_submodule(name)
+        except AttributeError:
+            raise GpuaccelError(f"the pruned structure names a layer {name!r} the model does not have") from None
+        for attr, value in widths.items():
+            setattr(m, attr, value)
+        if isinstance(m, nn.Conv2d):
+            _reshape(m, "weight", (m.out_channels, m.in_channels // m.groups, *m.kernel_size))
+            _reshape(m, "bias", (m.out_channels,))
+        elif isinstance(m, nn.Linear):
+            _reshape(m, "weight", (m.out_features, m.in_features))
+            _reshape(m, "bias", (m.out_features,))
+        elif isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            for key in ("weight", "bias", "running_mean", "running_var"):
+                _reshape(m, key, (m.num_features,))
+    return model
+
+
+def _reshape(module: nn.Module, key: str, shape: tuple) -> None:
+    old = getattr(module, key, None)
+    if old is None or tuple(old.shape) == tuple(shape):
+        return
+    new = torch.empty(shape, dtype=old.dtype, device=old.device)
+    if isinstance(old, nn.Parameter):
+        setattr(module, key, nn.Parameter(new, requires_grad=old.requires_grad))
+    else:
+        setattr(module, key, new)
+
+
+def _prunable_weights(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    return [(m, "weight") for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) and
+            m.weight.requires_grad]
+
+
+def prune_unstructured(model: nn.Module, sparsity: float) -> None:
+    """Zeroes the ``sparsity`` share of conv/linear weights with the smallest magnitude (one
+    threshold across all layers), permanently."""
+    from torch.nn.utils import prune
+
+    targets = _prunable_weights(model)
+    prune.global_unstructured(targets, pruning_method=prune.L1Unstructured, amount=sparsity)
+    for module, key in targets:
+        prune.remove(module, key)
+
+
+def prune_channels(model: nn.Module, sparsity: float, example: torch.Tensor) -> None:
+    """Removes the ``sparsity`` share of output channels of every prunable layer (L2 magnitude of
+    each channel group), keeping the classifier's outputs. Layer widths stay multiples of 8
+    where they were, which suits vectorised CPU kernels and tensor cores."""
+    try:
+        import torch_pruning as tp
+    except ImportError:
+        raise GpuaccelError("structured pruning needs torch-pruning: pip install torch-pruning "
+                            "(or gpuaccel[deploy])") from None
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    classifier = layers[-1]  # registry models define their classifier last
+    frozen = [m for m in layers if not m.weight.requires_grad]  # e.g. a fixed whitening layer
+    widths = [m.out_channels for m in layers if isinstance(m, nn.Conv2d)]
+    round_to = 8 if widths and all(w % 8 == 0 for w in widths) else None
+    try:
+        pruner = tp.pruner.MetaPruner(model, example, importance=tp.importance.GroupMagnitudeImportance(p=2),
+                                      pruning_ratio=sparsity, ignored_layers=[classifier, *frozen],
+                                      round_to=round_to)
+        pruner.step()
+    except Exception as exc:  # torch-pruning raises many kinds on graphs it cannot follow
+        raise GpuaccelError(f"torch-pruning cannot prune this model's channels ({type(exc).__name__}: "
+                            f"{exc!s:.150}); try unstructured pruning (no --structured)") from None
+
+
+def model_size(model: nn.Module, example: torch.Tensor) -> dict:
+    """Parameters, non-zero parameters and forward FLOPs per image."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(example)
+    model.train(was_training)
+    params = list(model.parameters())
+    return {"parameters": sum(p.numel() for p in params),
+            "nonzero_parameters": int(sum((p != 0).sum() for p in params)),
+            "flops_per_image": counter.get_total_flops() / example.shape[0]}
+
+
+def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_epochs: int = 0,
+                  lr: float | None = None, out_dir=None, repeats: int = 100, quiet: bool = True) -> dict:
+    """Prunes a trained model, optionally fine-tunes it with the training engine on its own data,
+    saves it as a run directory (``model.pt`` with its structure) and reports parameters, FLOPs,
+    file size, held-out accuracy and CPU latency before and after."""
+    import copy
+    from pathlib import Path
+
+    from ..train import TrainConfig, Trainer, checkpoint
+    from .artifact import Normalized
+
+    if not 0 < sparsity < 1:
+        raise GpuaccelError(f"--sparsity is the share to remove, in (0, 1), got {sparsity}")
+    if finetune_epochs < 0:
+        raise GpuaccelError(f"--finetune-epochs must be >= 0, got {finetune_epochs}")
+    kind = "structured" if structured else "unstructured"
+    out_dir = Path(out_dir or trained.source.parent / f"pruned-{kind}-{sparsity:g}")
+    if (out_dir / "checkpoint.pt").exists() or (out_dir / "model.pt").exists():
+        raise GpuaccelError(f"{out_dir} already holds a model; pick another --out")
+    example = torch.rand(1, trained.in_channels, trained.image_size, trained.image_size)
+    report = {"method": kind, "sparsity": sparsity, "source": str(trained.source),
+              "before": _measure(trained.module, trained.source.stat().st_size, data, example, repeats)}
+
+    model = copy.deepcopy(trained.module.model).eval()
+    if structured:
+        prune_channels(model, sparsity, example)
+    else:
+        prune_unstructured(model, sparsity)
+    pruned = Normalized(model, trained.module.mean.flatten().tolist(), trained.module.std.flatten().tolist()).eval()
+    report["pruned_accuracy"] = _accuracy(pruned, data)
+    structure = layer_structure(model) if structured else None
+
+    if finetune_epochs:
+        config = TrainConfig.from_dict(trained.config).replace(
+            epochs=finetune_epochs, lr=lr or TrainConfig.from_dict(trained.config).lr / 2, run_dir=str(out_dir),
+            target_acc=None, time_limit=None)
+        trainer = Trainer(config, dataset=data, model=model, structure=structure, data_init=False, quiet=quiet)
+        if not structured:
+            _keep_zeros(trainer.model, trainer.optimizer)
+        summary = trainer.fit()
+        report["finetune"] = {"epochs": finetune_epochs, "lr": config.lr, "train_seconds": summary["train_seconds"],
+                              "device": summary["device_name"]}
+        from .artifact import load_trained
+
+        pruned = load_trained(out_dir).module
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_json(out_dir / "config.json", trained.config)
+        checkpoint.save(out_dir / "model.pt", {
+            "model_name": trained.model_name, "model_args": trained.model_args, "classes": trained.classes,
+            "mean": trained.module.mean.flatten().tolist(), "std": trained.module.std.flatten().tolist(),
+            "config": trained.config, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "ema_model": None, "accuracy": report["pruned_accuracy"], "structure": structure})
+    report["after"] = _measure(pruned, (out_dir / "model.pt").stat().st_size, data, example, repeats)
+    report["out"] = str(out_dir / "model.pt")
+    before, after = report["before"], report["after"]
+    report["speedup_batch1"] = before["latency_p50_ms"] / after["latency_p50_ms"]
+    report["speedup_throughput"] = after["best_images_per_second"] / before["best_images_per_second"]
+    report["accuracy_drop_points"] = 100 * (before["test_accuracy"] - after["test_accuracy"])
+    checkpoint.write_json(out_dir / "prune.json", report)
+    return report
+
+
+def _keep_zeros(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Unstructured fine-tuning keeps pruned weights at zero: momentum and weight decay would move
+    them, so the mask is applied again after every optimizer step (before the weight average)."""
+    masked = [(m.weight, (m.weight != 0).to(m.weight.dtype)) for m, _ in _prunable_weights(model)]
+
+    @torch.no_grad()
+    def reapply(optimizer, args, kwargs):
+        for weight, mask in masked:
+            weight.mul_(mask)
+    optimizer.register_step_post_hook(reapply)
+
+
+def _accuracy(module: nn.Module, data) -> float:
+    from .infer import predict
+    from .runners import Runner, _torch_runner
+
+    runner = Runner(_torch_runner(module, torch.device("cpu")), [], 0, 0, "pytorch")
+    probs, _ = predict(runner, data.test_images)
+    return float((probs.argmax(1) == data.test_labels).mean())
+
+
+def _measure(module: nn.Module, file_bytes: int, data, example: torch.Tensor, repeats: int) -> dict:
+    from .bench import _torch_call, measure
+
+    c, s = example.shape[1], example.shape[2]
+    speed = measure(_torch_call(module.eval(), torch.device("cpu")), lambda b: torch.rand(b, c, s, s),
+                    repeats=repeats)
+    return {**model_size(module.model, example), "file_bytes": file_bytes,
+            "test_accuracy": _accuracy(module, data), **speed}
