@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -74,6 +75,16 @@ def _train_parser(sub) -> None:
                         "fp32, bf16 or fp16")
     m.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="NHWC memory layout (default: on for GPUs)")
+    m.add_argument("--gpus", type=int, metavar="N",
+                   help="train with N processes on N GPUs of this machine (data parallel, through "
+                        "torch.distributed.run); --batch-size is per process")
+    m.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="with --gpus: restart the processes up to K times after a failure; they resume from "
+                        "the last checkpoint")
+    m.add_argument("--sync-bn", action="store_true", default=None,
+                   help="several processes: batch-norm statistics over the global batch (SyncBatchNorm)")
+    m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
+                   help="several processes: gradient all-reduce bucket size (default 25)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (slower start, faster steps; compiled kernels are cached on disk)")
     m.add_argument("--compile-mode", metavar="MODE",
@@ -140,6 +151,16 @@ def _run_train(args) -> int:
     from .train.recipes import load_recipe
 
     options = _explicit_options(args)
+    if args.gpus is not None and "RANK" not in os.environ:  # the launcher, not yet one of its processes
+        from .parallel.launch import launch
+
+        return launch(args.argv, args.gpus, args.max_restarts, options.get("run_dir"), options.get("model", "run"))
+    from .parallel import Distributed
+
+    restarted = Distributed.from_env().restart > 0
+    if restarted and not args.resume and options.get("run_dir") and (Path(options["run_dir"]) / "checkpoint.pt").exists():
+        args.resume = options.pop("run_dir")  # the elastic launcher restarted the group: continue the run
+        args.recipe = None
     if args.resume and args.recipe:
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
     if args.recipe:
@@ -155,6 +176,8 @@ def _run_train(args) -> int:
         print(f"gpuaccel: interrupted; checkpoint saved. Continue with: gpuaccel train --resume {trainer.run_dir}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not Distributed.from_env().is_main:
+        return 0  # one summary per run, from rank 0
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -516,7 +539,9 @@ def _format_warning(message, category, filename, lineno, line=None):
 def main(argv=None) -> int:
     warnings.formatwarning = _format_warning
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args.argv = argv[1:]  # after the command name: what a launcher passes on
         if not getattr(args, "handler", None):
             build_parser().print_help()
             return EXIT_USER_ERROR

@@ -34,6 +34,8 @@ class TrainConfig:
     channels_last: bool | None = None  # None: on for GPUs
     compile: bool = False
     compile_mode: str = "default"
+    sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
+    ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
@@ -86,6 +88,8 @@ class TrainConfig:
             raise GpuaccelError(f"--tta must be 0 (none), 1 (flip) or 2 (flip and translate), got {self.tta}")
         if not self.lr > 0:
             raise GpuaccelError(f"--lr must be positive, got {self.lr}")
+        if not self.ddp_bucket_mb > 0:
+            raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if not self.bias_lr_scale > 0:
             raise GpuaccelError(f"--bias-lr-scale must be positive, got {self.bias_lr_scale}")
         for name in ("weight_decay", "crop_padding", "cutout", "warmup_epochs", "checkpoint_seconds"):

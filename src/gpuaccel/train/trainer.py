@@ -10,6 +10,7 @@ step never waits for the GPU. Evaluations, checkpoints and the stop conditions
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -33,6 +34,7 @@ from ..models import create_model
 from ..deploy.prune import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
+from ..parallel import Distributed, apply_ddp
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -56,11 +58,20 @@ class Trainer:
         setup_start = time.perf_counter()
         self.config = config = config.validate()
         self.quiet = quiet
-        self.device = resolve_device(config.device)
+        # one process, or one of several started by torchrun: then each takes its shard of the data
+        self.dist = Distributed.from_env()
+        self.device = self.dist.device(config.device) if self.dist.active else resolve_device(config.device)
+        self.dist.init(self.device)
         self.precision = resolve_precision(config.precision, self.device)
-        self.dataset = dataset or load_dataset(config.data, val_split=config.val_split, image_size=config.image_size,
-                                               skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir,
-                                               decode_device=self.device)
+        if dataset is None:
+            if not self.dist.is_main:
+                self.dist.barrier()  # rank 0 decodes and caches the data set; the others then read the cache
+            dataset = load_dataset(config.data, val_split=config.val_split, image_size=config.image_size,
+                                   skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir,
+                                   decode_device=self.device)
+            if self.dist.is_main:
+                self.dist.barrier()
+        self.dataset = dataset
 
         torch.manual_seed(config.seed)
         ds = self.dataset
@@ -81,7 +92,7 @@ class Trainer:
         self.mean, self.std = ds.channel_stats()
         loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
                            channels_last=self.channels_last, seed=config.seed, placement=config.loader,
-                           workers=config.workers)
+                           workers=config.workers, rank=self.dist.rank, world_size=self.dist.world_size)
         self.train_loader = build_loader(
             torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels), batch_size=config.batch_size,
             train=True, augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
@@ -90,9 +101,14 @@ class Trainer:
             train=False, **loader_args)
         if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(self.train_loader.normalised_sample(5000))
+        self.ddp = None
+        if self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
+            self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
+                                             sync_batchnorm=config.sync_bn)
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
-        self.forward = self._compiled(self.model)
-        self.eval_forward = self._compiled(self.ema.module) if self.ema else self.forward
+        self.forward = self._compiled(self.ddp or self.model)
+        self.eval_forward = self._compiled(self.ema.module if self.ema else self.model) \
+            if (self.ema or self.ddp) else self.forward
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device)
@@ -126,12 +142,15 @@ class Trainer:
     def fit(self) -> dict:
         """Trains until a stop condition; returns the summary (also written to summary.json)."""
         cfg = self.config
-        self.run_dir = self.run_dir or self._make_run_dir()
+        main = self.dist.is_main
+        self.run_dir = self.run_dir or Path(self.dist.broadcast(str(self._make_run_dir()) if main else None))
         metrics = MetricsFile(self.run_dir / "metrics.jsonl")
-        progress = Progress(cfg.epochs * self.steps_per_epoch, self.global_step, self.quiet)
+        progress = Progress(cfg.epochs * self.steps_per_epoch, self.global_step, self.quiet or not main)
         progress.log(f"{self.dataset.describe()}; model {cfg.model} "
                      f"({sum(p.numel() for p in self.model.parameters()):,} parameters) on "
-                     f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}")
+                     f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
+                     + (f"; {self.dist.world_size} processes, {self.config.batch_size} images each per step"
+                        if self.dist.active else ""))
 
         if self.config.compile or self.device.type == "cuda":
             self.warmup_seconds = self.warm_up()
@@ -144,23 +163,28 @@ class Trainer:
         wall_start = time.perf_counter()
         previous_handler = _install_sigterm()
         self.model.train()
-        stepped_at = (self.epoch, self.batch_in_epoch)  # the data position the weights correspond to
-        sampler = GpuSampler(self.run_dir / "gpu.jsonl", [self.device.index or 0] if self.device.type == "cuda"
-                             else [], origin=wall_start) if cfg.monitor else None
+        stepped_at = (self.epoch, self.batch_in_epoch, self.images_seen)  # the position the weights correspond to
+        sampler = GpuSampler(self.run_dir / f"gpu{'' if main else self.dist.rank}.jsonl",
+                             [self.device.index or 0] if self.device.type == "cuda" else [],
+                             origin=wall_start) if cfg.monitor else None
         if sampler is not None:
             sampler.start()
         data_wait = DataWaitMeter(self.device)
-        profiler = StepProfiler(self.run_dir, self.device) if cfg.profile else None
-        scalars = ScalarLog(self.run_dir) if cfg.tensorboard else None
+        profiler = StepProfiler(self.run_dir, self.device) if cfg.profile and main else None
+        scalars = ScalarLog(self.run_dir) if cfg.tensorboard and main else None
         wall_at_eval = 0.0
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epoch < cfg.epochs:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
                 for images, labels in data_wait.timed(batches):
-                    loss = self.forward_backward(images, labels, cfg.grad_accum)
+                    # the gradient all-reduce runs only on the micro-batch that ends an accumulation
+                    stepping = (self.batch_in_epoch + 1) % cfg.grad_accum == 0 or \
+                        self.batch_in_epoch + 1 == len(self.train_loader)
+                    loss = self.forward_backward(images, labels, cfg.grad_accum, sync=stepping)
                     loss_sum += loss.float() * labels.shape[0]
                     images_since_eval += labels.shape[0]
+                    self.images_seen += labels.shape[0] * self.dist.world_size
                     self.batch_in_epoch += 1
 
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
@@ -173,12 +197,14 @@ class Trainer:
                         profiler.step()
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                    stepped_at = (self.epoch, self.batch_in_epoch)
+                    stepped_at = (self.epoch, self.batch_in_epoch, self.images_seen)
 
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
                     due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
                         or self.epoch == cfg.epochs
-                    out_of_time = cfg.time_limit is not None and elapsed >= cfg.time_limit
+                    # ranks must agree on stopping, so the clock of any one of them decides
+                    out_of_time = cfg.time_limit is not None and \
+                        self.dist.any(elapsed >= cfg.time_limit, self.device)
                     if due_eval or out_of_time:
                         synchronize(self.device)
                         self.train_seconds += time.perf_counter() - segment_start
@@ -188,7 +214,8 @@ class Trainer:
                         if sampler is not None and sampler.mean("util", since=wall_at_eval) is not None:
                             record["gpu_util"] = round(sampler.mean("util", since=wall_at_eval), 1)
                         wall_at_eval = record["wall"]
-                        metrics.append(record)
+                        if main:
+                            metrics.append(record)
                         if scalars is not None:
                             scalars.add(record, self.global_step)
                         progress.log(_format_record(record, cfg.epochs))
@@ -202,7 +229,7 @@ class Trainer:
                     due_checkpoint = end_of_epoch or stopped_by is not None or \
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
-                    if due_checkpoint:
+                    if due_checkpoint and main:
                         pause = time.perf_counter()
                         self.save_checkpoint()
                         last_checkpoint = time.perf_counter()
@@ -212,9 +239,10 @@ class Trainer:
             stopped_by = stopped_by or "epochs"
         except (KeyboardInterrupt, Stop):
             # batches consumed since the last optimizer step are not in the weights: redo them on resume
-            self.epoch, self.batch_in_epoch = stepped_at
+            self.epoch, self.batch_in_epoch, self.images_seen = stepped_at
             self.optimizer.zero_grad(set_to_none=True)
-            self.save_checkpoint()
+            if main:
+                self.save_checkpoint()
             progress.close()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
@@ -229,14 +257,18 @@ class Trainer:
         progress.close()
         return self._finish(stopped_by, time.perf_counter() - wall_start)
 
-    def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1) -> torch.Tensor:
+    def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1,
+                         sync: bool = True) -> torch.Tensor:
         """One forward and backward pass; gradients of the loss / ``accumulate`` add up in ``.grad``.
+        With several processes, ``sync=False`` skips the gradient all-reduce (an accumulation step).
         Returns the (unscaled) loss, detached, on the device."""
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        with self.precision.autocast(self.device):
-            loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
-        self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+        local = self.ddp.no_sync() if (self.ddp is not None and not sync) else contextlib.nullcontext()
+        with local:
+            with self.precision.autocast(self.device):
+                loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
+            self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
         return loss.detach()
 
     def optimizer_step(self) -> None:
@@ -325,12 +357,14 @@ class Trainer:
             loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += (logits.argmax(1) == labels).sum()
         self.model.train(was_training)
+        totals = self.dist.all_reduce_sum(torch.stack([loss_sum, correct.float()]))  # every rank has a shard
         count = self.eval_loader.num_images
-        return {"loss": loss_sum.item() / count, "accuracy": correct.item() / count}
+        return {"loss": totals[0].item() / count, "accuracy": totals[1].item() / count}
 
     def _evaluate_and_record(self, loss_sum, images, seconds, wall_start) -> dict:
-        train_loss = loss_sum.item() / max(1, images)
-        self.images_seen += images
+        totals = self.dist.all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(
+            float(images), device=loss_sum.device)]))  # over all processes
+        train_loss, images = totals[0].item() / max(1.0, totals[1].item()), int(totals[1].item())
         result = self.evaluate()
         self.last_eval = result
         self.best_accuracy = max(self.best_accuracy, result["accuracy"])
@@ -443,12 +477,14 @@ class Trainer:
         # evaluations logged after the checkpoint are redone; drop them so the log stays one line per eval
         metrics = MetricsFile(run_dir / "metrics.jsonl")
         kept = [r for r in metrics.read() if r["step"] <= trainer.global_step]
-        checkpoint.atomic_write(metrics.path, lambda f: f.write("".join(
-            json.dumps(r) + "\n" for r in kept).encode()))
+        if trainer.dist.is_main:
+            checkpoint.atomic_write(metrics.path, lambda f: f.write("".join(
+                json.dumps(r) + "\n" for r in kept).encode()))
         return trainer
 
     def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
-        checkpoint.save(self.run_dir / FINAL_MODEL, self._state(full=False))
+        if self.dist.is_main:
+            checkpoint.save(self.run_dir / FINAL_MODEL, self._state(full=False))
         images_per_second = self.images_seen / self.train_seconds if self.train_seconds > 0 else 0.0
         summary = {
             "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,
@@ -465,8 +501,12 @@ class Trainer:
             "best_accuracy": self.best_accuracy, "target_acc": self.config.target_acc,
             "time_to_target": None if self.time_to_target is None else round(self.time_to_target, 3),
             "run_dir": str(self.run_dir), "torch": torch.__version__, "gpuaccel": __version__,
+            "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.dist.world_size *
+            self.config.grad_accum, "images_seen": self.images_seen, "restarts": self.dist.restart,
         }
-        checkpoint.write_json(self.run_dir / "summary.json", summary)
+        if self.dist.is_main:
+            checkpoint.write_json(self.run_dir / "summary.json", summary)
+        self.dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written
         return summary
 
 

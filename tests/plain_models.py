@@ -1,0 +1,9 @@
+"""A model without batch norm or dropout for the data-parallel tests: its gradient over a
+batch split across processes is exactly the gradient over the whole batch."""
+
+import torch.nn as nn
+
+
+def plain_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * image_size * image_size, 32), nn.ReLU(), nn.Linear(32, num_classes))

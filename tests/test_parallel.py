@@ -1,0 +1,113 @@
+"""Data parallel on CPUs with gloo, started by PyTorch's own launcher (torch.distributed.run):
+equivalence with one process, gradient accumulation without all-reduce, elastic restart
+with resume, and the launcher's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_user_error
+
+from gpuaccel import TrainConfig, Trainer, create_model
+from gpuaccel.errors import GpuaccelError
+from gpuaccel.parallel import apply_ddp
+from gpuaccel.parallel.launch import worker_arguments
+
+TESTS = Path(__file__).parent
+MODEL = "plain_models:plain_cnn"
+COMMON = ["--device", "cpu", "--model", MODEL, "--lr", "0.05", "--quiet", "--no-monitor"]
+
+
+def torchrun(*args, nproc=2, max_restarts=0, background=False):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={max_restarts}", "-m", "gpuaccel", "train", *args]
+    if background:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "model.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("per_process", [["--batch-size", "32"], ["--batch-size", "16", "--grad-accum", "2"]],
+                         ids=["batch", "accumulation"])
+def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process):
+    single, double = tmp_path / "one", tmp_path / "two"
+    sys.path.insert(0, str(TESTS))
+    try:
+        Trainer(TrainConfig(device="cpu", model=MODEL, lr=0.05, batch_size=64, epochs=2, monitor=False,
+                            run_dir=str(single)), quiet=True).fit()
+    finally:
+        sys.path.remove(str(TESTS))
+    torchrun(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
+    one, two = weights(single), weights(double)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4)
+    summary = json.loads((double / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["global_batch_size"] == 64
+    assert summary["images_seen"] == json.loads((single / "summary.json").read_text())["images_seen"]
+    assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
+
+
+def _workers_of(agent_pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == agent_pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "elastic"
+    epochs, batch, world = 12, 16, 2
+    agent = torchrun(*COMMON, "--batch-size", str(batch), "--epochs", str(epochs), "--checkpoint-every", "10",
+                     "--run-dir", str(run_dir), max_restarts=1, background=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait for a mid-run checkpoint, then kill one worker
+            state = run_dir / "checkpoint.json"
+            if state.exists() and json.loads(state.read_text())["global_step"] >= 30:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("no checkpoint appeared")
+        workers = _workers_of(agent.pid)
+        assert len(workers) == world
+        os.kill(workers[-1], signal.SIGKILL)
+        output, _ = agent.communicate(timeout=300)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["stopped_by"] == "epochs" and summary["epochs"] == epochs
+    steps_per_epoch = (1438 // world) // batch  # digits: 1438 training images, sharded, full batches
+    assert summary["images_seen"] == epochs * steps_per_epoch * batch * world  # as if never interrupted
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [float(e) for e in range(1, epochs + 1)]
+
+
+def test_launcher_errors_and_arguments(capsys):
+    assert_user_error(capsys, ["train", "--gpus", "64"], "more GPUs than present")
+    assert worker_arguments(["--gpus", "2", "--epochs", "3", "--max-restarts=1"], "runs/x") == \
+        ["--epochs", "3", "--run-dir", "runs/x"]
+    assert worker_arguments(["--gpus=2", "--run-dir", "mine"], "runs/x") == ["--run-dir", "mine"]
+    model = create_model("lenet5", num_classes=10, in_channels=1, image_size=8)
+    with pytest.raises(GpuaccelError, match="--sync-bn needs GPUs"):
+        apply_ddp(model, torch.device("cpu"), sync_batchnorm=True)
