@@ -26,13 +26,13 @@ MODEL = "plain_models:plain_cnn"
 COMMON = ["--device", "cpu", "--model", MODEL, "--lr", "0.05", "--quiet", "--no-monitor"]
 
 
-def torchrun(*args, nproc=2, max_restarts=0, background=False):
+def torchrun(*args, nproc=2, max_restarts=0, log=None):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "-m", "gpuaccel", "train", *args]
-    if background:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if log is not None:  # in the background, into a file: a pipe nobody reads would block the writers
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -77,8 +77,9 @@ def _workers_of(agent_pid: int) -> list[int]:
 def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
     run_dir = tmp_path / "elastic"
     epochs, batch, world = 12, 16, 2
+    log = open(tmp_path / "torchrun.log", "w")
     agent = torchrun(*COMMON, "--batch-size", str(batch), "--epochs", str(epochs), "--checkpoint-every", "10",
-                     "--run-dir", str(run_dir), max_restarts=1, background=True)
+                     "--run-dir", str(run_dir), max_restarts=1, log=log)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:  # wait for a mid-run checkpoint, then kill one worker
@@ -91,10 +92,11 @@ def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
         workers = _workers_of(agent.pid)
         assert len(workers) == world
         os.kill(workers[-1], signal.SIGKILL)
-        output, _ = agent.communicate(timeout=300)
+        agent.wait(timeout=300)
     finally:
         agent.kill()
-    assert agent.returncode == 0, output[-3000:]
+        log.close()
+    assert agent.returncode == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["stopped_by"] == "epochs" and summary["epochs"] == epochs
     steps_per_epoch = (1438 // world) // batch  # digits: 1438 training images, sharded, full batches

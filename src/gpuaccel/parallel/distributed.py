@@ -59,7 +59,13 @@ class Distributed:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timedelta(minutes=10),
+        timeout = timedelta(minutes=10)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        # The elastic agent's store outlives a failed attempt, and the process group's keys from
+        # that attempt (peer addresses) stay in it: a restarted group read them and hung connecting
+        # to dead processes (seen with gloo, torch 2.13). A prefix per attempt keeps them apart.
+        store = dist.PrefixStore(f"gpuaccel/attempt_{self.restart}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
 
     # collectives that are no-ops in a single process
