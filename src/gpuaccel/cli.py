@@ -176,6 +176,8 @@ def _run_train(args) -> int:
         print(f"gpuaccel: interrupted; checkpoint saved. Continue with: gpuaccel train --resume {trainer.run_dir}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        Distributed.from_env().close()
     if not Distributed.from_env().is_main:
         return 0  # one summary per run, from rank 0
     if args.json:

@@ -244,7 +244,7 @@ def _release() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    torch._dynamo.reset()  # each rung compiles afresh; do not run into the recompilation limit
+    torch.compiler.reset()  # each rung compiles afresh; do not run into the recompilation limit
 
 
 def run_bench(options: BenchOptions, log=print) -> dict:
