@@ -129,6 +129,18 @@ def test_unexportable_model_names_the_problem_and_suggests_another_format(tmp_pa
         export(trained, "pt2", tmp_path / "m.pt2")
 
 
+def test_fp16_conversion_halves_the_file_and_keeps_accuracy(run_dir, tmp_path, capsys):
+    out = tmp_path / "m.fp16.onnx"
+    code = main(["quantize", str(run_dir), "--fp16", "--out", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["artifact"] == str(out)
+    assert report["fp16"]["size_bytes"] < 0.7 * report["fp32"]["size_bytes"]
+    assert abs(report["fp16"]["test_accuracy"] - report["fp32"]["test_accuracy"]) <= 0.01
+    assert json.loads((tmp_path / "m.fp16.onnx.json").read_text())["format"] == "onnx-fp16"
+    probs = load_runner(out)(np.random.rand(3, 1, 8, 8).astype(np.float32))
+    assert probs.dtype == np.float32 and probs.shape == (3, 10)  # float32 in and out
+
+
 def test_int8_quantisation_keeps_digits_accuracy(run_dir, tmp_path, capsys):
     out = tmp_path / "m.int8.onnx"
     code = main(["quantize", str(run_dir), "--int8", "--calib", "256", "--out", str(out), "--json"])
@@ -145,6 +157,7 @@ def test_quantize_without_calibration_data_is_a_clear_error(run_dir, tmp_path, c
     _one_line_error(capsys, ["quantize", str(run_dir), "--int8", "--data", str(tmp_path / "gone")],
                     "no data to calibrate", "--data")
     _one_line_error(capsys, ["quantize", str(run_dir)], "--int8")
+    _one_line_error(capsys, ["quantize", str(run_dir), "--int8", "--fp16"], "one of them")
 
 
 def test_bench_infer_covers_the_cpu_backends(run_dir, capsys):

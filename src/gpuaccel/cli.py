@@ -245,12 +245,15 @@ def _deploy_parsers(sub) -> None:
     i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
     i.set_defaults(handler=_run_infer)
 
-    q = sub.add_parser("quantize", help="post-training static int8 quantisation (ONNX Runtime), with a report",
-                       description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export') "
-                                   "to int8 with ONNX Runtime, calibrated on N real training images; reports size, "
-                                   "held-out accuracy and CPU latency before and after.")
+    q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
+                       description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export'): "
+                                   "--int8 with ONNX Runtime's static quantisation, calibrated on N real training "
+                                   "images, or --fp16 for GPU runtimes; reports size, held-out accuracy and CPU "
+                                   "latency before and after.")
     q.add_argument("model", metavar="CKPT|MODEL.onnx")
-    q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ)")
+    q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ), for CPUs")
+    q.add_argument("--fp16", action="store_true",
+                   help="weights and compute in fp16, inputs and outputs float32, for GPU runtimes")
     q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration images (default 512)")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
     q.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
@@ -291,11 +294,12 @@ def _run_quantize(args) -> int:
 
     from .deploy.artifact import load_trained
     from .deploy.export import export
-    from .deploy.quantize import calibration_sample, compare, quantize_int8
+    from .deploy.quantize import calibration_sample, compare, convert_fp16, quantize_int8
     from .deploy.runners import load_runner, metadata_path
 
-    if not args.int8:
-        raise GpuaccelError("say what to quantise to: --int8 (fp16 GPU artefacts are not implemented yet)")
+    if args.int8 == args.fp16:
+        raise GpuaccelError("say what to quantise to: --int8 (CPU) or --fp16 (GPU runtimes), one of them")
+    kind = "int8" if args.int8 else "fp16"
     source = Path(args.model)
     tmp = tempfile.TemporaryDirectory()
     if source.suffix == ".onnx":
@@ -311,23 +315,30 @@ def _run_quantize(args) -> int:
         trained = load_trained(source)
     # the data first: a run without calibration data stops before any work is done
     data = trained.load_data(args.data, "no data to calibrate and evaluate with")
-    calibration = calibration_sample(data.train_images, args.calib)
     fp32 = source if source.suffix == ".onnx" else export(trained, "onnx", Path(tmp.name) / "model.onnx",
                                                           dynamic_batch=True)
-    out = Path(args.out) if args.out else trained.source.with_name("model.int8.onnx")
-    quantize_int8(fp32, out, calibration, per_channel=args.per_channel)
-    metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()), "format": "onnx-int8",
-                                              "calibration_images": len(calibration)}, indent=2) + "\n")
-    report = {"int8": str(out), "calibration_images": len(calibration), "per_channel": args.per_channel,
-              **compare({"fp32": fp32, "int8": out}, data.test_images, data.test_labels)}
+    out = Path(args.out) if args.out else trained.source.with_name(f"model.{kind}.onnx")
+    extra = {}
+    if kind == "int8":
+        calibration = calibration_sample(data.train_images, args.calib)
+        quantize_int8(fp32, out, calibration, per_channel=args.per_channel)
+        extra = {"calibration_images": len(calibration), "per_channel": args.per_channel}
+    else:
+        convert_fp16(fp32, out)
+    metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()),
+                                              "format": f"onnx-{kind}", **extra}, indent=2) + "\n")
+    report = {"artifact": str(out), **extra,
+              **compare({"fp32": fp32, kind: out}, data.test_images, data.test_labels)}
     tmp.cleanup()
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        for name in ("fp32", "int8"):
+        for name in ("fp32", kind):
             r = report[name]
             print(f"{name}: {r['size_bytes'] / 1e6:.2f} MB, test accuracy {100 * r['test_accuracy']:.2f}%, "
-                  f"batch-1 latency {r['latency_p50_ms']:.3f} ms, {r['best_images_per_second']:,.0f} images/s")
+                  f"CPU batch-1 latency {r['latency_p50_ms']:.3f} ms, {r['best_images_per_second']:,.0f} images/s")
+        if kind == "fp16":
+            print("fp16 is for GPU runtimes (onnxruntime-gpu, TensorRT); ONNX Runtime's CPU kernels are fp32 at heart")
         print(f"saved {out}")
     return 0
 

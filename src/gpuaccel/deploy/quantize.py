@@ -1,8 +1,11 @@
-"""Post-training static int8 quantisation with ONNX Runtime's tools, calibrated on real images.
+"""Smaller ONNX models with ONNX Runtime's tools: post-training static int8 quantisation
+calibrated on real images, and fp16 conversion for GPU runtimes.
 
-The fp32 ONNX model is pre-processed (shape inference, graph optimisation), then weights
-and activations are quantised (QDQ format: uint8 activations, int8 weights, per tensor or
-per output channel), with activation ranges from calibration batches of training images.
+int8: the fp32 ONNX model is pre-processed (shape inference, graph optimisation), then
+weights and activations are quantised (QDQ format: uint8 activations, int8 weights, per
+tensor or per output channel), with activation ranges from calibration batches of
+training images. fp16: weights and computation in half precision, inputs and outputs
+kept float32 (casts at the edges), so the artefact is used exactly like the fp32 one.
 """
 
 from __future__ import annotations
@@ -45,6 +48,17 @@ def quantize_int8(fp32_model: Path, out: Path, calibration: np.ndarray, *, per_c
         quant_pre_process(str(fp32_model), str(prepared), skip_symbolic_shape=True)
         quantize_static(str(prepared), str(out), Batches(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return Path(out)
+
+
+def convert_fp16(fp32_model: Path, out: Path) -> Path:
+    try:
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    except ImportError:
+        raise GpuaccelError("fp16 conversion needs onnx and onnxruntime: pip install 'gpuaccel[deploy]'") from None
+    half = convert_float_to_float16(onnx.load(str(fp32_model)), keep_io_types=True)
+    onnx.save(half, str(out))
     return Path(out)
 
 
