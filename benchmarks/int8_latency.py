@@ -1,0 +1,86 @@
+"""Batch-1 CPU latency of fp32 and int8 ONNX models under ONNX Runtime, across intra-op
+thread counts and int8 formats, in one process (so the ratios compare like with like).
+
+    python benchmarks/int8_latency.py RUN_DIR --out int8_latency.json
+
+RUN_DIR is a gpuaccel run; its model is exported to ONNX and quantised (static, per
+channel, calibrated on 512 training images) in QDQ and QOperator formats.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from gpuaccel.deploy import export, load_trained
+from gpuaccel.deploy.quantize import calibration_sample
+
+
+def latency_ms(path: Path, threads: int, x: np.ndarray, calls: int = 400) -> float:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for _ in range(50):
+        session.run(None, {name: x})
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        session.run(None, {name: x})
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    trained = load_trained(args.run_dir)
+    data = trained.load_data(None, "no data")
+    calib = calibration_sample(data.train_images, 512).astype(np.float32) / 255.0
+    work = Path(tempfile.mkdtemp())
+    fp32 = export(trained, "onnx", work / "model.onnx", dynamic_batch=True)
+    prepared = work / "prepared.onnx"
+    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+    name = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+
+    class Reader:
+        def __init__(self):
+            self.batches = iter([{name: calib[i:i + 32]} for i in range(0, len(calib), 32)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    models = {"fp32": fp32}
+    for fmt in ("QDQ", "QOperator"):
+        out = work / f"int8-{fmt}.onnx"
+        quantize_static(str(prepared), str(out), Reader(), quant_format=getattr(QuantFormat, fmt), per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        models[f"int8-{fmt}"] = out
+    x = np.random.default_rng(0).random((1, trained.in_channels, trained.image_size, trained.image_size),
+                                        dtype=np.float32)
+    rows = []
+    for threads in (1, 2, 4, 8, os.cpu_count()):
+        row = {"threads": threads}
+        for label, path in models.items():
+            row[label] = latency_ms(path, threads, x)
+        for label in models:
+            if label != "fp32":
+                row[f"ratio_{label}"] = row["fp32"] / row[label]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps({"cpu_count": os.cpu_count(), "onnxruntime": ort.__version__,
+                                          "model": trained.model_name, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
