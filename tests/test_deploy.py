@@ -158,11 +158,17 @@ def test_quantize_without_calibration_data_is_a_clear_error(run_dir, tmp_path, c
                     "no data to calibrate", "--data")
     _one_line_error(capsys, ["quantize", str(run_dir)], "--int8")
     _one_line_error(capsys, ["quantize", str(run_dir), "--int8", "--fp16"], "one of them")
+    _one_line_error(capsys, ["bench-infer", str(run_dir), "--threads", "0"], "--threads")
 
 
 def test_bench_infer_covers_the_cpu_backends(run_dir, capsys):
-    assert main(["bench-infer", str(run_dir), "--repeats", "20", "--json"]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert main(["bench-infer", str(run_dir), "--repeats", "20", "--threads", "1", "--json"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     result = json.loads(capsys.readouterr().out)
+    assert result["cpu_threads"] == 1 and result["onnxruntime_threads"] == 1
     names = [r["backend"] for r in result["rows"]]
     assert names[:3] == ["pytorch-cpu-fp32", "onnxruntime-cpu-fp32", "onnxruntime-cpu-int8"]
     for row in result["rows"][:3]:

@@ -54,7 +54,7 @@ def _torch_call(module, device, dtype=None):
     return call
 
 
-def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Path):
+def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Path, threads: int | None = None):
     """Yields (name, call, input maker) for every backend this machine has."""
     c, s = trained.in_channels, trained.image_size
     cpu_input = lambda b: torch.rand(b, c, s, s)  # noqa: E731
@@ -66,11 +66,11 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         yield "onnxruntime-cpu-fp32", exc, None
     else:
         np_input = lambda b: np.random.rand(b, c, s, s).astype(np.float32)  # noqa: E731
-        yield "onnxruntime-cpu-fp32", load_runner(onnx_path), np_input
+        yield "onnxruntime-cpu-fp32", load_runner(onnx_path, threads=threads), np_input
         if calibration is not None:
             int8 = quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration)
             (workdir / "model.int8.onnx.json").write_text((workdir / "model.onnx.json").read_text())
-            yield "onnxruntime-cpu-int8", load_runner(int8), np_input
+            yield "onnxruntime-cpu-int8", load_runner(int8, threads=threads), np_input
     if torch.cuda.is_available():
         device = torch.device("cuda")
         gpu = trained.module.to(device).to(memory_format=torch.channels_last)
@@ -88,20 +88,24 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", _torch_call(bf16_graphs, device), bf16_input
 
 
-def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200) -> dict:
-    """The machine and one row per backend."""
+def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200,
+                    threads: int | None = None) -> dict:
+    """The machine and one row per backend. ``threads`` limits the CPU backends' threads
+    (small models at batch 1 are often fastest on a few)."""
     from ..device import cpu_name
 
+    if threads:
+        torch.set_num_threads(threads)
     return {"model": trained.model_name, "image_size": trained.image_size, "cpu": cpu_name(),
-            "cpu_threads": torch.get_num_threads(),
+            "cpu_threads": torch.get_num_threads(), "onnxruntime_threads": threads or "default (all cores)",
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "rows": _rows(trained, calibration, repeats)}
+            "rows": _rows(trained, calibration, repeats, threads)}
 
 
-def _rows(trained: TrainedModel, calibration: np.ndarray | None, repeats: int) -> list[dict]:
+def _rows(trained: TrainedModel, calibration: np.ndarray | None, repeats: int, threads: int | None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, call, make_input in backends(trained, calibration, Path(tmp)):
+        for name, call, make_input in backends(trained, calibration, Path(tmp), threads):
             if isinstance(call, Exception):
                 rows.append({"backend": name, "error": f"{type(call).__name__}: {str(call)[:200]}"})
                 continue

@@ -47,7 +47,9 @@ def _torch_runner(module, device: torch.device, set_eval: bool = True):
     return run
 
 
-def load_runner(path, device: str = "cpu") -> Runner:
+def load_runner(path, device: str = "cpu", threads: int | None = None) -> Runner:
+    """``threads``: CPU threads of ONNX Runtime's intra-op pool (default: its own choice, every
+    core); PyTorch's CPU threads are set with ``torch.set_num_threads``."""
     path = Path(path)
     if not path.exists():
         raise GpuaccelError(f"model file {path} does not exist")
@@ -66,7 +68,7 @@ def load_runner(path, device: str = "cpu") -> Runner:
                             f"export models with 'gpuaccel export'")
     meta = json.loads(meta_file.read_text())
     if path.suffix == ".onnx":
-        run = _onnx_runner(path, dev)
+        run = _onnx_runner(path, dev, threads)
         kind = "onnxruntime"
     elif path.suffix == ".pt2":
         try:
@@ -85,7 +87,7 @@ def load_runner(path, device: str = "cpu") -> Runner:
     return Runner(run, meta["classes"], meta["in_channels"], meta["image_size"], kind)
 
 
-def _onnx_runner(path: Path, device: torch.device):
+def _onnx_runner(path: Path, device: torch.device, threads: int | None = None):
     try:
         import onnxruntime as ort
     except ImportError:
@@ -93,8 +95,11 @@ def _onnx_runner(path: Path, device: torch.device):
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, "CUDAExecutionProvider")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
     try:
-        session = ort.InferenceSession(str(path), providers=providers)
+        session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception classes for bad files
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise GpuaccelError(f"{path} is not a valid ONNX model ({first})") from None
