@@ -258,7 +258,7 @@ def _deploy_parsers(sub) -> None:
     q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration images (default 512)")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
     q.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
-    q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx beside the checkpoint")
+    q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx or model.fp16.onnx beside the checkpoint")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=_run_quantize)
 
