@@ -426,7 +426,7 @@ def _run_export(args) -> int:
 
 
 def _run_infer(args) -> int:
-    from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv
+    from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
     from .deploy.runners import load_runner
 
     if args.batch < 1 or args.top_k < 1:
@@ -450,7 +450,7 @@ def _run_infer(args) -> int:
     line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "
             f"batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
     if labels is not None:
-        line += f"; accuracy {100 * float((probs.argmax(1) == labels).mean()):.2f}%"
+        line += f"; accuracy {100 * top1_accuracy(probs, labels):.2f}%"
     print(line, file=sys.stderr)
     return 0
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import statistics
 import subprocess
 
 import torch
 
 from ..device import cpu_name
-from .timing import cuda_times_ms, matmul_tflops
+from .timing import matmul_tflops, median_ms
 
 OPTIONAL_PACKAGES = ("torchvision", "timm", "onnx", "onnxruntime", "onnxscript", "nvidia-ml-py", "triton",
                      "matplotlib", "torch-pruning", "tqdm", "scikit-learn", "pillow")
@@ -82,10 +81,6 @@ def collect() -> dict:
     }
 
 
-def _median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
-    return statistics.median(cuda_times_ms(fn, repeats, warmup))
-
-
 def measure_ceilings(device: torch.device, matmul_size: int = 8192, copy_bytes: int = 2 << 30) -> dict:
     """Matrix-multiply TFLOP/s (bf16, fp32 and tf32), device-to-device copy bandwidth (bytes
     read plus written), host-to-device bandwidth from pinned and from pageable memory."""
@@ -98,7 +93,7 @@ def measure_ceilings(device: torch.device, matmul_size: int = 8192, copy_bytes: 
         result[f"matmul_{label}_tflops"] = matmul_tflops(device, dtype, n, tf32)
     src = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    result["d2d_copy_gb_per_s"] = 2 * copy_bytes / (_median_ms(lambda: dst.copy_(src)) / 1000) / 1e9
+    result["d2d_copy_gb_per_s"] = 2 * copy_bytes / (median_ms(lambda: dst.copy_(src), device) / 1000) / 1e9
     del src, dst
     host_bytes = copy_bytes // 4
     gpu = torch.empty(host_bytes, dtype=torch.uint8, device=device)
@@ -106,7 +101,7 @@ def measure_ceilings(device: torch.device, matmul_size: int = 8192, copy_bytes: 
         host = torch.randint(0, 255, (host_bytes,), dtype=torch.uint8)
         if pinned:
             host = host.pin_memory()
-        ms = _median_ms(lambda: gpu.copy_(host, non_blocking=pinned), repeats=10)
+        ms = median_ms(lambda: gpu.copy_(host, non_blocking=pinned), device, repeats=10)
         result[f"h2d_{label}_gb_per_s"] = host_bytes / (ms / 1000) / 1e9
     result.update(matmul_size=n, copy_bytes=copy_bytes, host_copy_bytes=host_bytes)
     return result

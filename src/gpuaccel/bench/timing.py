@@ -24,10 +24,9 @@ def cuda_times_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
-def median_ms(fn, device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds per call of ``fn`` on ``device``."""
-    if device.type == "cuda":
-        return statistics.median(cuda_times_ms(fn, repeats, warmup))
+def host_times_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
+    """Milliseconds on the host clock for each of ``repeats`` calls of ``fn`` (after ``warmup``
+    calls); right for synchronous work, or calls that end with a synchronisation."""
     for _ in range(warmup):
         fn()
     times = []
@@ -35,6 +34,12 @@ def median_ms(fn, device: torch.device, repeats: int = 20, warmup: int = 3) -> f
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def median_ms(fn, device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds per call of ``fn`` on ``device``."""
+    times = cuda_times_ms(fn, repeats, warmup) if device.type == "cuda" else host_times_ms(fn, repeats, warmup)
     return statistics.median(times)
 
 

@@ -11,7 +11,7 @@ import os
 import pickle
 import struct
 import tarfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

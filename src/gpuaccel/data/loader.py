@@ -64,6 +64,10 @@ class _ShardedOrder:
             order = torch.cat([order, order[: total - self.num_images]])
         return order[self.rank::self.world_size]
 
+    def sample_indices(self, count: int) -> torch.Tensor:
+        """The first ``count`` images of a fixed random order (for data-dependent initialisation)."""
+        return torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
+
     def batch_seed(self, epoch: int, step: int) -> int:
         return (self.seed * _EPOCH_SALT + epoch) * _STEP_SALT + step * self.world_size + self.rank
 
@@ -103,8 +107,7 @@ class DeviceLoader(_ShardedOrder):
     def normalised_sample(self, count: int) -> torch.Tensor:
         """The first ``count`` images of a fixed random order, normalised, on the compute device
         (for data-dependent initialisation such as patch whitening)."""
-        idx = torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
-        return self.normaliser.scale(self.images[idx.to(self.device)])
+        return self.normaliser.scale(self.images[self.sample_indices(count).to(self.device)])
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``."""
@@ -184,8 +187,7 @@ class WorkerLoader(_ShardedOrder):
         self._stream = torch.cuda.Stream(device) if on_gpu else None
 
     def normalised_sample(self, count: int) -> torch.Tensor:
-        idx = torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
-        return self.normaliser.scale(self.host_images[idx].to(self.device))
+        return self.normaliser.scale(self.host_images[self.sample_indices(count)].to(self.device))
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if start >= len(self):

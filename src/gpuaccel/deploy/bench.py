@@ -9,41 +9,33 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..bench.timing import host_times_ms
 from .artifact import TrainedModel
 from .export import export
 from .quantize import quantize_int8
 from .runners import load_runner
 
 
-def _time_calls(call, x, repeats: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        call(x)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call(x)
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
-    single = _time_calls(call, make_input(1), repeats, warmup=20)
+    x = make_input(1)
+    single = host_times_ms(lambda: call(x), repeats, warmup=20)
     best = 0.0
     for b in batches:
-        secs = statistics.median(_time_calls(call, make_input(b), repeats=max(5, repeats // 20), warmup=3))
-        best = max(best, b / secs)
-    return {"latency_p50_ms": 1000 * float(np.percentile(single, 50)),
-            "latency_p90_ms": 1000 * float(np.percentile(single, 90)),
-            "latency_p99_ms": 1000 * float(np.percentile(single, 99)), "best_images_per_second": best}
+        x = make_input(b)
+        ms = statistics.median(host_times_ms(lambda: call(x), repeats=max(5, repeats // 20), warmup=3))
+        best = max(best, b / (ms / 1000))
+    return {"latency_p50_ms": float(np.percentile(single, 50)), "latency_p90_ms": float(np.percentile(single, 90)),
+            "latency_p99_ms": float(np.percentile(single, 99)), "best_images_per_second": best}
 
 
-def _torch_call(module, device, dtype=None):
+def torch_call(module, device, dtype=None):
+    """``call(x)`` for a PyTorch module: no autograd, optional autocast, synchronised on GPUs
+    (so the host clock times the whole call)."""
     @torch.no_grad()
     def call(x):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -59,7 +51,7 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
     c, s = trained.in_channels, trained.image_size
     cpu_input = lambda b: torch.rand(b, c, s, s)  # noqa: E731
     module = trained.module.eval()
-    yield "pytorch-cpu-fp32", _torch_call(module, torch.device("cpu")), cpu_input
+    yield "pytorch-cpu-fp32", torch_call(module, torch.device("cpu")), cpu_input
     try:
         onnx_path = export(trained, "onnx", workdir / "model.onnx", dynamic_batch=True)
     except Exception as exc:  # noqa: BLE001 -- report and carry on with the other backends
@@ -75,17 +67,17 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         device = torch.device("cuda")
         gpu = trained.module.to(device).to(memory_format=torch.channels_last)
         gpu_input = lambda b: torch.rand(b, c, s, s, device=device).to(memory_format=torch.channels_last)  # noqa: E731
-        yield "pytorch-cuda-fp32", _torch_call(gpu, device), gpu_input
-        yield "pytorch-cuda-bf16", _torch_call(gpu, device, torch.bfloat16), gpu_input
+        yield "pytorch-cuda-fp32", torch_call(gpu, device), gpu_input
+        yield "pytorch-cuda-bf16", torch_call(gpu, device, torch.bfloat16), gpu_input
         graphs = torch.compile(gpu, mode="reduce-overhead")
-        yield "pytorch-cuda-bf16-compiled-cuda-graphs", _torch_call(graphs, device, torch.bfloat16), gpu_input
+        yield "pytorch-cuda-bf16-compiled-cuda-graphs", torch_call(graphs, device, torch.bfloat16), gpu_input
         # bf16 weights instead of autocast: no cast kernels in the call, which matters at batch 1
         import copy
 
         bf16 = copy.deepcopy(gpu).to(torch.bfloat16)
         bf16_graphs = torch.compile(bf16, mode="reduce-overhead")
         bf16_input = lambda b: gpu_input(b).to(torch.bfloat16)  # noqa: E731
-        yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", _torch_call(bf16_graphs, device), bf16_input
+        yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", torch_call(bf16_graphs, device), bf16_input
 
 
 def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200,

@@ -81,6 +81,10 @@ def predict(runner: Runner, images: np.ndarray, batch_size: int = 256) -> tuple[
     return np.concatenate(probs), stats
 
 
+def top1_accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
+    return float((probs.argmax(1) == labels).mean())
+
+
 def predictions_csv(names, probs: np.ndarray, classes: list[str], top_k: int) -> str:
     top_k = max(1, min(top_k, len(classes)))
     order = np.argsort(-probs, axis=1)[:, :top_k]

@@ -199,19 +199,19 @@ def _keep_zeros(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def _accuracy(module: nn.Module, data) -> float:
-    from .infer import predict
-    from .runners import Runner, _torch_runner
+    from .infer import predict, top1_accuracy
+    from .runners import Runner, torch_runner
 
-    runner = Runner(_torch_runner(module, torch.device("cpu")), [], 0, 0, "pytorch")
+    runner = Runner(torch_runner(module, torch.device("cpu")), [], 0, 0, "pytorch")
     probs, _ = predict(runner, data.test_images)
-    return float((probs.argmax(1) == data.test_labels).mean())
+    return top1_accuracy(probs, data.test_labels)
 
 
 def _measure(module: nn.Module, file_bytes: int, data, example: torch.Tensor, repeats: int) -> dict:
-    from .bench import _torch_call, measure
+    from .bench import measure, torch_call
 
     c, s = example.shape[1], example.shape[2]
-    speed = measure(_torch_call(module.eval(), torch.device("cpu")), lambda b: torch.rand(b, c, s, s),
+    speed = measure(torch_call(module.eval(), torch.device("cpu")), lambda b: torch.rand(b, c, s, s),
                     repeats=repeats)
     return {**model_size(module.model, example), "file_bytes": file_bytes,
             "test_accuracy": _accuracy(module, data), **speed}

@@ -71,7 +71,7 @@ def calibration_sample(train_images: np.ndarray, count: int) -> np.ndarray:
 def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray) -> dict:
     """Size, held-out accuracy and CPU speed of each ONNX file in ``models`` (name -> path)."""
     from .bench import measure
-    from .infer import predict
+    from .infer import predict, top1_accuracy
     from .runners import load_runner
 
     report = {}
@@ -81,7 +81,7 @@ def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray) -> d
         c, s = runner.in_channels, runner.image_size
         speed = measure(runner, lambda b: np.random.rand(b, c, s, s).astype(np.float32), repeats=100)
         report[name] = {"size_bytes": Path(path).stat().st_size,
-                        "test_accuracy": float((probs.argmax(1) == test_labels).mean()),
+                        "test_accuracy": top1_accuracy(probs, test_labels),
                         "latency_p50_ms": speed["latency_p50_ms"],
                         "best_images_per_second": speed["best_images_per_second"]}
     return report

@@ -36,7 +36,8 @@ def metadata_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name + ".json")
 
 
-def _torch_runner(module, device: torch.device, set_eval: bool = True):
+def torch_runner(module, device: torch.device, set_eval: bool = True):
+    """``run(images) -> logits`` for a PyTorch module on ``device`` (numpy in, numpy out)."""
     module = module.to(device)
     if set_eval:  # an exported program is already in inference form and refuses .eval()
         module.eval()
@@ -60,7 +61,7 @@ def load_runner(path, device: str = "cpu", threads: int | None = None) -> Runner
         from .artifact import load_trained
 
         trained = load_trained(path)
-        return Runner(_torch_runner(trained.module, dev), trained.classes, trained.in_channels,
+        return Runner(torch_runner(trained.module, dev), trained.classes, trained.in_channels,
                       trained.image_size, "pytorch")
     meta_file = metadata_path(path)
     if not meta_file.exists():
@@ -75,13 +76,13 @@ def load_runner(path, device: str = "cpu", threads: int | None = None) -> Runner
             program = torch.export.load(str(path))
         except Exception as exc:  # torch raises several types for a damaged archive
             raise GpuaccelError(f"{path} is not a readable torch.export (.pt2) file ({type(exc).__name__})") from None
-        run, kind = _torch_runner(program.module(), dev, set_eval=False), "torch.export"
+        run, kind = torch_runner(program.module(), dev, set_eval=False), "torch.export"
     elif path.suffix in (".ts", ".torchscript"):
         try:
             module = torch.jit.load(str(path), map_location=dev)
         except Exception as exc:
             raise GpuaccelError(f"{path} is not a readable TorchScript file ({type(exc).__name__})") from None
-        run, kind = _torch_runner(module, dev), "torchscript"
+        run, kind = torch_runner(module, dev), "torchscript"
     else:
         raise GpuaccelError(f"cannot run {path}: expected a gpuaccel checkpoint (.pt), .onnx, .pt2 or .ts")
     return Runner(run, meta["classes"], meta["in_channels"], meta["image_size"], kind)

@@ -202,8 +202,10 @@ class Trainer:
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
                     due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
                         or self.epoch == cfg.epochs
-                    # ranks must agree on stopping, so the clock of any one of them decides
+                    # ranks must agree on stopping, so the clock of any one of them decides; that takes an
+                    # all-reduce and a host sync, so several processes check every 16 steps, not every one
                     out_of_time = cfg.time_limit is not None and \
+                        (not self.dist.active or self.global_step % 16 == 0) and \
                         self.dist.any(elapsed >= cfg.time_limit, self.device)
                     if due_eval or out_of_time:
                         synchronize(self.device)
@@ -211,8 +213,9 @@ class Trainer:
                         record = {**self._evaluate_and_record(loss_sum, images_since_eval,
                                                               self.train_seconds - seconds_at_eval, wall_start),
                                   "data_wait": round(data_wait.read()["data_share"], 4)}
-                        if sampler is not None and sampler.mean("util", since=wall_at_eval) is not None:
-                            record["gpu_util"] = round(sampler.mean("util", since=wall_at_eval), 1)
+                        gpu_util = sampler.mean("util", since=wall_at_eval) if sampler is not None else None
+                        if gpu_util is not None:
+                            record["gpu_util"] = round(gpu_util, 1)
                         wall_at_eval = record["wall"]
                         if main:
                             metrics.append(record)
