@@ -58,9 +58,12 @@ def _train_parser(sub) -> None:
                    help="skip images that cannot be decoded (they are counted) instead of stopping")
     d.add_argument("--cache-dir", metavar="DIR", help="where decoded images are cached (default ~/.cache/gpuaccel)")
     d.add_argument("--loader", metavar="WHERE",
-                   help="auto (default: the data set lives in GPU memory when it fits), gpu, or cpu (worker "
-                        "processes augment on the host; batches are copied to the GPU one step ahead)")
-    d.add_argument("--workers", type=int, metavar="N", help="processes of the cpu loader (default: cores - 1, max 8)")
+                   help="auto (default: the data set lives in GPU memory when it fits), gpu, cpu (worker "
+                        "processes augment on the host; batches are copied to the GPU one step ahead), or stream "
+                        "(JPEG files read and decoded every step, on the GPU with torchvision: for data larger "
+                        "than memory; a directory of .tar shards is always streamed)")
+    d.add_argument("--workers", type=int, metavar="N",
+                   help="processes of the cpu loader (default: cores - 1, max 8); reading threads when streaming")
     d.add_argument("--crop-padding", type=int, metavar="P", help="random translation by up to P pixels (default 0)")
     d.add_argument("--flip", metavar="MODE", help="horizontal flips: none (default), random, alternate")
     d.add_argument("--cutout", type=int, metavar="S", help="zero a random SxS square in each image (default 0)")

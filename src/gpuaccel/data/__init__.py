@@ -13,10 +13,12 @@ from ..errors import GpuaccelError, choice_error
 from . import cache
 from .dataset import ImageDataset
 from .formats import READERS, ReadOptions, detect_kind
+from .stream import StreamingDataset, find_shards, open_stream
 
-__all__ = ["ImageDataset", "load_dataset", "parse_spec", "DATA_KINDS"]
+__all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "DATA_KINDS"]
 
 DATA_KINDS = tuple(sorted(READERS))
+STREAMABLE_KINDS = ("imagefolder",)
 
 
 def parse_spec(spec: str) -> tuple[str, Path | None]:
@@ -58,6 +60,21 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     if image_size is not None and dataset.train_images.shape[2:] != (image_size, image_size):
         dataset = _resized(dataset, image_size)
     return dataset
+
+
+def open_dataset(spec: str = "digits", *, stream: bool = False, image_size: int | None = None,
+                 val_split: float | None = None, seed: int = 0, **options) -> ImageDataset | StreamingDataset:
+    """The data set of ``spec``: streamed from its files (``stream``, or a directory of .tar
+    shards, which is always streamed), else decoded into memory by :func:`load_dataset`."""
+    kind, path = parse_spec(spec)
+    if path is not None and path.is_dir() and find_shards(path) is not None:
+        return open_stream(path, image_size=image_size, val_split=val_split, seed=seed)
+    if stream:
+        if kind not in STREAMABLE_KINDS:
+            raise GpuaccelError(f"--loader stream reads image folders and directories of .tar shards; "
+                                f"{kind} data is loaded into memory (use --loader auto, gpu or cpu)")
+        return open_stream(path, image_size=image_size, val_split=val_split, seed=seed)
+    return load_dataset(spec, image_size=image_size, val_split=val_split, seed=seed, **options)
 
 
 def _resized(dataset: ImageDataset, size: int) -> ImageDataset:

@@ -10,12 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..data.augment import FLIP_MODES
-from ..data.loader import PLACEMENTS as LOADERS
+from ..data.loader import PLACEMENTS
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
+LOADERS = PLACEMENTS + ("stream",)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -36,7 +37,7 @@ class TrainConfig:
     compile_mode: str = "default"
     sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
-    loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes)
+    loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
     optimizer: str = "sgd"

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import __version__
-from ..data import ImageDataset, load_dataset
+from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
@@ -66,9 +66,9 @@ class Trainer:
         if dataset is None:
             if not self.dist.is_main:
                 self.dist.barrier()  # rank 0 decodes and caches the data set; the others then read the cache
-            dataset = load_dataset(config.data, val_split=config.val_split, image_size=config.image_size,
-                                   skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir,
-                                   decode_device=self.device)
+            dataset = open_dataset(config.data, stream=config.loader == "stream", val_split=config.val_split,
+                                   image_size=config.image_size, skip_bad=config.skip_bad, seed=config.seed,
+                                   cache_dir=config.cache_dir, decode_device=self.device)
             if self.dist.is_main:
                 self.dist.barrier()
         self.dataset = dataset
@@ -91,14 +91,23 @@ class Trainer:
 
         self.mean, self.std = ds.channel_stats()
         loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
-                           channels_last=self.channels_last, seed=config.seed, placement=config.loader,
-                           workers=config.workers, rank=self.dist.rank, world_size=self.dist.world_size)
-        self.train_loader = build_loader(
-            torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels), batch_size=config.batch_size,
-            train=True, augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
-        self.eval_loader = build_loader(
-            torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels), batch_size=config.eval_batch_size,
-            train=False, **loader_args)
+                           channels_last=self.channels_last, seed=config.seed, rank=self.dist.rank,
+                           world_size=self.dist.world_size)
+        if isinstance(ds, StreamingDataset):
+            if config.crop_padding or config.cutout:
+                raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
+                                    "random-resized crops with random flips")
+            loader_args.update(skip_bad=config.skip_bad, threads=config.workers or None)
+            self.train_loader = ds.loader(train=True, batch_size=config.batch_size, **loader_args)
+            self.eval_loader = ds.loader(train=False, batch_size=config.eval_batch_size, **loader_args)
+        else:
+            loader_args.update(placement=config.loader, workers=config.workers)
+            self.train_loader = build_loader(
+                torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels), batch_size=config.batch_size,
+                train=True, augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
+            self.eval_loader = build_loader(
+                torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
+                batch_size=config.eval_batch_size, train=False, **loader_args)
         if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(self.train_loader.normalised_sample(5000))
         self.ddp = None

@@ -1,0 +1,557 @@
+"""Streaming JPEG data sets: image folders and WebDataset-style .tar shards larger than memory.
+
+Nothing is decoded up front. An index of where each image's bytes are (a file, or an
+offset and length inside a shard) is built once; every step then reads one batch of
+compressed files on a pool of threads, decodes them on the GPU in one nvJPEG call
+(``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the A100/H100 hardware
+decoder for baseline JPEGs) or with Pillow on the CPU threads where that is not
+available, and crops, resizes, flips and normalises the whole batch on the device
+(``crops.py``). A background thread prepares batches ahead on a side CUDA stream, so
+the training step only waits on a CUDA event.
+
+Order: an image folder is served like the in-memory loaders (a per-epoch permutation,
+each rank a disjoint shard, every image once per epoch). Shards are read as wholes,
+as WebDataset does: each rank owns a disjoint set of shards, visits them in a
+per-epoch order, and shuffles samples within a window of a few consecutive shards, so
+reads stay within a few files at a time. Ranks own different numbers of images, so
+every rank takes as many steps as the smallest owner can fill; the rest of a rank's
+images that epoch are left out (a different rest every epoch).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import tarfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import GpuaccelError
+from .crops import centre_boxes, random_resized_boxes, resample_boxes
+from .dataset import stratified_split
+from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
+from .images import gpu_jpeg_decoder_available, is_image_name
+from .loader import _Normaliser, _ShardedOrder
+from .prefetch import in_thread
+
+DEFAULT_IMAGE_SIZE = 224
+SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
+
+
+# --- the index: where each image's bytes are -------------------------------------------------------
+
+@dataclass
+class Records:
+    """One split: per image a label, a display name, and where its bytes are: ``sizes[i]``
+    bytes at ``offsets[i]`` of file ``paths[i]``, or of shard ``paths[shard_of[i]]``."""
+
+    names: list[str]
+    labels: np.ndarray
+    paths: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    shard_of: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard_of is not None
+
+    def shard_sizes(self) -> list[int]:
+        return np.bincount(self.shard_of, minlength=len(self.paths)).tolist()
+
+    def path(self, i: int) -> str:
+        return self.paths[i] if self.shard_of is None else self.paths[self.shard_of[i]]
+
+    def read(self, i: int) -> bytearray:
+        buffer = bytearray(int(self.sizes[i]))
+        fd = os.open(self.path(i), os.O_RDONLY)
+        try:
+            return buffer[:_read_fully(fd, memoryview(buffer), int(self.offsets[i]))]
+        finally:
+            os.close(fd)
+
+    def subset(self, keep: np.ndarray) -> "Records":
+        if self.sharded:
+            return Records([self.names[i] for i in keep], self.labels[keep], self.paths, self.offsets[keep],
+                           self.sizes[keep], self.shard_of[keep])
+        return Records([self.names[i] for i in keep], self.labels[keep], [self.paths[i] for i in keep],
+                       self.offsets[keep], self.sizes[keep])
+
+
+def _read_fully(fd: int, view: memoryview, offset: int) -> int:
+    """Reads len(view) bytes at ``offset`` into ``view``; returns how many there were."""
+    done = 0
+    while done < len(view):
+        count = os.preadv(fd, [view[done:]], offset + done)
+        if count == 0:
+            break  # the file is shorter than indexed: what was read fails to decode, by name
+        done += count
+    return done
+
+
+def _folder_records(root: Path):
+    """(train, test or None, classes) of an ImageFolder tree; files stay where they are."""
+    names, _dirs, fingerprint = _scan_tree(root)
+    size_of = {name: size for name, size, _mtime in fingerprint}
+    if not names:
+        raise GpuaccelError(f"{root}: the data set is empty (no image files found)")
+    prefix = _common_root(names)
+    splits, _ = _split_tree([n[len(prefix):] for n in names])
+    if "train" not in splits:
+        raise GpuaccelError(f"{root}: no images found in class folders (expected train/<class>/*.jpg or <class>/*.jpg)")
+    classes = sorted(splits["train"])
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted(set(splits.get("test", {})) - set(classes))
+    if unknown:
+        raise GpuaccelError(f"{root}: test classes {unknown} do not appear in the training split")
+
+    def records(split):
+        files = [(prefix + n, index[c]) for c in sorted(splits[split]) for n in sorted(splits[split][c])]
+        paths = [os.path.join(root, n) for n, _ in files]
+        return Records(paths, np.array([label for _, label in files], dtype=np.int64), paths,
+                       np.zeros(len(files), dtype=np.int64), np.array([size_of[n] for n, _ in files], dtype=np.int64))
+
+    return records("train"), (records("test") if "test" in splits else None), classes
+
+
+def find_shards(root: Path) -> dict[str, list[Path]] | None:
+    """The .tar shards of a WebDataset-style directory by split, or None if it holds none.
+
+    Shards in train/ and val/ (or test/) subfolders, or named *train* and *val*/*test*; any
+    other shards are training shards."""
+    if not root.is_dir():
+        return None
+    splits: dict[str, list[Path]] = {}
+    for path in sorted(root.glob("*.tar")) + sorted(root.glob("*/*.tar")):
+        folder = path.parent.name.lower() if path.parent != root else ""
+        stem = path.stem.lower()
+        if folder in TEST_SPLIT_NAMES or any(f"{s}" in stem.replace("-", "_").split("_") for s in TEST_SPLIT_NAMES):
+            splits.setdefault("test", []).append(path)
+        elif folder in ("", "train"):
+            splits.setdefault("train", []).append(path)
+    return splits or None
+
+
+def _shard_members(path: Path):
+    """(key, image member name, data offset, size, label text or None) per sample of one shard.
+
+    A sample is the members sharing a key (the name up to its first dot): an image and
+    optionally a .cls member holding its class index."""
+    samples: dict[str, dict] = {}
+    try:
+        with tarfile.open(path, "r:") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                directory, _, base = member.name.rpartition("/")
+                key = (directory + "/" if directory else "") + base.split(".", 1)[0]
+                entry = samples.setdefault(key, {})
+                if is_image_name(member.name):
+                    entry["image"] = (member.name, member.offset_data, member.size)
+                elif base.endswith(".cls"):
+                    entry["cls"] = archive.extractfile(member).read().decode().strip()
+    except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise GpuaccelError(f"cannot read shard {path}: {exc} (shards must be uncompressed .tar files)") from None
+    return [(key, *s["image"], s.get("cls")) for key, s in samples.items() if "image" in s]
+
+
+def _shard_records(shards: list[Path], class_index: dict[str, int] | None):
+    names, labels, offsets, sizes, shard_of = [], [], [], [], []
+    for number, path in enumerate(shards):
+        for key, member, offset, size, cls in _shard_members(path):
+            if cls is None:  # no .cls member: the folder the image sits in names its class
+                folder = key.rpartition("/")[0].rpartition("/")[2]
+                if not folder:
+                    raise GpuaccelError(f"{path}:{member} has no .cls label member and no class folder")
+                label = folder
+            else:
+                label = cls
+            names.append(f"{path}:{member}")
+            labels.append(label)
+            offsets.append(offset)
+            sizes.append(size)
+            shard_of.append(number)
+    if not names:
+        raise GpuaccelError(f"{shards[0].parent}: the shards hold no images")
+    return names, labels, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), \
+        np.array(shard_of, dtype=np.int64)
+
+
+def _shards_dataset_records(root: Path, shards: dict[str, list[Path]]):
+    parts = {split: _shard_records(paths, None) for split, paths in shards.items()}
+    all_labels = [label for part in parts.values() for label in part[1]]
+    numeric = all(label.lstrip("-").isdigit() for label in all_labels)
+    if numeric:
+        values = [int(label) for label in all_labels]
+        if min(values) < 0:
+            raise GpuaccelError(f"{root}: class index {min(values)} is negative")
+        names_file = root / "classes.txt"
+        classes = names_file.read_text().split("\n") if names_file.exists() else []
+        classes = [c.strip() for c in classes if c.strip()] or [str(i) for i in range(max(values) + 1)]
+        if max(values) >= len(classes):
+            raise GpuaccelError(f"{root}: class index {max(values)} but classes.txt names {len(classes)} classes")
+        index = None
+    else:
+        classes = sorted(set(parts["train"][1]))
+        index = {c: i for i, c in enumerate(classes)}
+        unknown = sorted(set(all_labels) - set(classes))
+        if unknown:
+            raise GpuaccelError(f"{root}: test classes {unknown[:5]} do not appear in the training shards")
+
+    def records(split):
+        names, labels, offsets, sizes, shard_of = parts[split]
+        values = np.array([int(x) for x in labels] if index is None else [index[x] for x in labels], dtype=np.int64)
+        return Records(names, values, [str(p) for p in shards[split]], offsets, sizes, shard_of)
+
+    return records("train"), (records("test") if "test" in parts else None), classes
+
+
+# --- the order: which images each rank reads in which step -------------------------------------------
+
+class ShardOrder:
+    """Whole shards per rank, shuffled within windows of consecutive shards (see the module doc).
+
+    Same interface as the in-memory loaders' order: ``len``, ``epoch_indices``,
+    ``sample_indices``, ``batch_seed``."""
+
+    def __init__(self, shard_sizes: list[int], *, batch_size: int, train: bool, seed: int, rank: int,
+                 world_size: int, window: int = SHUFFLE_WINDOW):
+        if len(shard_sizes) < world_size:
+            raise GpuaccelError(f"{len(shard_sizes)} shard(s) cannot be split among {world_size} processes; "
+                                f"write at least one shard per process")
+        self.batch_size, self.train, self.seed, self.rank, self.world_size = batch_size, train, seed, rank, world_size
+        self.window = window
+        self.num_images = sum(shard_sizes)
+        starts = np.concatenate([[0], np.cumsum(shard_sizes)])
+        self._ranges = [torch.arange(int(starts[i]), int(starts[i + 1])) for i in range(len(shard_sizes))]
+        # which shards each rank owns is fixed for the run; training deals them out at random
+        deal = torch.randperm(len(shard_sizes), generator=torch.Generator().manual_seed(seed)) if train \
+            else torch.arange(len(shard_sizes))
+        owned = [deal[r::world_size].tolist() for r in range(world_size)]
+        self._owned = owned[rank]
+        per_rank = [sum(shard_sizes[s] for s in shards) for shards in owned]
+        self.shard_size = per_rank[rank]
+        self.drop_last = train
+        self._steps = min(per_rank) // batch_size if train else math.ceil(self.shard_size / batch_size)
+        if train and self._steps == 0:
+            raise GpuaccelError(f"batch size {batch_size} is larger than the {min(per_rank)} training images "
+                                f"a process owns; use a smaller --batch-size")
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        if not self.train:
+            return torch.cat([self._ranges[s] for s in self._owned])
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 8_191 + self.rank)
+        shards = [self._owned[i] for i in torch.randperm(len(self._owned), generator=generator).tolist()]
+        served = []
+        for start in range(0, len(shards), self.window):
+            pool = torch.cat([self._ranges[s] for s in shards[start:start + self.window]])
+            served.append(pool[torch.randperm(len(pool), generator=generator)])
+        return torch.cat(served)[: self._steps * self.batch_size]
+
+    def sample_indices(self, count: int) -> torch.Tensor:
+        return torch.randperm(self.num_images, generator=torch.Generator().manual_seed(self.seed))[:count]
+
+    def batch_seed(self, epoch: int, step: int) -> int:
+        return ((self.seed * 1_000_003 + epoch) * 7_919 + step) * self.world_size + self.rank
+
+
+# --- reading and decoding ----------------------------------------------------------------------------------
+
+class _BatchReader:
+    """Reads one batch's compressed images into one buffer (pinned when feeding a GPU, so the
+    decoder's uploads are plain DMA), split among a few pool threads. Shards stay open.
+
+    Buffers come from a ring; a buffer is reused only after the event recorded when its
+    batch was decoded has completed."""
+
+    def __init__(self, records: Records, pool: ThreadPoolExecutor, pin: bool, parts: int = 8, slots: int = 4):
+        self.records, self.pool, self.pin, self.parts = records, pool, pin, parts
+        self._ring: list[list] = [[torch.empty(0, dtype=torch.uint8), None] for _ in range(slots)]
+        self._turn = 0
+        self._shards: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, ids: list[int]):
+        """Starts reading; returns (wait, slot): ``wait()`` gives the images as 1-D uint8 tensors."""
+        starts = np.concatenate([[0], np.cumsum(self.records.sizes[ids])])
+        slot = self._ring[self._turn]
+        self._turn = (self._turn + 1) % len(self._ring)
+        if slot[1] is not None:
+            slot[1].synchronize()  # the decoder has finished with this buffer's last batch
+        if slot[0].numel() < starts[-1]:
+            slot[0] = torch.empty(int(starts[-1] * 1.25) + 1, dtype=torch.uint8, pin_memory=self.pin)
+        buffer = slot[0]
+        view = memoryview(buffer.numpy())
+        lengths = np.zeros(len(ids), dtype=np.int64)
+        parts = [p for p in np.array_split(np.arange(len(ids)), min(self.parts, len(ids))) if len(p)]
+        futures = [self.pool.submit(self._read_part, ids, part, starts, view, lengths) for part in parts]
+
+        def wait() -> list[torch.Tensor]:
+            for future in futures:
+                future.result()
+            return [buffer[int(starts[k]):int(starts[k] + lengths[k])] for k in range(len(ids))]
+
+        return wait, slot
+
+    def _read_part(self, ids, part, starts, view, lengths) -> None:
+        records = self.records
+        for k in part:
+            i = ids[k]
+            target = view[int(starts[k]):int(starts[k + 1])]
+            if records.sharded:
+                lengths[k] = _read_fully(self._shard_fd(int(records.shard_of[i])), target, int(records.offsets[i]))
+                continue
+            fd = os.open(records.paths[i], os.O_RDONLY)
+            try:
+                lengths[k] = _read_fully(fd, target, 0)
+            finally:
+                os.close(fd)
+
+    def _shard_fd(self, shard: int) -> int:
+        with self._lock:
+            if shard not in self._shards:
+                self._shards[shard] = os.open(self.records.paths[shard], os.O_RDONLY)
+            return self._shards[shard]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._shards.values():
+                os.close(fd)
+            self._shards.clear()
+
+
+def _decode_with_pil(data):
+    """(3, H, W) uint8 tensor, or the reason it cannot be decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data.numpy() if isinstance(data, torch.Tensor) else data)) as img:
+            array = np.array(img.convert("RGB"), dtype=np.uint8)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+class _Decoder:
+    """Compressed images (1-D uint8 tensors) -> (3, H, W) uint8 tensors on ``device``: one
+    batched nvJPEG call on a GPU with torchvision, Pillow on a thread pool otherwise (Pillow
+    decodes without holding the GIL).
+
+    A batch nvJPEG rejects is decoded again image by image, so that one bad file is found
+    and named; what nvJPEG cannot decode at all (CMYK, PNG in a JPEG folder) goes to Pillow."""
+
+    def __init__(self, device: torch.device, pool: ThreadPoolExecutor):
+        self.device, self.pool = device, pool
+        self.on_gpu = gpu_jpeg_decoder_available(device)
+
+    def __call__(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | str]:
+        if not self.on_gpu:
+            decoded = list(self.pool.map(_decode_with_pil, blobs))
+            return [d if isinstance(d, str) else d.to(self.device, non_blocking=True) for d in decoded]
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            pass
+        results: list[torch.Tensor | str] = []
+        for blob in blobs:
+            try:
+                results.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=self.device))
+            except RuntimeError:
+                fallback = _decode_with_pil(blob)
+                results.append(fallback if isinstance(fallback, str) else fallback.to(self.device))
+        return results
+
+
+# --- the loader -------------------------------------------------------------------------------------------
+
+class StreamLoader:
+    """Batches of ``image_size`` x ``image_size`` normalised images streamed from JPEG files.
+
+    Training batches are random-resized crops with random horizontal flips; evaluation
+    batches are centre crops. A batch is a pure function of (seed, epoch, step). A file
+    that cannot be decoded stops the run with its name, or with ``skip_bad`` is counted in
+    ``skipped`` and replaced by another image of the same batch (shapes stay static)."""
+
+    def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
+                 image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 skip_bad: bool = False, threads: int | None = None, skipped: dict | None = None):
+        self.records, self.device, self.train, self.image_size = records, device, train, image_size
+        self.batch_size, self.seed, self.skip_bad = batch_size, seed, skip_bad
+        if records.sharded:
+            self.order = ShardOrder(records.shard_sizes(), batch_size=batch_size, train=train, seed=seed,
+                                    rank=rank, world_size=world_size)
+        else:
+            self.order = _ShardedOrder(len(records), batch_size=batch_size, train=train, seed=seed, rank=rank,
+                                       world_size=world_size, drop_last=None)
+        self.num_images = len(records)
+        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
+        self.pool = ThreadPoolExecutor(max_workers=threads or min(32, 2 * (os.cpu_count() or 1)),
+                                       thread_name_prefix="gpuaccel-read")
+        self.decode = _Decoder(device, self.pool)
+        self.reader = _BatchReader(records, self.pool, pin=device.type == "cuda")
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @property
+    def decoder(self) -> str:
+        return "nvjpeg" if self.decode.on_gpu else "pil"
+
+    def normalised_sample(self, count: int) -> torch.Tensor:
+        ids = self.order.sample_indices(count).tolist()
+        wait, slot = self.reader.submit(ids)
+        return self.normaliser.scale(self._images(ids, None, wait(), slot))
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
+        after the one being consumed are prepared meanwhile on a background thread."""
+        if start >= len(self):
+            return iter(())
+        return in_thread(lambda: self.prepared(epoch, start), self.device)
+
+    def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
+        files of the next batch are read meanwhile)."""
+        order = self.order.epoch_indices(epoch)
+        steps = [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(start, len(self))]
+        pending = self.reader.submit(steps[0])
+        for number, ids in enumerate(steps):
+            wait, slot = pending
+            blobs = wait()
+            if number + 1 < len(steps):
+                pending = self.reader.submit(steps[number + 1])
+            generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
+            x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, blobs, slot)))
+            yield x, torch.from_numpy(self.records.labels[ids]).to(self.device, non_blocking=True)
+
+    def _images(self, ids: list[int], generator: torch.Generator | None, blobs: list[torch.Tensor],
+                slot: list) -> torch.Tensor:
+        """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
+        ``generator`` None: evaluation geometry (centre crops, no flips). ``slot``: the read
+        buffer's ring entry, marked free once the decoder is done with it."""
+        decoded = self.decode(blobs)
+        if self.device.type == "cuda":
+            slot[1] = torch.cuda.Event()
+            slot[1].record(torch.cuda.current_stream(self.device))
+        bad = [k for k, d in enumerate(decoded) if isinstance(d, str)]
+        if bad:
+            names = [self.records.names[ids[k]] for k in bad]
+            if not self.skip_bad:
+                raise GpuaccelError(f"cannot decode image {names[0]} ({decoded[bad[0]]}); fix or remove it, "
+                                    f"or pass --skip-bad to skip bad images")
+            for k, name in zip(bad, names):
+                self.skipped[name] = decoded[k]
+            good = [k for k in range(len(decoded)) if k not in set(bad)]
+            if not good:
+                raise GpuaccelError(f"no image of a batch could be decoded (first: {names[0]}: {decoded[bad[0]]})")
+            for j, k in enumerate(bad):  # another image of the batch takes the bad one's place
+                decoded[k] = decoded[good[j % len(good)]]
+        heights = torch.tensor([d.shape[1] for d in decoded])
+        widths = torch.tensor([d.shape[2] for d in decoded])
+        if generator is None:
+            return resample_boxes(decoded, centre_boxes(heights, widths, self.image_size), self.image_size)
+        boxes = random_resized_boxes(heights, widths, generator)
+        flip = torch.rand(len(decoded), generator=generator) < 0.5
+        return resample_boxes(decoded, boxes, self.image_size, flip)
+
+
+# --- the data set ----------------------------------------------------------------------------------------
+
+@dataclass
+class StreamingDataset:
+    """What the trainer needs of a data set, for one that is read from files as it trains."""
+
+    name: str
+    source: str
+    train: Records
+    test: Records
+    classes: list[str]
+    image_size: int
+    skipped_reasons: dict = field(default_factory=dict)
+
+    in_channels = 3
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def train_labels(self) -> np.ndarray:
+        return self.train.labels
+
+    @property
+    def test_labels(self) -> np.ndarray:
+        return self.test.labels
+
+    @property
+    def skipped(self) -> list[str]:
+        return sorted(self.skipped_reasons)
+
+    @property
+    def layout(self) -> str:
+        return f"{len(set(self.train.paths))} shards" if self.train.sharded else "files"
+
+    def describe(self) -> str:
+        return (f"{self.name}: {len(self.train)} train / {len(self.test)} test images streamed from "
+                f"{self.layout}, decoded and cropped to 3x{self.image_size}x{self.image_size} per step, "
+                f"{self.num_classes} classes")
+
+    def channel_stats(self, count: int = 256, seed: int = 0) -> tuple[list[float], list[float]]:
+        """Per-channel mean and std (0..1) of ``count`` training images picked at random."""
+        picked = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+        with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+            decoded = [d for d in pool.map(lambda i: _decode_with_pil(self.train.read(i)), picked)
+                       if not isinstance(d, str)]
+        if not decoded:
+            raise GpuaccelError(f"{self.source}: none of {len(picked)} sampled training images could be decoded")
+        pixels = torch.cat([d.reshape(3, -1).double() / 255.0 for d in decoded], dim=1)
+        return pixels.mean(dim=1).tolist(), pixels.std(dim=1).clamp(min=1e-3).tolist()
+
+    def loader(self, *, train: bool, **options) -> StreamLoader:
+        return StreamLoader(self.train if train else self.test, train=train, image_size=self.image_size,
+                            skipped=self.skipped_reasons, **options)
+
+
+def open_stream(path, *, image_size: int | None = None, val_split: float | None = None,
+                seed: int = 0) -> StreamingDataset:
+    """Indexes an ImageFolder tree or a directory of .tar shards for streaming."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise GpuaccelError(f"streaming reads an image folder or a directory of .tar shards; {root} is not a directory")
+    size = image_size or DEFAULT_IMAGE_SIZE
+    if size < 16:
+        raise GpuaccelError(f"--image-size must be at least 16 pixels for streamed crops, got {size}")
+    shards = find_shards(root)
+    if shards is not None:
+        if "train" not in shards:
+            raise GpuaccelError(f"{root}: no training shards (put them in train/ or name them *train*)")
+        train, test, classes = _shards_dataset_records(root, shards)
+    else:
+        train, test, classes = _folder_records(root)
+    if test is None:
+        if train.sharded:
+            raise GpuaccelError(f"{root}: no validation shards (put them in val/ or name them *val*); "
+                                f"--val-split cannot carve images out of shards")
+        train_ids, _, test_ids, _ = stratified_split(np.arange(len(train)), train.labels,
+                                                     0.1 if val_split is None else val_split, seed)
+        train, test = train.subset(train_ids), train.subset(test_ids)
+    elif val_split is not None:
+        raise GpuaccelError(f"{root} already has a validation split; --val-split is only for data without one")
+    return StreamingDataset(root.name, str(root), train, test, classes, size)

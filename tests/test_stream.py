@@ -1,0 +1,224 @@
+"""The streaming JPEG loader on the CPU: crop geometry and resampling against reference
+implementations, shard ownership and order, bad files inside shards, and training from
+files through the CLI (the same code runs on the GPU, with nvJPEG doing the decoding)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLASSES, assert_user_error, make_image_folder, run
+from PIL import Image
+
+from gpuaccel.data import open_dataset
+from gpuaccel.data.crops import centre_boxes, random_resized_boxes, resample_boxes
+from gpuaccel.data.stream import ShardOrder, StreamingDataset
+from gpuaccel.errors import GpuaccelError
+
+CPU = torch.device("cpu")
+
+
+def photo(h: int, w: int, seed: int) -> np.ndarray:
+    """A smooth colour field plus noise: every pixel differs, edges matter."""
+    rng = np.random.default_rng(seed)
+    base = Image.fromarray(rng.integers(0, 256, (h // 8 + 2, w // 8 + 2, 3), dtype=np.uint8))
+    array = np.asarray(base.resize((w, h), Image.Resampling.BICUBIC), dtype=np.float64)
+    return np.clip(array + rng.normal(0, 12, array.shape), 0, 255).astype(np.uint8)
+
+
+def chw(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+# --- geometry ---------------------------------------------------------------------------------------------
+
+def test_random_resized_boxes_follow_the_area_and_ratio_rules():
+    heights = torch.tensor([375, 500, 64, 224] * 250)
+    widths = torch.tensor([500, 333, 64, 900] * 250)
+    boxes = random_resized_boxes(heights, widths, torch.Generator().manual_seed(0))
+    top, left, h, w = boxes.unbind(1)
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= heights).all() and (left + w <= widths).all()
+    assert torch.equal(boxes, boxes.round())  # whole pixels, as torchvision's crop takes
+    area = h * w / (heights * widths)
+    assert area.min() >= 0.08 * 0.9 and area.max() <= 1.0
+    ratio = w / h
+    # whole-pixel rounding moves the ratio slightly past the bounds on small boxes
+    assert ratio.min() >= 0.75 * 0.9 and ratio.max() <= 4 / 3 * 1.1
+    assert area.std() > 0.15 and (top > 0).float().mean() > 0.5  # spread out, not one fixed crop
+    again = random_resized_boxes(heights, widths, torch.Generator().manual_seed(0))
+    other = random_resized_boxes(heights, widths, torch.Generator().manual_seed(1))
+    assert torch.equal(boxes, again) and not torch.equal(boxes, other)
+
+
+def test_random_resized_box_falls_back_to_the_centre_for_extreme_shapes():
+    # a 10 x 1000 strip: no box with ratio <= 4/3 covers 8% of it, so the centred fallback is used
+    box = random_resized_boxes(torch.tensor([10]), torch.tensor([1000]), torch.Generator().manual_seed(0))[0]
+    assert box.tolist() == [0.0, float((1000 - 13) // 2), 10.0, 13.0]
+
+
+@pytest.mark.parametrize("size", [224, 24])
+def test_resampling_matches_pil_antialiased_resize_of_the_box(size):
+    arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (120, 67), (40, 40), (33, 90)])]
+    heights = torch.tensor([a.shape[0] for a in arrays])
+    widths = torch.tensor([a.shape[1] for a in arrays])
+    boxes = random_resized_boxes(heights, widths, torch.Generator().manual_seed(3))
+    flip = torch.tensor([False, True, False, True])
+    out = resample_boxes([chw(a) for a in arrays], boxes, size, flip)
+    assert out.shape == (4, 3, size, size) and out.dtype == torch.float32
+    for i, array in enumerate(arrays):
+        top, left, h, w = boxes[i].tolist()
+        reference = np.asarray(Image.fromarray(array).resize((size, size), Image.Resampling.BILINEAR,
+                                                             box=(left, top, left + w, top + h)), dtype=np.float64)
+        if flip[i]:
+            reference = reference[:, ::-1]
+        difference = np.abs(out[i].permute(1, 2, 0).numpy().round() - reference)
+        # PIL rounds to 8 bits between its two passes; the GPU path does not
+        assert difference.max() <= 1 and difference.mean() < 0.3, (i, difference.max(), difference.mean())
+
+
+def test_centre_boxes_equal_resize_then_centre_crop():
+    arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (100, 61), (50, 50)])]
+    heights = torch.tensor([a.shape[0] for a in arrays])
+    widths = torch.tensor([a.shape[1] for a in arrays])
+    out = resample_boxes([chw(a) for a in arrays], centre_boxes(heights, widths, 32), 32)
+    short = round(32 / 0.875)
+    for i, array in enumerate(arrays):
+        h, w = array.shape[:2]
+        rh, rw = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
+        resized = Image.fromarray(array).resize((rw, rh), Image.Resampling.BILINEAR)
+        top, left = int(round((rh - 32) / 2)), int(round((rw - 32) / 2))
+        reference = np.asarray(resized.crop((left, top, left + 32, top + 32)), dtype=np.float64)
+        difference = np.abs(out[i].permute(1, 2, 0).numpy().round() - reference)
+        assert difference.max() <= 1, (i, difference.max())
+
+
+# --- shards -----------------------------------------------------------------------------------------------
+
+def test_shard_order_gives_ranks_disjoint_whole_shards_and_equal_steps():
+    sizes = [30, 25, 40, 10, 33, 20]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    orders = [ShardOrder(sizes, batch_size=8, train=True, seed=5, rank=r, world_size=2, window=2) for r in range(2)]
+    assert len(orders[0]) == len(orders[1]) > 0
+    for epoch in range(3):
+        served = [o.epoch_indices(epoch) for o in orders]
+        assert all(len(s) == len(orders[0]) * 8 for s in served)
+        owned = [set(shard_of[s.numpy()]) for s in served]
+        assert not owned[0] & owned[1]  # a shard belongs to one rank
+        assert not set(served[0].tolist()) & set(served[1].tolist())
+        for s in served:
+            assert len(set(s.tolist())) == len(s)  # nothing twice within an epoch
+            # reads stay within a window of 2 shards at a time: each run of samples spans at most 2
+            window_shards = [len(set(shard_of[s[i:i + 8].numpy()])) for i in range(0, len(s), 8)]
+            assert max(window_shards) <= 2 * 2
+    assert not torch.equal(orders[0].epoch_indices(0), orders[0].epoch_indices(1))
+    again = ShardOrder(sizes, batch_size=8, train=True, seed=5, rank=0, world_size=2, window=2)
+    assert torch.equal(again.epoch_indices(1), orders[0].epoch_indices(1))
+    # evaluation: each rank reads its shards in order, and together the ranks read everything once
+    evals = [ShardOrder(sizes, batch_size=8, train=False, seed=5, rank=r, world_size=2) for r in range(2)]
+    together = torch.cat([o.epoch_indices(0) for o in evals])
+    assert sorted(together.tolist()) == list(range(int(starts[-1])))
+
+
+def test_more_processes_than_shards_is_an_error():
+    with pytest.raises(GpuaccelError, match="2 shard"):
+        ShardOrder([10, 10], batch_size=4, train=True, seed=0, rank=0, world_size=3)
+
+
+def jpeg_bytes(label: int, seed: int, size=(40, 52)) -> bytes:
+    """A JPEG whose dominant colour channel is its label (0, 1, 2)."""
+    rng = np.random.default_rng(seed)
+    array = rng.integers(0, 60, (size[0], size[1], 3)).astype(np.uint8)
+    array[..., label] += 180
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def write_shards(root: Path, split: str, shards: int, per_shard: int, bad: set[tuple[int, int]] = frozenset()):
+    (root / split).mkdir(parents=True, exist_ok=True)
+    for s in range(shards):
+        with tarfile.open(root / split / f"{split}-{s:04d}.tar", "w") as tar:
+            for i in range(per_shard):
+                label = (s + i) % 3
+                data = b"not a jpeg at all" if (s, i) in bad else jpeg_bytes(label, s * 1000 + i)
+                for name, payload in ((f"{s:04d}_{i:04d}.jpg", data), (f"{s:04d}_{i:04d}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    return root
+
+
+def stream_loader(ds: StreamingDataset, train: bool, **options):
+    return ds.loader(train=train, batch_size=options.pop("batch_size", 8), device=CPU, mean=(0.5,) * 3,
+                     std=(0.25,) * 3, **options)
+
+
+def test_shards_are_indexed_with_labels_and_stream_the_right_images(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 3, 20)
+    write_shards(root, "val", 1, 12)
+    ds = open_dataset(str(root), image_size=24)  # a directory of shards is always streamed
+    assert isinstance(ds, StreamingDataset)
+    assert (len(ds.train), len(ds.test), ds.num_classes) == (60, 12, 3)
+    assert ds.train.names[0].endswith("train-0000.tar:0000_0000.jpg")
+    for train in (True, False):
+        loader = stream_loader(ds, train)
+        for x, y in loader.batches(0):
+            assert x.shape[1:] == (3, 24, 24)
+            # each image's dominant channel is its label, whatever the crop
+            assert torch.equal(x.mean(dim=(2, 3)).argmax(dim=1), y)
+
+
+def test_stream_batches_are_deterministic_and_resume_mid_epoch(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 2, 16)
+    write_shards(root, "val", 1, 4)
+    ds = open_dataset(str(root), image_size=16)
+    full = list(stream_loader(ds, True, seed=1).batches(epoch=2))
+    rest = list(stream_loader(ds, True, seed=1).batches(epoch=2, start=1))
+    assert len(rest) == len(full) - 1
+    for (xa, ya), (xb, yb) in zip(full[1:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    other = list(stream_loader(ds, True, seed=1).batches(epoch=3))
+    assert not torch.equal(full[0][0], other[0][0])
+
+
+def test_a_corrupt_jpeg_in_a_shard_is_named_or_skipped_and_counted(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 2, 12, bad={(1, 5)})
+    write_shards(root, "val", 1, 4)
+    ds = open_dataset(str(root), image_size=16)
+    with pytest.raises(GpuaccelError, match=r"train-0001\.tar:0001_0005\.jpg.*--skip-bad"):
+        for _ in stream_loader(ds, True).batches(0):
+            pass
+    batches = list(stream_loader(ds, True, skip_bad=True).batches(0))
+    assert all(x.shape[0] == 8 for x, _ in batches)  # the bad image's place is taken: shapes stay static
+    assert ds.skipped == [str(root / "train" / "train-0001.tar") + ":0001_0005.jpg"]
+
+
+def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 2, 24)
+    write_shards(root, "val", 1, 12)
+    common = ["--model", "mlp", "--image-size", "16", "--epochs", "2", "--batch-size", "8", "--lr", "0.05",
+              "--json", "--quiet"]
+    code, out, err = run(capsys, "train", "--data", str(root), "--run-dir", str(tmp_path / "a"), *common)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["train_images"] == 48 and summary["test_images"] == 12 and summary["test_accuracy"] > 0.5
+
+    folder = make_image_folder(tmp_path / "img", per_class=(12, 4), size=20, ext="jpg")
+    code, out, err = run(capsys, "train", "--data", str(folder), "--loader", "stream", "--run-dir",
+                         str(tmp_path / "b"), *common)
+    assert code == 0, err
+    assert json.loads(out)["test_images"] == 4 * len(CLASSES)
+
+
+def test_stream_errors(capsys, tmp_path):
+    assert_user_error(capsys, ["train", "--data", "digits", "--loader", "stream"], "--loader stream", "digits")
+    root = write_shards(tmp_path / "shards", "train", 2, 8)
+    assert_user_error(capsys, ["train", "--data", str(root)], "no validation shards")
+    write_shards(root, "val", 1, 4)
+    assert_user_error(capsys, ["train", "--data", str(root), "--cutout", "4"], "--cutout")
