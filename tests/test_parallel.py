@@ -113,3 +113,32 @@ def test_launcher_errors_and_arguments(capsys):
     model = create_model("lenet5", num_classes=10, in_channels=1, image_size=8)
     with pytest.raises(GpuaccelError, match="--sync-bn needs GPUs"):
         apply_ddp(model, torch.device("cpu"), sync_batchnorm=True)
+
+
+# --- activation checkpointing ---------------------------------------------------------------------------
+
+def test_activation_checkpointing_keeps_gradients_and_parameter_names():
+    from gpuaccel.parallel import apply_activation_checkpointing
+
+    torch.manual_seed(0)
+    plain = create_model("resnet18", num_classes=10, in_channels=3, image_size=32)
+    wrapped = create_model("resnet18", num_classes=10, in_channels=3, image_size=32)
+    wrapped.load_state_dict(plain.state_dict())
+    assert apply_activation_checkpointing(wrapped) == 8  # ResNet-18's eight basic blocks
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    for model in (plain, wrapped):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5), name
+
+
+def test_activation_checkpointing_from_the_cli_and_without_blocks(capsys, tmp_path):
+    from conftest import run
+
+    code, out, err = run(capsys, "train", "--data", "digits", "--model", "resnet18", "--activation-checkpointing",
+                         "--epochs", "1", "--batch-size", "512", "--quiet", "--json", "--run-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["activation_checkpointing"] is True
+    assert_user_error(capsys, ["train", "--data", "digits", "--model", "mlp", "--activation-checkpointing"],
+                      "--activation-checkpointing found no blocks")

@@ -86,6 +86,9 @@ def _train_parser(sub) -> None:
                         "the last checkpoint")
     m.add_argument("--sync-bn", action="store_true", default=None,
                    help="several processes: batch-norm statistics over the global batch (SyncBatchNorm)")
+    m.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute each block's activations in the backward pass instead of keeping them: "
+                        "less memory for about one more forward pass of compute")
     m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
                    help="several processes: gradient all-reduce bucket size (default 25)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

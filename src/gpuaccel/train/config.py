@@ -37,6 +37,7 @@ class TrainConfig:
     compile_mode: str = "default"
     sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation

@@ -34,7 +34,7 @@ from ..models import create_model
 from ..deploy.prune import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
-from ..parallel import Distributed, apply_ddp
+from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -81,6 +81,8 @@ class Trainer:
             model = create_model(config.model, **self.model_args)
             if structure:
                 apply_structure(model, structure)
+        if config.activation_checkpointing:
+            apply_activation_checkpointing(model)
         self.model = model
         has_conv = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
         self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
@@ -474,7 +476,7 @@ class Trainer:
         state = checkpoint.load(run_dir / CHECKPOINT)
         changeable = {"epochs", "time_limit", "target_acc", "device", "loader", "workers", "monitor", "profile",
                       "tensorboard", "eval_every", "checkpoint_every",
-                      "checkpoint_seconds", "cache_dir", "compile"}
+                      "checkpoint_seconds", "cache_dir", "compile", "activation_checkpointing"}
         for key, value in (overrides or {}).items():
             if key == "model" and value != state["model_name"]:
                 raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, "
