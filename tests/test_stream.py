@@ -126,8 +126,11 @@ def test_shard_order_gives_ranks_disjoint_whole_shards_and_equal_steps():
 
 
 def test_more_processes_than_shards_is_an_error():
-    with pytest.raises(GpuaccelError, match="2 shard"):
+    with pytest.raises(GpuaccelError, match="2 training shard"):
         ShardOrder([10, 10], batch_size=4, train=True, seed=0, rank=0, world_size=3)
+    # evaluation may have fewer shards than processes: the last one reads nothing
+    idle = ShardOrder([10, 10], batch_size=4, train=False, seed=0, rank=2, world_size=3)
+    assert len(idle) == 0 and len(idle.epoch_indices(0)) == 0
 
 
 def jpeg_bytes(label: int, seed: int, size=(40, 52)) -> bytes:

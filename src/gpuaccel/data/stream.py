@@ -226,9 +226,9 @@ class ShardOrder:
 
     def __init__(self, shard_sizes: list[int], *, batch_size: int, train: bool, seed: int, rank: int,
                  world_size: int, window: int = SHUFFLE_WINDOW):
-        if len(shard_sizes) < world_size:
-            raise GpuaccelError(f"{len(shard_sizes)} shard(s) cannot be split among {world_size} processes; "
-                                f"write at least one shard per process")
+        if train and len(shard_sizes) < world_size:  # (evaluation: a process without shards reads nothing)
+            raise GpuaccelError(f"{len(shard_sizes)} training shard(s) cannot be split among {world_size} "
+                                f"processes; write at least one shard per process")
         self.batch_size, self.train, self.seed, self.rank, self.world_size = batch_size, train, seed, rank, world_size
         self.window = window
         self.num_images = sum(shard_sizes)
@@ -252,7 +252,7 @@ class ShardOrder:
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         if not self.train:
-            return torch.cat([self._ranges[s] for s in self._owned])
+            return torch.cat([torch.arange(0)] + [self._ranges[s] for s in self._owned])
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 8_191 + self.rank)
         shards = [self._owned[i] for i in torch.randperm(len(self._owned), generator=generator).tolist()]
         served = []
