@@ -42,8 +42,9 @@ def weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "model.pt", weights_only=True)["model"]
 
 
-@pytest.mark.parametrize("per_process", [["--batch-size", "32"], ["--batch-size", "16", "--grad-accum", "2"]],
-                         ids=["batch", "accumulation"])
+@pytest.mark.parametrize("per_process", [["--batch-size", "32"], ["--batch-size", "16", "--grad-accum", "2"],
+                                         ["--batch-size", "16", "--grad-accum", "2", "--shard"]],
+                         ids=["batch", "accumulation", "sharded"])
 def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process):
     single, double = tmp_path / "one", tmp_path / "two"
     sys.path.insert(0, str(TESTS))
@@ -142,3 +143,36 @@ def test_activation_checkpointing_from_the_cli_and_without_blocks(capsys, tmp_pa
     assert json.loads((tmp_path / "r" / "config.json").read_text())["activation_checkpointing"] is True
     assert_user_error(capsys, ["train", "--data", "digits", "--model", "mlp", "--activation-checkpointing"],
                       "--activation-checkpointing found no blocks")
+
+
+# --- fully sharded data parallel -------------------------------------------------------------------------
+
+def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    # a constant learning rate: a schedule stretched to the new length on resume would differ
+    # 359 test images in batches of 179: one rank evaluates 180 images in 2 batches, the other 1 batch
+    common = [*COMMON, "--shard", "--batch-size", "16", "--schedule", "constant", "--warmup-epochs", "0",
+              "--eval-batch-size", "179"]
+    torchrun(*common, "--epochs", "3", "--run-dir", str(straight))
+    torchrun(*common, "--epochs", "1", "--run-dir", str(resumed))
+    torchrun("--resume", str(resumed), "--epochs", "3", "--quiet", "--no-monitor")
+    one, two = weights(straight), weights(resumed)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=1e-6, rtol=1e-5)
+    # the checkpoint is whole: it loads into the plain model, optimizer state included
+    state = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    sys.path.insert(0, str(TESTS))
+    try:
+        plain = create_model(MODEL, num_classes=10, in_channels=1, image_size=8)
+    finally:
+        sys.path.remove(str(TESTS))
+    plain.load_state_dict(state["model"])
+    assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
+
+
+def test_shard_errors(capsys, monkeypatch):
+    assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--ema", "0.9"], "--ema", "--shard")
+    import gpuaccel.parallel.fsdp as fsdp
+
+    monkeypatch.setattr(fsdp.dist, "is_available", lambda: False)
+    assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--epochs", "1"], "--shard needs torch.distributed")

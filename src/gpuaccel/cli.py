@@ -89,6 +89,9 @@ def _train_parser(sub) -> None:
     m.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute each block's activations in the backward pass instead of keeping them: "
                         "less memory for about one more forward pass of compute")
+    m.add_argument("--shard", action="store_true", default=None,
+                   help="fully sharded data parallel (FSDP): each process keeps 1/N of the parameters, "
+                        "gradients and optimizer state; checkpoints stay whole")
     m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
                    help="several processes: gradient all-reduce bucket size (default 25)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

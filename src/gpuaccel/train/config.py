@@ -38,6 +38,7 @@ class TrainConfig:
     sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
+    shard: bool = False  # FSDP: parameters, gradients and optimizer state split across the processes
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
@@ -107,6 +108,10 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.shard and self.ema is not None:
+            raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
+        if self.shard and self.sync_bn:
+            raise GpuaccelError("--sync-bn is for data parallel without --shard")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
         for name in ("eval_every", "checkpoint_every"):

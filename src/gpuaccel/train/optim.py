@@ -10,16 +10,18 @@ import torch.nn as nn
 from .config import TrainConfig
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
+                    fused: bool = True) -> torch.optim.Optimizer:
     """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
-    Those also take ``bias_lr_scale`` times the learning rate."""
+    Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
+    step on a GPU (sharded parameters use the multi-tensor path instead)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim > 1 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay, "lr": config.lr},
               {"params": no_decay, "weight_decay": 0.0, "lr": config.lr * config.bias_lr_scale}]
-    fused = {"fused": True} if device.type == "cuda" else {}
+    fused = {"fused": True} if (fused and device.type == "cuda") else {}
     if config.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999), **fused)
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum,

@@ -35,6 +35,7 @@ from ..deploy.prune import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
 from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp
+from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -113,7 +114,12 @@ class Trainer:
         if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(self.train_loader.normalised_sample(5000))
         self.ddp = None
-        if self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
+        self.sharded = config.shard
+        if self.sharded:  # parameters, gradients and optimizer state split across the processes
+            if self.precision.loss_scaling:
+                raise GpuaccelError("--shard trains in bf16 or fp32; fp16 loss scaling is not supported with it")
+            self.model = apply_fsdp(self.model, self.device)
+        elif self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
             self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
                                              sync_batchnorm=config.sync_bn)
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
@@ -122,7 +128,7 @@ class Trainer:
             if (self.ema or self.ddp) else self.forward
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
-        self.optimizer = build_optimizer(self.model, config, self.device)
+        self.optimizer = build_optimizer(self.model, config, self.device, fused=not self.sharded)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
 
@@ -243,7 +249,7 @@ class Trainer:
                     due_checkpoint = end_of_epoch or stopped_by is not None or \
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
-                    if due_checkpoint and main:
+                    if due_checkpoint and (main or self.sharded):  # sharded: every rank gives its part
                         pause = time.perf_counter()
                         self.save_checkpoint()
                         last_checkpoint = time.perf_counter()
@@ -255,7 +261,7 @@ class Trainer:
             # batches consumed since the last optimizer step are not in the weights: redo them on resume
             self.epoch, self.batch_in_epoch, self.images_seen = stepped_at
             self.optimizer.zero_grad(set_to_none=True)
-            if main:
+            if main and not self.sharded:  # (a sharded run's ranks cannot be relied on to stop together)
                 self.save_checkpoint()
             progress.close()
             raise KeyboardInterrupt(str(self.run_dir)) from None
@@ -278,6 +284,8 @@ class Trainer:
         Returns the (unscaled) loss, detached, on the device."""
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync)
         local = self.ddp.no_sync() if (self.ddp is not None and not sync) else contextlib.nullcontext()
         with local:
             with self.precision.autocast(self.device):
@@ -370,10 +378,32 @@ class Trainer:
                 logits = self._tta_logits(net, images)
             loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += (logits.argmax(1) == labels).sum()
+        if self.sharded and self.dist.active:
+            self._match_forward_passes(net, len(self.eval_loader))
         self.model.train(was_training)
         totals = self.dist.all_reduce_sum(torch.stack([loss_sum, correct.float()]))  # every rank has a shard
         count = self.eval_loader.num_images
         return {"loss": totals[0].item() / count, "accuracy": totals[1].item() / count}
+
+    def _match_forward_passes(self, net, batches: int) -> None:
+        """A sharded model's forward pass is a collective: a rank whose evaluation shard has
+        fewer batches runs as many more on a blank image as the longest shard has."""
+        most = torch.tensor([float(batches)], device=self.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        ds = self.dataset
+        blank = torch.zeros(1, ds.in_channels, *self._input_size(), device=self.device,
+                            dtype=self.precision.input_dtype)
+        if self.channels_last:
+            blank = blank.contiguous(memory_format=torch.channels_last)
+        for _ in range(int(most.item()) - batches):
+            with self.precision.autocast(self.device):
+                self._tta_logits(net, blank)
+
+    def _input_size(self) -> tuple[int, int]:
+        ds = self.dataset
+        if hasattr(ds, "test_images"):
+            return tuple(ds.test_images.shape[2:])
+        return (ds.image_size, ds.image_size)
 
     def _evaluate_and_record(self, loss_sum, images, seconds, wall_start) -> dict:
         totals = self.dist.all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(
@@ -411,14 +441,20 @@ class Trainer:
         return path
 
     def _state(self, full: bool) -> dict:
+        """What checkpoints hold. Sharded, this gathers the full state to rank 0: a collective."""
+        if self.sharded:
+            model_state, optimizer_state = full_state(self.model, self.optimizer if full else None)
+        else:
+            model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            optimizer_state = self.optimizer.state_dict() if full else None
         state = {"model_name": self.config.model, "model_args": self.model_args, "classes": self.dataset.classes,
                  "mean": self.mean, "std": self.std, "config": self.config.to_dict(),
-                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "model": model_state,
                  "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
                  "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__, "structure": self.structure}
         if full:
             state.update(
-                optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                optimizer=optimizer_state, scheduler=self.scheduler.state_dict(),
                 scaler=self.scaler.state_dict(), ema=self.ema.state_dict() if self.ema else None,
                 rng={"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -429,8 +465,12 @@ class Trainer:
         return state
 
     def save_checkpoint(self) -> Path:
+        """Writes checkpoint.pt (rank 0; a sharded run calls this on every rank to gather)."""
         path = self.run_dir / CHECKPOINT
-        checkpoint.save(path, self._state(full=True))
+        state = self._state(full=True)
+        if not self.dist.is_main:
+            return path
+        checkpoint.save(path, state)
         checkpoint.write_json(self.run_dir / "checkpoint.json",
                               {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                                "global_step": self.global_step})
@@ -441,11 +481,15 @@ class Trainer:
         if state["model_name"] != self.config.model:
             raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {self.config.model!r}")
         try:
-            self.model.load_state_dict(state["model"])
+            if self.sharded:
+                load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+            else:
+                self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0]
             raise GpuaccelError(f"the checkpoint does not fit model {self.config.model!r}: {first}") from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        if not self.sharded:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema"):
@@ -497,8 +541,10 @@ class Trainer:
         return trainer
 
     def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
-        if self.dist.is_main:
-            checkpoint.save(self.run_dir / FINAL_MODEL, self._state(full=False))
+        if self.dist.is_main or self.sharded:
+            state = self._state(full=False)
+            if self.dist.is_main:
+                checkpoint.save(self.run_dir / FINAL_MODEL, state)
         images_per_second = self.images_seen / self.train_seconds if self.train_seconds > 0 else 0.0
         summary = {
             "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,

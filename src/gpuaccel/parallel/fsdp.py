@@ -1,0 +1,80 @@
+"""Fully sharded data parallel (FSDP2: ``torch.distributed.fsdp.fully_shard``) applied to a
+plain model, for models whose parameters, gradients and optimizer state do not fit on one
+device together.
+
+Each process keeps 1/N of every parameter, gradient and optimizer state. Each outermost
+residual block (the same units as activation checkpointing) is its own FSDP unit: its
+parameters are all-gathered just before its forward and backward pass and freed after, and
+its gradients are reduce-scattered as soon as they are ready, so only one block is whole at
+a time and communication overlaps compute. The rest of the model (stem, head) is the root
+unit.
+
+Checkpoints hold full, unsharded state dicts (gathered to rank 0), so they load into a plain
+model for evaluation, export or a run with another number of processes. ``--shard`` also
+works in one process (a process group of one is created), which is only useful together with
+activation checkpointing today; CPU offload is not built.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..errors import GpuaccelError
+from .checkpointing import _outermost_blocks
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """A process group must exist for FSDP; a single process gets a group of one."""
+    if not dist.is_available():
+        raise GpuaccelError("--shard needs torch.distributed, which this PyTorch build does not have")
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()):
+        raise GpuaccelError(f"--shard needs the {backend} process-group backend, which this PyTorch build lacks")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device if device.type == "cuda" else None)
+    atexit.register(dist.destroy_process_group)
+
+
+def apply_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
+    """Shards ``model`` in place over all processes of the default group; returns it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    ensure_process_group(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in list(_outermost_blocks(model)):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(model state, optimizer state or None) unsharded on the CPU of rank 0 (empty elsewhere).
+    A collective: every process must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model_state = get_model_state_dict(model, options=_options(cpu_offload=True))
+    optimizer_state = None if optimizer is None else \
+        get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+    return model_state, optimizer_state
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                    optimizer_state: dict) -> None:
+    """Loads full (unsharded) state dicts, which every process has read, into the sharded model."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, model_state, options=_options())
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
