@@ -225,3 +225,14 @@ def test_stream_errors(capsys, tmp_path):
     assert_user_error(capsys, ["train", "--data", str(root)], "no validation shards")
     write_shards(root, "val", 1, 4)
     assert_user_error(capsys, ["train", "--data", str(root), "--cutout", "4"], "--cutout")
+
+
+def test_a_corrupt_jpeg_in_a_shard_from_the_cli(capsys, tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 2, 16, bad={(0, 3)})
+    write_shards(root, "val", 1, 8)
+    common = ["--model", "mlp", "--image-size", "16", "--epochs", "1", "--batch-size", "8", "--quiet"]
+    assert_user_error(capsys, ["train", "--data", str(root), *common], "train-0000.tar:0000_0003.jpg", "--skip-bad")
+    code, out, err = run(capsys, "train", "--data", str(root), "--skip-bad", "--json", "--run-dir",
+                         str(tmp_path / "r"), *common)
+    assert code == 0, err
+    assert json.loads(out)["skipped_images"] == 1
