@@ -2,10 +2,10 @@
 
 The thread shares the GIL with the training thread, which launches thousands of kernels
 per step from Python; that contention is what the streaming pipeline loses end to end
-(measured on an H200: 10k images/s alone, 4k beside one busy Python thread). A child
-process with CUDA IPC buffers was tried and measured slower still (3.8k vs 4.7-5.2k
-images/s training ResNet-50): two processes' CUDA contexts time-slice the GPU instead of
-running their kernels side by side (no MPS). See docs/results.md.
+(in profiling runs on an H200 a busy Python thread beside the pipeline more than halved its
+throughput). A child process with CUDA IPC buffers was tried and was slower still: two
+processes' CUDA contexts time-slice the GPU instead of running their kernels side by side
+(no MPS). Numbers: the issue notes of the streaming loader and docs/results.md.
 """
 
 from __future__ import annotations
