@@ -104,12 +104,11 @@ def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     host_boxes = boxes.cpu().tolist()
     windows = [_window(im, box, size) for im, box in zip(images, host_boxes)]
-    geometry = torch.tensor([[y0, x0, y1 - y0, x1 - x0] for y0, y1, x0, x1 in windows], dtype=torch.float32)
-    # the box relative to its window, and the window's extent: what the taps are computed from
-    placed = torch.cat([torch.tensor(host_boxes, dtype=torch.float32)[:, :2] - geometry[:, :2],
-                        torch.tensor(host_boxes, dtype=torch.float32)[:, 2:], geometry[:, 2:]], dim=1)
-    placed = placed.to(device, non_blocking=True)
-    flip = torch.zeros(n, dtype=torch.bool) if flip is None else flip.cpu()
+    # per image: the box relative to its window, and the window's extent (what the taps need)
+    placed = torch.tensor([[top - y0, left - x0, h, w, y1 - y0, x1 - x0]
+                           for (top, left, h, w), (y0, y1, x0, x1) in zip(host_boxes, windows)],
+                          dtype=torch.float32).to(device, non_blocking=True)
+    flip = torch.zeros(n, dtype=torch.bool, device=device) if flip is None else flip.to(device, non_blocking=True)
     out = torch.empty(n, channels, size, size, device=device)
     heights = [y1 - y0 for y0, y1, _, _ in windows]
     widths = [x1 - x0 for _, _, x0, x1 in windows]
@@ -144,15 +143,15 @@ def _canvas(images: list[torch.Tensor], h_max: int, w_max: int, dtype: torch.dty
 
 
 def _resample_chunk(images, windows, chunk, h_max, w_max, placed, flip, size, dtype, out) -> None:
-    device = out.device
-    index = torch.tensor(chunk)
-    index_on_device = index.to(device, non_blocking=True)
-    members = [images[i][:, y0:y1, x0:x1] for i, (y0, y1, x0, x1) in ((i, windows[i]) for i in chunk)]
+    index_on_device = torch.tensor(chunk).to(out.device, non_blocking=True)
+    members = []
+    for i in chunk:
+        y0, y1, x0, x1 = windows[i]
+        members.append(images[i][:, y0:y1, x0:x1])
     canvas = _canvas(members, h_max, w_max, dtype)
     box = placed[index_on_device]
     rows = _axis_weights(box[:, 0], box[:, 2], box[:, 4], size, h_max, dtype)
     cols = _axis_weights(box[:, 1], box[:, 3], box[:, 5], size, w_max, dtype)
-    mirrored = flip[index].to(device, non_blocking=True)
-    cols = torch.where(mirrored[:, None, None], cols.flip(1), cols)
+    cols = torch.where(flip[index_on_device][:, None, None], cols.flip(1), cols)
     resampled = rows[:, None] @ canvas @ cols[:, None].transpose(-1, -2)
     out[index_on_device] = resampled.float()

@@ -20,7 +20,6 @@ images that epoch are left out (a different rest every epoch).
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import tarfile
@@ -37,7 +36,7 @@ from ..errors import GpuaccelError
 from .crops import centre_boxes, random_resized_boxes, resample_boxes
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
-from .images import gpu_jpeg_decoder_available, is_image_name
+from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
 from .loader import _Normaliser, _ShardedOrder
 from .prefetch import in_thread
 
@@ -135,7 +134,7 @@ def find_shards(root: Path) -> dict[str, list[Path]] | None:
     for path in sorted(root.glob("*.tar")) + sorted(root.glob("*/*.tar")):
         folder = path.parent.name.lower() if path.parent != root else ""
         stem = path.stem.lower()
-        if folder in TEST_SPLIT_NAMES or any(f"{s}" in stem.replace("-", "_").split("_") for s in TEST_SPLIT_NAMES):
+        if folder in TEST_SPLIT_NAMES or set(TEST_SPLIT_NAMES) & set(stem.replace("-", "_").split("_")):
             splits.setdefault("test", []).append(path)
         elif folder in ("", "train"):
             splits.setdefault("train", []).append(path)
@@ -165,7 +164,7 @@ def _shard_members(path: Path):
     return [(key, *s["image"], s.get("cls")) for key, s in samples.items() if "image" in s]
 
 
-def _shard_records(shards: list[Path], class_index: dict[str, int] | None):
+def _shard_records(shards: list[Path]):
     names, labels, offsets, sizes, shard_of = [], [], [], [], []
     for number, path in enumerate(shards):
         for key, member, offset, size, cls in _shard_members(path):
@@ -188,7 +187,7 @@ def _shard_records(shards: list[Path], class_index: dict[str, int] | None):
 
 
 def _shards_dataset_records(root: Path, shards: dict[str, list[Path]]):
-    parts = {split: _shard_records(paths, None) for split, paths in shards.items()}
+    parts = {split: _shard_records(paths) for split, paths in shards.items()}
     all_labels = [label for part in parts.values() for label in part[1]]
     numeric = all(label.lstrip("-").isdigit() for label in all_labels)
     if numeric:
@@ -334,15 +333,11 @@ class _BatchReader:
 
 
 def _decode_with_pil(data):
-    """(3, H, W) uint8 tensor, or the reason it cannot be decoded."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data.numpy() if isinstance(data, torch.Tensor) else data)) as img:
-            array = np.array(img.convert("RGB"), dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return torch.from_numpy(array).permute(2, 0, 1)
+    """(3, H, W) uint8 tensor (grayscale repeated over RGB), or the reason it cannot be decoded."""
+    array, reason = _decode_one(ImageSource("", data=data.numpy() if isinstance(data, torch.Tensor) else data), None)
+    if array is None:
+        return reason
+    return torch.from_numpy(np.array(array)).permute(2, 0, 1).expand(3, -1, -1).contiguous()
 
 
 class _Decoder:
