@@ -47,13 +47,15 @@ def _train_parser(sub) -> None:
     d.add_argument("--data", metavar="SPEC",
                    help="'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle "
                         "directory, image folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), "
-                        ".tar/.tar.gz of such a folder, or .npz; or KIND:PATH with KIND one of "
+                        ".tar/.tar.gz of such a folder, a directory of .tar shards (streamed), or .npz; "
+                        "or KIND:PATH with KIND one of "
                         "cifar10, cifar100, digits, fashion-mnist, idx, imagefolder, mnist, npz, tar")
     d.add_argument("--val-split", type=float, metavar="F",
                    help="hold out fraction F of the training images for evaluation, for data without a test split "
                         "(default 0.1; 0.2 for digits)")
     d.add_argument("--image-size", type=int, metavar="N",
-                   help="resize every image to NxN (default: keep; mixed sizes go to the most common size)")
+                   help="resize every image to NxN (default: keep; mixed sizes go to the most common size; "
+                        "streamed data: crops of 224)")
     d.add_argument("--skip-bad", action="store_true", default=None,
                    help="skip images that cannot be decoded (they are counted) instead of stopping")
     d.add_argument("--cache-dir", metavar="DIR", help="where decoded images are cached (default ~/.cache/gpuaccel)")
