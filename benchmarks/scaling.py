@@ -36,18 +36,22 @@ def synthetic_npz(path: Path, train: int, test: int, size: int = 224) -> Path:
     return path
 
 
-def train(gpus: int, run_dir: Path, args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "gpuaccel", "train", "--gpus", str(gpus), "--run-dir", str(run_dir), "--quiet",
-           *args]
+def train(gpus: int | None, run_dir: Path, args: list[str]) -> dict:
+    """One `gpuaccel train` command (through the launcher with `gpus`, else one plain process)."""
+    launch = ["--gpus", str(gpus)] if gpus else []
+    cmd = [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir", str(run_dir), "--quiet", *args]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        return {"error": (done.stdout + done.stderr)[-1500:], "command": " ".join(cmd)}
+        errors = [line for line in done.stderr.splitlines() if line.startswith("gpuaccel: error:")]
+        return {"gpus": gpus or 1, "error": errors[-1] if errors else (done.stdout + done.stderr)[-1500:],
+                "exit_status": done.returncode, "command": " ".join(cmd)}
     s = json.loads((run_dir / "summary.json").read_text())
-    return {"gpus": gpus, "images_per_second": s["images_per_second"], "train_seconds": s["train_seconds"],
+    return {"gpus": gpus or 1, "images_per_second": s["images_per_second"], "train_seconds": s["train_seconds"],
             "test_accuracy": s["test_accuracy"], "global_batch_size": s["global_batch_size"],
-            "epochs": s["epochs"], "command_wall_seconds": round(wall, 1), "command": " ".join(cmd)}
+            "epochs": s["epochs"], "peak_gpu_memory_gib": s.get("peak_gpu_memory_gib"),
+            "parameters": s["parameters"], "command_wall_seconds": round(wall, 1), "command": " ".join(cmd)}
 
 
 def main():

@@ -7,3 +7,11 @@ import torch.nn as nn
 def plain_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:
     return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
                          nn.Linear(8 * image_size * image_size, 32), nn.ReLU(), nn.Linear(32, num_classes))
+
+
+def bn_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:
+    """With batch norm: split into micro-batches, it matches gradient accumulation over the same
+    micro-batches (each normalised by its own statistics)."""
+    return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))

@@ -4,6 +4,7 @@ with resume, and the launcher's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,8 +39,35 @@ def torchrun(*args, nproc=2, max_restarts=0, log=None):
     return done
 
 
+@contextlib.contextmanager
+def plain_models_importable():
+    """plain_models (this folder) importable in this process, as torchrun's get it on PYTHONPATH."""
+    sys.path.insert(0, str(TESTS))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(TESTS))
+
+
+def train_one_process(run_dir: Path, **settings) -> None:
+    """The single-process reference run, on the CPU, quietly."""
+    with plain_models_importable():
+        Trainer(TrainConfig(device="cpu", lr=0.05, monitor=False, run_dir=str(run_dir), **settings), quiet=True).fit()
+
+
 def weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "model.pt", weights_only=True)["model"]
+
+
+def assert_same_training(reference: Path, run: Path, *, processes: int, global_batch: int, atol: float) -> None:
+    """``run`` ended with ``reference``'s weights, after as many images, with ``processes``."""
+    one, two = weights(reference), weights(run)
+    assert sorted(one) == sorted(two)
+    for key in one:
+        torch.testing.assert_close(two[key].float(), one[key].float(), atol=atol, rtol=1e-4)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["processes"] == processes and summary["global_batch_size"] == global_batch
+    assert summary["images_seen"] == json.loads((reference / "summary.json").read_text())["images_seen"]
 
 
 @pytest.mark.parametrize("per_process", [["--batch-size", "32"], ["--batch-size", "16", "--grad-accum", "2"],
@@ -47,19 +75,9 @@ def weights(run_dir: Path) -> dict:
                          ids=["batch", "accumulation", "sharded"])
 def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process):
     single, double = tmp_path / "one", tmp_path / "two"
-    sys.path.insert(0, str(TESTS))
-    try:
-        Trainer(TrainConfig(device="cpu", model=MODEL, lr=0.05, batch_size=64, epochs=2, monitor=False,
-                            run_dir=str(single)), quiet=True).fit()
-    finally:
-        sys.path.remove(str(TESTS))
+    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
     torchrun(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
-    one, two = weights(single), weights(double)
-    for key in one:
-        torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4)
-    summary = json.loads((double / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["global_batch_size"] == 64
-    assert summary["images_seen"] == json.loads((single / "summary.json").read_text())["images_seen"]
+    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
 
 
@@ -156,16 +174,11 @@ def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(t
     torchrun(*common, "--epochs", "3", "--run-dir", str(straight))
     torchrun(*common, "--epochs", "1", "--run-dir", str(resumed))
     torchrun("--resume", str(resumed), "--epochs", "3", "--quiet", "--no-monitor")
-    one, two = weights(straight), weights(resumed)
-    for key in one:
-        torch.testing.assert_close(two[key], one[key], atol=1e-6, rtol=1e-5)
+    assert_same_training(straight, resumed, processes=2, global_batch=32, atol=1e-6)
     # the checkpoint is whole: it loads into the plain model, optimizer state included
     state = torch.load(resumed / "checkpoint.pt", weights_only=False)
-    sys.path.insert(0, str(TESTS))
-    try:
+    with plain_models_importable():
         plain = create_model(MODEL, num_classes=10, in_channels=1, image_size=8)
-    finally:
-        sys.path.remove(str(TESTS))
     plain.load_state_dict(state["model"])
     assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
 
@@ -176,3 +189,91 @@ def test_shard_errors(capsys, monkeypatch):
 
     monkeypatch.setattr(fsdp.dist, "is_available", lambda: False)
     assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--epochs", "1"], "--shard needs torch.distributed")
+
+
+def test_offload_errors(capsys):
+    assert_user_error(capsys, ["train", "--data", "digits", "--offload", "cpu"], "--offload cpu works with --shard")
+    assert_user_error(capsys, ["train", "--data", "digits", "--offload", "gpu"], "offload")
+    assert_user_error(capsys, ["train", "--data", "digits", "--device", "cpu", "--shard", "--offload", "cpu",
+                               "--epochs", "1"], "this run is on the CPU already")
+
+
+# --- pipeline stages -------------------------------------------------------------------------------------
+
+PIPELINE = ["--device", "cpu", "--lr", "0.05", "--quiet", "--no-monitor", "--eval-batch-size", "50",
+            "--schedule", "constant", "--warmup-epochs", "0"]
+
+
+def test_pipeline_stages_match_accumulating_the_same_micro_batches_and_resume(tmp_path, mnist_dir):
+    """2 stages x 2 micro-batches of 16 = one process accumulating two batches of 16, batch norm
+    included (each micro-batch is normalised by its own statistics in both). Resuming the
+    pipelined run mid-way gives the same weights, and its checkpoint is one whole model."""
+    single, piped = tmp_path / "single", tmp_path / "piped"
+    common = [*PIPELINE, "--data", str(mnist_dir), "--model", "plain_models:bn_cnn"]
+    train_one_process(single, data=str(mnist_dir), model="plain_models:bn_cnn", batch_size=16, grad_accum=2,
+                      epochs=2, eval_batch_size=50, schedule="constant", warmup_epochs=0)
+    piped_args = [*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2"]
+    torchrun(*piped_args, "--epochs", "1", "--run-dir", str(piped))
+    torchrun("--resume", str(piped), "--epochs", "2", "--quiet", "--no-monitor")
+    assert_same_training(single, piped, processes=2, global_batch=32, atol=1e-5)  # batch-norm statistics too
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (single, piped))
+    assert b["steps"] == a["steps"] and b["test_accuracy"] == pytest.approx(a["test_accuracy"])
+    state = torch.load(piped / "checkpoint.pt", weights_only=False)
+    with plain_models_importable():
+        create_model("plain_models:bn_cnn", **state["model_args"]).load_state_dict(state["model"])
+    # split by FLOPs: the first convolution (0.6 MFLOP) | the rest (2.4 MFLOP); one momentum buffer per parameter
+    assert [len(stage["state"]) for stage in state["optimizer"]] == [2, 8]
+
+
+def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):
+    """4 processes = 2 data-parallel replicas x 2 stages (GPipe, split where asked)."""
+    single, piped = tmp_path / "single", tmp_path / "piped"
+    common = [*PIPELINE, "--data", str(mnist_dir), "--model", MODEL, "--epochs", "1"]
+    train_one_process(single, data=str(mnist_dir), model=MODEL, batch_size=64, epochs=1, eval_batch_size=50,
+                      schedule="constant", warmup_epochs=0)
+    torchrun(*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--split-points", "3",
+             "--pipeline-schedule", "gpipe", "--run-dir", str(piped), nproc=4)
+    assert_same_training(single, piped, processes=4, global_batch=64, atol=1e-5)
+
+
+def test_split_points_balance_the_stages_flops():
+    from gpuaccel.parallel.pipeline import balanced_split, split_units, unit_costs
+
+    model = create_model("resnet18", num_classes=10, in_channels=3, image_size=32)
+    units = split_units(model)
+    assert units[:3] == ["stem.0", "stem.1", "stem.2"] and units[-2:] == ["pool", "fc"]
+    assert "stages.1.0" in units and not any(u.startswith("stages.1.0.") for u in units)  # blocks stay whole
+    costs = unit_costs(model, torch.zeros(1, 3, 32, 32))
+    assert [name for name, _ in costs] == units  # forward order
+    assert sum(c for _, c in costs) > 0.5e9  # ResNet-18 at 32 px: about 0.56 GFLOP (multiply-adds x 2)
+    assert dict(costs)["stem.2"] == 0 and dict(costs)["stages.0.0"] == dict(costs)["stages.3.1"]  # ReLU; equal blocks
+    costs = [("a", 5), ("b", 1), ("c", 1), ("d", 1), ("e", 4)]
+    assert balanced_split(costs, 2) == ["c"]  # 6 | 6, not 5 | 7
+    with pytest.raises(GpuaccelError, match="more stages than the model has layers"):
+        balanced_split(costs, 6)
+
+    def largest_stage(points, costs):
+        names = [n for n, _ in costs]
+        bounds = [0, *(names.index(p) for p in points), len(costs)]
+        return max(sum(c for _, c in costs[i:j]) for i, j in zip(bounds, bounds[1:]))
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):  # the least possible largest stage, against every way to split
+        costs = [(str(i), int(c)) for i, c in enumerate(torch.randint(0, 50, (7,), generator=generator))]
+        best = min(largest_stage([costs[i][0], costs[j][0]], costs) for i in range(1, 7) for j in range(i + 1, 7))
+        assert largest_stage(balanced_split(costs, 3), costs) == best
+
+
+def test_pipeline_errors(capsys):
+    base = ["train", "--data", "digits", "--epochs", "1"]
+    assert_user_error(capsys, [*base, "--pipeline-stages", "2"], "needs a multiple of 2 processes")
+    assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--batch-size", "30", "--microbatches", "4"],
+                      "--batch-size 30 does not split into 4")
+    assert TrainConfig(pipeline_stages=3, batch_size=128).pipeline_microbatches == 8
+    assert TrainConfig(pipeline_stages=2, batch_size=30).pipeline_microbatches == 5
+    assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--grad-accum", "2"], "--grad-accum")
+    assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--split-points", "nope"], "nope", "candidates")
+    assert_user_error(capsys, [*base, "--pipeline-stages", "3", "--split-points", "features.3"], "3 stages need 2")
+    assert_user_error(capsys, [*base, "--microbatches", "2"], "for --pipeline-stages 2 or more")
+    assert_user_error(capsys, [*base, "--pipeline-stages", "40"], "more stages than the model has layers (14: features.0")
+    assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--pipeline-schedule", "zb"], "pipeline schedule")

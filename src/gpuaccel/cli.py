@@ -94,6 +94,19 @@ def _train_parser(sub) -> None:
     m.add_argument("--shard", action="store_true", default=None,
                    help="fully sharded data parallel (FSDP): each process keeps 1/N of the parameters, "
                         "gradients and optimizer state; checkpoints stay whole")
+    m.add_argument("--offload", metavar="WHERE",
+                   help="with --shard: 'cpu' keeps parameters, gradients and optimizer state in host memory and "
+                        "runs the optimizer step on the CPU (default none)")
+    m.add_argument("--pipeline-stages", type=int, metavar="S",
+                   help="split the model into S stages on S processes (torch.distributed.pipelining); with "
+                        "--gpus N, N/S pipelines train data parallel")
+    m.add_argument("--microbatches", type=int, metavar="M",
+                   help="with --pipeline-stages: micro-batches per batch (default: the fewest, at least "
+                        "max(4, 2 x stages), that divide the batch evenly)")
+    m.add_argument("--pipeline-schedule", metavar="NAME", help="with --pipeline-stages: 1f1b (default) or gpipe")
+    m.add_argument("--split-points", metavar="A,B", type=lambda text: [n.strip() for n in text.split(",") if n.strip()],
+                   help="with --pipeline-stages: the modules each new stage starts at (default: chosen to even "
+                        "out the stages' FLOPs)")
     m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
                    help="several processes: gradient all-reduce bucket size (default 25)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -158,6 +171,8 @@ def _explicit_options(args: argparse.Namespace) -> dict:
 
 
 def _run_train(args) -> int:
+    import torch
+
     from .train import TrainConfig, Trainer
     from .train.recipes import load_recipe
 
@@ -183,6 +198,10 @@ def _run_train(args) -> int:
         trainer = Trainer(TrainConfig(**options), quiet=args.quiet or args.json)
     try:
         summary = trainer.fit()
+    except torch.OutOfMemoryError as exc:
+        detail = str(exc).split(". ")[0]
+        raise GpuaccelError(f"out of GPU memory ({detail}); try a smaller --batch-size, --activation-checkpointing, "
+                            f"--shard (with several GPUs) or --shard --offload cpu") from None
     except KeyboardInterrupt:
         print(f"gpuaccel: interrupted; checkpoint saved. Continue with: gpuaccel train --resume {trainer.run_dir}",
               file=sys.stderr)

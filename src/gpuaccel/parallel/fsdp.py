@@ -11,8 +11,8 @@ unit.
 
 Checkpoints hold full, unsharded state dicts (gathered to rank 0), so they load into a plain
 model for evaluation, export or a run with another number of processes. ``--shard`` also
-works in one process (a process group of one is created), which is only useful together with
-activation checkpointing today; CPU offload is not built.
+works in one process (a process group of one is created), which is useful with CPU offload
+(``--offload cpu``) and activation checkpointing.
 """
 
 from __future__ import annotations
@@ -41,16 +41,24 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(dist.destroy_process_group)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
-    """Shards ``model`` in place over all processes of the default group; returns it."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False) -> nn.Module:
+    """Shards ``model`` in place over all processes of the default group; returns it.
 
+    ``offload``: the sharded parameters, their gradients and the optimizer state stay in
+    pinned host memory; each unit's parameters are copied to the GPU for its forward and
+    backward pass, gradients go back to the host, and the optimizer step runs on the CPU.
+    GPU memory then holds about one unit's parameters plus the activations."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    if offload and device.type != "cuda":
+        raise GpuaccelError("--offload cpu moves parameters out of GPU memory; this run is on the CPU already")
     ensure_process_group(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     for block in list(_outermost_blocks(model)):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
 
 

@@ -13,11 +13,13 @@ from ..data.augment import FLIP_MODES
 from ..data.loader import PLACEMENTS
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
+from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LOADERS = PLACEMENTS + ("stream",)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+OFFLOADS = ("none", "cpu")
 
 
 @dataclass
@@ -39,6 +41,11 @@ class TrainConfig:
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
     shard: bool = False  # FSDP: parameters, gradients and optimizer state split across the processes
+    offload: str = "none"  # with shard: "cpu" keeps parameters, gradients and optimizer state in host memory
+    pipeline_stages: int = 1  # >1: the model split into this many stages on consecutive processes
+    microbatches: int | None = None  # per batch, with pipeline stages; None: see pipeline_microbatches
+    pipeline_schedule: str = "1f1b"  # or gpipe
+    split_points: list[str] | None = None  # module names to split before; None: balanced by FLOPs
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
@@ -78,10 +85,11 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Raises GpuaccelError naming the first bad value and the valid ones."""
         for name, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
-                            ("flip", FLIP_MODES), ("loader", LOADERS), ("compile_mode", COMPILE_MODES)):
+                            ("flip", FLIP_MODES), ("loader", LOADERS), ("compile_mode", COMPILE_MODES),
+                            ("offload", OFFLOADS), ("pipeline_schedule", PIPELINE_SCHEDULES)):
             if getattr(self, name) not in valid:
                 raise choice_error(name.replace("_", " "), getattr(self, name), valid)
-        positive = ("batch_size", "eval_batch_size", "grad_accum", "epochs")
+        positive = ("batch_size", "eval_batch_size", "grad_accum", "epochs", "pipeline_stages")
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(self, name)}")
@@ -112,6 +120,13 @@ class TrainConfig:
             raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
         if self.shard and self.sync_bn:
             raise GpuaccelError("--sync-bn is for data parallel without --shard")
+        if self.offload == "cpu" and not self.shard:
+            raise GpuaccelError("--offload cpu works with --shard (FSDP moves each block's parameters to the GPU "
+                                "when it runs); add --shard")
+        if self.pipeline_stages > 1:
+            self._validate_pipeline()
+        elif self.microbatches is not None or self.split_points is not None:
+            raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
         for name in ("eval_every", "checkpoint_every"):
@@ -119,6 +134,34 @@ class TrainConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
         return self
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """--microbatches, or the fewest that divide the batch evenly and number at least
+        max(4, 2 x stages) (fewer leave the stages idle longer at the start and end of a step)."""
+        if self.microbatches:
+            return self.microbatches
+        least = max(4, 2 * self.pipeline_stages)
+        return next((m for m in range(least, self.batch_size + 1) if self.batch_size % m == 0), self.batch_size)
+
+    def _validate_pipeline(self) -> None:
+        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 1):
+            raise GpuaccelError(f"--microbatches must be a whole number >= 1, got {self.microbatches}")
+        if self.batch_size % self.pipeline_microbatches:
+            raise GpuaccelError(f"--batch-size {self.batch_size} does not split into {self.pipeline_microbatches} "
+                                f"equal micro-batches; change --batch-size or --microbatches")
+        if self.split_points is not None and len(self.split_points) != self.pipeline_stages - 1:
+            raise GpuaccelError(f"--split-points names {len(self.split_points)} module(s); "
+                                f"{self.pipeline_stages} stages need {self.pipeline_stages - 1}")
+        unsupported = {"--shard": self.shard, "--ema": self.ema is not None, "--sync-bn": self.sync_bn,
+                       "--grad-accum (use --microbatches)": self.grad_accum > 1,
+                       "--activation-checkpointing": self.activation_checkpointing,
+                       "--grad-clip": self.grad_clip is not None, "--precision fp16": self.precision == "fp16",
+                       "--compile-mode reduce-overhead (CUDA graphs)":
+                           self.compile and self.compile_mode == "reduce-overhead"}
+        for option, used in unsupported.items():
+            if used:
+                raise GpuaccelError(f"{option} is not supported with --pipeline-stages")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

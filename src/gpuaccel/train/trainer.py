@@ -36,6 +36,7 @@ from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
 from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp
 from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
+from ..parallel.pipeline import Pipeline
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -85,17 +86,25 @@ class Trainer:
         if config.activation_checkpointing:
             apply_activation_checkpointing(model)
         self.model = model
+        self.parameter_count = sum(p.numel() for p in model.parameters())
         has_conv = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
         self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
             else config.channels_last
-        self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        # FSDP shards contiguous parameters only; the inputs alone are then channels_last
+        layout = torch.channels_last if self.channels_last and not config.shard else torch.preserve_format
+        # a pipeline stage or FSDP with CPU offload puts the parameters where they belong, part by part
+        self.on_host = config.pipeline_stages > 1 or config.offload == "cpu"
+        self.model.to(torch.device("cpu") if self.on_host else self.device, memory_format=layout)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
 
         self.mean, self.std = ds.channel_stats()
+        # the processes that read different data: all of them, or one per pipeline (its stages share a batch)
+        self.data_rank = self.dist.rank // config.pipeline_stages
+        self.data_ranks = max(1, self.dist.world_size // config.pipeline_stages)
         loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
-                           channels_last=self.channels_last, seed=config.seed, rank=self.dist.rank,
-                           world_size=self.dist.world_size)
+                           channels_last=self.channels_last, seed=config.seed, rank=self.data_rank,
+                           world_size=self.data_ranks)
         if isinstance(ds, StreamingDataset):
             if config.crop_padding or config.cutout:
                 raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
@@ -112,20 +121,36 @@ class Trainer:
                 torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
                 batch_size=config.eval_batch_size, train=False, **loader_args)
         if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
-            self.model.data_init(self.train_loader.normalised_sample(5000))
+            sample = self.train_loader.normalised_sample(5000)
+            self.model.data_init(sample.float().cpu() if self.on_host else sample)
         self.ddp = None
+        self.pipeline = None
         self.sharded = config.shard
+        if self.precision.loss_scaling and (self.sharded or config.pipeline_stages > 1):
+            raise GpuaccelError("--shard and --pipeline-stages train in bf16 or fp32; fp16 loss scaling is not "
+                                "supported with them (use --precision bf16 or fp32)")
         if self.sharded:  # parameters, gradients and optimizer state split across the processes
-            if self.precision.loss_scaling:
-                raise GpuaccelError("--shard trains in bf16 or fp32; fp16 loss scaling is not supported with it")
-            self.model = apply_fsdp(self.model, self.device)
+            self.model = apply_fsdp(self.model, self.device, offload=config.offload == "cpu")
+        elif config.pipeline_stages > 1:  # this process keeps one stage of the model
+            self.pipeline = Pipeline(
+                self.model, stages=config.pipeline_stages, microbatches=config.pipeline_microbatches,
+                schedule=config.pipeline_schedule, split_points=config.split_points, device=self.device,
+                input_shape=(ds.in_channels, *self._input_size()), batch_size=config.batch_size,
+                eval_batch_size=config.eval_batch_size, channels_last=self.channels_last,
+                label_smoothing=config.label_smoothing, compile_mode=config.compile_mode if config.compile else None)
+            self.model = self.pipeline.module
         elif self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
             self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
                                              sync_batchnorm=config.sync_bn)
+        # checkpoints of sharded and pipelined models are gathered from every process
+        self.collective_state = self.sharded or self.pipeline is not None
+        self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
-        self.forward = self._compiled(self.ddp or self.model)
+        self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
         self.eval_forward = self._compiled(self.ema.module if self.ema else self.model) \
             if (self.ema or self.ddp) else self.forward
+        if self.pipeline is not None:
+            self.eval_forward = self.pipeline.logits
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device, fused=not self.sharded)
@@ -164,12 +189,14 @@ class Trainer:
         metrics = MetricsFile(self.run_dir / "metrics.jsonl")
         progress = Progress(cfg.epochs * self.steps_per_epoch, self.global_step, self.quiet or not main)
         progress.log(f"{self.dataset.describe()}; model {cfg.model} "
-                     f"({sum(p.numel() for p in self.model.parameters()):,} parameters) on "
+                     f"({self.parameter_count:,} parameters) on "
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
                      + (f"; {self.dist.world_size} processes, {self.config.batch_size} images each per step"
-                        if self.dist.active else ""))
+                        if self.dist.active and self.pipeline is None else "")
+                     + (f"; {self.pipeline.describe()}" if self.pipeline is not None else ""))
 
-        if self.config.compile or self.device.type == "cuda":
+        # (a pipeline's first steps also infer the shapes that pass between stages)
+        if self.config.compile or self.device.type == "cuda" or self.pipeline is not None:
             self.warmup_seconds = self.warm_up()
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
@@ -199,9 +226,10 @@ class Trainer:
                     stepping = (self.batch_in_epoch + 1) % cfg.grad_accum == 0 or \
                         self.batch_in_epoch + 1 == len(self.train_loader)
                     loss = self.forward_backward(images, labels, cfg.grad_accum, sync=stepping)
-                    loss_sum += loss.float() * labels.shape[0]
-                    images_since_eval += labels.shape[0]
-                    self.images_seen += labels.shape[0] * self.dist.world_size
+                    if self.counts_metrics:
+                        loss_sum += loss.float() * labels.shape[0]
+                        images_since_eval += labels.shape[0]
+                    self.images_seen += labels.shape[0] * self.data_ranks
                     self.batch_in_epoch += 1
 
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
@@ -249,7 +277,7 @@ class Trainer:
                     due_checkpoint = end_of_epoch or stopped_by is not None or \
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
-                    if due_checkpoint and (main or self.sharded):  # sharded: every rank gives its part
+                    if due_checkpoint and (main or self.collective_state):  # every rank gives its part
                         pause = time.perf_counter()
                         self.save_checkpoint()
                         last_checkpoint = time.perf_counter()
@@ -261,7 +289,7 @@ class Trainer:
             # batches consumed since the last optimizer step are not in the weights: redo them on resume
             self.epoch, self.batch_in_epoch, self.images_seen = stepped_at
             self.optimizer.zero_grad(set_to_none=True)
-            if main and not self.sharded:  # (a sharded run's ranks cannot be relied on to stop together)
+            if main and not self.collective_state:  # (other ranks cannot be relied on to stop together)
                 self.save_checkpoint()
             progress.close()
             raise KeyboardInterrupt(str(self.run_dir)) from None
@@ -282,6 +310,9 @@ class Trainer:
         """One forward and backward pass; gradients of the loss / ``accumulate`` add up in ``.grad``.
         With several processes, ``sync=False`` skips the gradient all-reduce (an accumulation step).
         Returns the (unscaled) loss, detached, on the device."""
+        if self.pipeline is not None:  # micro-batches flow through the stages; accumulation is not allowed
+            with self.precision.autocast(self.device):
+                return self.pipeline.train_step(images, labels)
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         if self.sharded:
@@ -376,6 +407,8 @@ class Trainer:
         for images, labels in self.eval_loader.batches():
             with self.precision.autocast(self.device):
                 logits = self._tta_logits(net, images)
+            if not self.counts_metrics:
+                continue  # a pipeline stage before the last: it took part, the last stage has the logits
             loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += (logits.argmax(1) == labels).sum()
         if self.sharded and self.dist.active:
@@ -444,6 +477,8 @@ class Trainer:
         """What checkpoints hold. Sharded, this gathers the full state to rank 0: a collective."""
         if self.sharded:
             model_state, optimizer_state = full_state(self.model, self.optimizer if full else None)
+        elif self.pipeline is not None:
+            model_state, optimizer_state = self._gather_stages(full)
         else:
             model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
             optimizer_state = self.optimizer.state_dict() if full else None
@@ -464,8 +499,21 @@ class Trainer:
                           "last_eval": self.last_eval})
         return state
 
+    def _gather_stages(self, full: bool):
+        """The whole model's state (and each stage's optimizer state, as a list by stage) on rank 0;
+        empty elsewhere. A collective."""
+        from torch.utils._pytree import tree_map_only
+
+        mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(),
+                             (self.model.state_dict(), self.optimizer.state_dict() if full else None))
+        parts = self.pipeline.gather_to_first(mine)
+        if parts is None:
+            return {}, None
+        model_state = {key: value for stage_state, _ in parts for key, value in stage_state.items()}
+        return model_state, [optimizer_state for _, optimizer_state in parts] if full else None
+
     def save_checkpoint(self) -> Path:
-        """Writes checkpoint.pt (rank 0; a sharded run calls this on every rank to gather)."""
+        """Writes checkpoint.pt (rank 0; sharded and pipelined runs call this on every rank to gather)."""
         path = self.run_dir / CHECKPOINT
         state = self._state(full=True)
         if not self.dist.is_main:
@@ -483,13 +531,15 @@ class Trainer:
         try:
             if self.sharded:
                 load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+            elif self.pipeline is not None:  # this stage's part
+                self.model.load_state_dict({key: state["model"][key] for key in self.model.state_dict()})
+                self.optimizer.load_state_dict(state["optimizer"][self.pipeline.stage_index])
             else:
                 self.model.load_state_dict(state["model"])
-        except RuntimeError as exc:
+                self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0]
             raise GpuaccelError(f"the checkpoint does not fit model {self.config.model!r}: {first}") from None
-        if not self.sharded:
-            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema"):
@@ -541,7 +591,7 @@ class Trainer:
         return trainer
 
     def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
-        if self.dist.is_main or self.sharded:
+        if self.dist.is_main or self.collective_state:
             state = self._state(full=False)
             if self.dist.is_main:
                 checkpoint.save(self.run_dir / FINAL_MODEL, state)
@@ -549,7 +599,7 @@ class Trainer:
         summary = {
             "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,
             "channels_last": self.channels_last, "compile": self.config.compile,
-            "model": self.config.model, "parameters": sum(p.numel() for p in self.model.parameters()),
+            "model": self.config.model, "parameters": self.parameter_count,
             "data": self.dataset.name, "train_images": len(self.dataset.train_labels),
             "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
             "epochs": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4), "steps": self.global_step,
@@ -561,7 +611,9 @@ class Trainer:
             "best_accuracy": self.best_accuracy, "target_acc": self.config.target_acc,
             "time_to_target": None if self.time_to_target is None else round(self.time_to_target, 3),
             "run_dir": str(self.run_dir), "torch": torch.__version__, "gpuaccel": __version__,
-            "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.dist.world_size *
+            "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
+            if self.device.type == "cuda" else None,
+            "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.data_ranks *
             self.config.grad_accum, "images_seen": self.images_seen, "restarts": self.dist.restart,
         }
         if self.dist.is_main:
