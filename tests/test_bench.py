@@ -163,3 +163,24 @@ def test_report_renders_in_headless_chromium(which, request, tmp_path):
     shot = Image.open(tmp_path / "table.png").convert("L")
     low, high = shot.getextrema()
     assert shot.width > 300 and high - low > 100  # text on a background, not a blank box
+
+
+def test_the_multi_gpu_rung_launches_a_valid_recipe_and_reports_a_failed_launch(monkeypatch, tmp_path):
+    """The rung hands the previous rung's settings to `gpuaccel train --gpus N` as a recipe; on
+    this CPU machine the launcher refuses (no GPUs), and the rung is skipped with its reason."""
+    from gpuaccel.bench import ladder
+    from gpuaccel.train import TrainConfig
+    from gpuaccel.train.recipes import load_recipe
+
+    monkeypatch.setattr(ladder.torch.cuda, "device_count", lambda: 2)
+    rung = next(r for r in ladder.RUNGS if r.name == "multi-gpu")
+    config = TrainConfig(data="digits", model="lenet5", batch_size=256, lr=0.2, compile=True,
+                         compile_mode="reduce-overhead", device="cuda:0")
+    row = ladder._measure_data_parallel(rung, config, ladder.BenchOptions(quick=True), 1.0, None, tmp_path,
+                                        lambda line: None)
+    assert row["skipped"] == "gpuaccel train --gpus 2 failed: --gpus 2 asks for more GPUs than present " \
+                             "(0 visible to PyTorch)"
+    settings = TrainConfig.from_dict(load_recipe(str(tmp_path / "rungs" / "multi-gpu-2.yaml"))).validate()
+    assert (settings.batch_size, settings.lr, settings.compile_mode, settings.device) == \
+        (256, 0.2, "reduce-overhead", "auto")  # per GPU, as the rung before; each process takes its own GPU
+    assert settings.time_limit == 0.9 and settings.eval_every == 10**9 and settings.target_acc is None

@@ -153,3 +153,19 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     assert proc.returncode == 130
     assert "checkpoint saved" in err and f"--resume {run_dir}" in err
     assert (run_dir / "checkpoint.pt").exists()
+
+
+def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoint(monkeypatch, tmp_path):
+    """Checkpoint time is not training time, but GPU steps still queued when a checkpoint
+    starts are: every save must come right after a device synchronisation, also at epoch
+    ends without an evaluation."""
+    import gpuaccel.train.trainer as trainer_module
+
+    events = []
+    monkeypatch.setattr(trainer_module, "synchronize", lambda device: events.append("sync"))
+    save = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (events.append("save"), save(self))[1])
+    Trainer(TrainConfig(data="digits", epochs=3, eval_every=10**6, monitor=False, run_dir=str(tmp_path / "r")),
+            quiet=True).fit()
+    saves = [i for i, event in enumerate(events) if event == "save"]
+    assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)

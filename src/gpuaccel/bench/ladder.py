@@ -11,7 +11,7 @@ much faster than my CPU?" and "what made it faster?":
     compile        + torch.compile
     cuda-graphs    + CUDA graphs (compile mode reduce-overhead)
     max-batch      + the largest batch that fits (powers of two up to a cap; lr scaled by sqrt)
-    multi-gpu      + every GPU of the machine
+    multi-gpu      + every GPU of the machine (data parallel, `gpuaccel train --gpus N`)
 
 Every rung runs the real training engine (:class:`~gpuaccel.train.Trainer`): after its
 warm-up (compilation, cuDNN autotuning), timed windows of whole optimizer steps are
@@ -25,8 +25,10 @@ from __future__ import annotations
 import gc
 import importlib.util
 import itertools
+import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -120,11 +122,8 @@ def skip_reason(rung: Rung, device: torch.device) -> str | None:
         return "no CUDA GPU here" if not torch.cuda.is_available() else "--device cpu"
     if rung.name in ("compile", "cuda-graphs") and importlib.util.find_spec("triton") is None:
         return "torch.compile on a GPU needs triton, which is not installed"
-    if rung.name == "multi-gpu":
-        count = torch.cuda.device_count()
-        if count < 2:
-            return "one GPU here"
-        return f"{count} GPUs here, but multi-process data-parallel training is not built yet"
+    if rung.name == "multi-gpu" and torch.cuda.device_count() < 2:
+        return "one GPU here"
     return None
 
 
@@ -291,7 +290,11 @@ def run_bench(options: BenchOptions, log=print) -> dict:
             if rung.name == "max-batch":
                 batch, tried = find_max_batch(config, model_args, min(MAX_BATCH_CAP, len(dataset.train_labels) // 4))
                 config = config.replace(batch_size=batch, lr=base.lr * math.sqrt(batch / base.batch_size))
+                settings.update(batch_size=config.batch_size, lr=config.lr)  # the next rung keeps the batch
                 extra["batch_sizes_tried"] = tried
+            if rung.name == "multi-gpu":
+                rows.append(_measure_data_parallel(rung, config, options, flops, peaks, run_dir, log))
+                continue
             rows.append({**_measure_rung(rung, config, dataset, options, flops, peaks, sampler, origin, run_dir,
                                          log), **extra})
     finally:
@@ -348,6 +351,50 @@ def _measure_rung(rung, config, dataset, options, flops, peaks, sampler, origin,
     finally:
         trainer = None
         _release()
+
+
+def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run_dir: Path, log) -> dict:
+    """The previous rung's settings on every GPU of the machine: ``gpuaccel train --gpus N``
+    (torch.distributed.run, DDP), each process with the rung's batch. It trains for as long as
+    a single-GPU rung is timed; its throughput is the run's images over its training time
+    (warm-up and the final evaluation excluded), not a median over windows."""
+    gpus = torch.cuda.device_count()
+    rung_dir = run_dir / "rungs" / f"multi-gpu-{gpus}"
+    seconds = 0.9 if options.quick else 7.0
+    settings = config.replace(device="auto", epochs=100_000, time_limit=seconds, eval_every=10**9, monitor=True,
+                              target_acc=None).to_dict()
+    settings.pop("run_dir")
+    recipe = run_dir / "rungs" / f"multi-gpu-{gpus}.yaml"
+    recipe.parent.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(json.dumps(settings, indent=1) + "\n")  # JSON is YAML
+    command = [sys.executable, "-m", "gpuaccel", "train", "--gpus", str(gpus), "--recipe", str(recipe),
+               "--run-dir", str(rung_dir), "--quiet"]
+    row = {"rung": rung.name, "adds": f"+ all {gpus} GPUs of this machine (data parallel)",
+           "command": " ".join(command[1:])}
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("gpuaccel: error:")]
+        row["skipped"] = f"gpuaccel train --gpus {gpus} failed: " + (
+            errors[-1][len("gpuaccel: error: "):] if errors else done.stderr.strip().splitlines()[-1][:300])
+        log(f"{rung.name:14s} skipped: {row['skipped']}")
+        return row
+    summary = json.loads((rung_dir / "summary.json").read_text())
+    record = [json.loads(line) for line in (rung_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    speed = summary["images_per_second"]
+    achieved = flops * speed / 1e12
+    row.update(device=f"{gpus} x cuda", precision=summary["precision"], channels_last=summary["channels_last"],
+               loader="DeviceLoader" if config.loader == "gpu" else config.loader,
+               compile=config.compile and config.compile_mode, batch_size=config.batch_size, lr=config.lr, gpus=gpus,
+               global_batch_size=summary["global_batch_size"], images_per_second=speed,
+               images_per_second_min=speed, images_per_second_max=speed, step_ms=1000 * config.batch_size * gpus / speed,
+               data_wait_share=record["data_wait"], train_seconds=summary["train_seconds"],
+               warmup_seconds=summary["warmup_seconds"], model_tflops=achieved,
+               mfu=achieved / (gpus * peaks.tflops(torch.device("cuda"), summary["precision"])),
+               gpu_util=record.get("gpu_util"), rung_run_dir=str(rung_dir.relative_to(run_dir)))
+    if summary.get("peak_gpu_memory_gib") is not None:
+        row["peak_memory_mib"] = round(summary["peak_gpu_memory_gib"] * 1024)
+    log(_format_row(row) + f" ({gpus} GPUs, GPU 0's memory and busy share)")
+    return row
 
 
 def row_name(config: TrainConfig) -> str:

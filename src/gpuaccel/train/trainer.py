@@ -278,6 +278,9 @@ class Trainer:
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
                     if due_checkpoint and (main or self.collective_state):  # every rank gives its part
+                        # steps still queued on the GPU are training time; saving would wait for them
+                        # inside the pause, which is not counted
+                        synchronize(self.device)
                         pause = time.perf_counter()
                         self.save_checkpoint()
                         last_checkpoint = time.perf_counter()
