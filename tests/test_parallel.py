@@ -206,13 +206,14 @@ PIPELINE = ["--device", "cpu", "--lr", "0.05", "--quiet", "--no-monitor", "--eva
 
 def test_pipeline_stages_match_accumulating_the_same_micro_batches_and_resume(tmp_path, mnist_dir):
     """2 stages x 2 micro-batches of 16 = one process accumulating two batches of 16, batch norm
-    included (each micro-batch is normalised by its own statistics in both). Resuming the
+    included (each micro-batch is normalised by its own statistics in both), and gradient
+    clipping by the norm over both stages. Resuming the
     pipelined run mid-way gives the same weights, and its checkpoint is one whole model."""
     single, piped = tmp_path / "single", tmp_path / "piped"
     common = [*PIPELINE, "--data", str(mnist_dir), "--model", "plain_models:bn_cnn"]
     train_one_process(single, data=str(mnist_dir), model="plain_models:bn_cnn", batch_size=16, grad_accum=2,
-                      epochs=2, eval_batch_size=50, schedule="constant", warmup_epochs=0)
-    piped_args = [*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2"]
+                      epochs=2, eval_batch_size=50, schedule="constant", warmup_epochs=0, grad_clip=0.3)
+    piped_args = [*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--grad-clip", "0.3"]
     torchrun(*piped_args, "--epochs", "1", "--run-dir", str(piped))
     torchrun("--resume", str(piped), "--epochs", "2", "--quiet", "--no-monitor")
     assert_same_training(single, piped, processes=2, global_batch=32, atol=1e-5)  # batch-norm statistics too

@@ -239,6 +239,7 @@ class Pipeline:
         self._eval = ScheduleGPipe(PipelineStage(eval_module, self.stage_index, stages, device, group=stage_group),
                                    microbatches)
         self.device = device
+        self.stage_group = stage_group
 
     def describe(self) -> str:
         return (f"pipeline of {self.stages} stages split before {', '.join(self.split_points)}, "
@@ -274,6 +275,21 @@ class Pipeline:
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view(g.shape))
             offset += g.numel()
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Scales this stage's gradients so that the norm of the whole model's gradient (all
+        stages: one all-reduce of squared norms) is at most ``max_norm``, as
+        ``torch.nn.utils.clip_grad_norm_`` does for a whole model. Returns that norm."""
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        squares = torch.zeros((), device=self.device)
+        for g in grads:
+            squares += g.detach().float().pow(2).sum()
+        dist.all_reduce(squares, group=self.stage_group)
+        norm = squares.sqrt()
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return norm
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The model's output for ``images`` on the last stage; elsewhere a (batch, 1) zero

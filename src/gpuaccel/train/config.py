@@ -156,7 +156,7 @@ class TrainConfig:
         unsupported = {"--shard": self.shard, "--ema": self.ema is not None, "--sync-bn": self.sync_bn,
                        "--grad-accum (use --microbatches)": self.grad_accum > 1,
                        "--activation-checkpointing": self.activation_checkpointing,
-                       "--grad-clip": self.grad_clip is not None, "--precision fp16": self.precision == "fp16",
+                       "--precision fp16": self.precision == "fp16",
                        "--compile-mode reduce-overhead (CUDA graphs)":
                            self.compile and self.compile_mode == "reduce-overhead"}
         for option, used in unsupported.items():

@@ -330,7 +330,10 @@ class Trainer:
     def optimizer_step(self) -> None:
         if self.config.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            if self.pipeline is not None:  # the norm of the whole model's gradient, over all stages
+                self.pipeline.clip_gradients(self.config.grad_clip)
+            else:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
