@@ -276,5 +276,6 @@ def test_pipeline_errors(capsys):
     assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--split-points", "nope"], "nope", "candidates")
     assert_user_error(capsys, [*base, "--pipeline-stages", "3", "--split-points", "features.3"], "3 stages need 2")
     assert_user_error(capsys, [*base, "--microbatches", "2"], "for --pipeline-stages 2 or more")
+    assert_user_error(capsys, ["train", "--gpus", "3", "--pipeline-stages", "2"], "--gpus 3 does not split")
     assert_user_error(capsys, [*base, "--pipeline-stages", "40"], "more stages than the model has layers to split at (14: features.0")
     assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--pipeline-schedule", "zb"], "pipeline schedule")

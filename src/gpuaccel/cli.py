@@ -180,7 +180,8 @@ def _run_train(args) -> int:
     if args.gpus is not None and "RANK" not in os.environ:  # the launcher, not yet one of its processes
         from .parallel.launch import launch
 
-        return launch(args.argv, args.gpus, args.max_restarts, options.get("run_dir"), options.get("model", "run"))
+        return launch(args.argv, args.gpus, args.max_restarts, options.get("run_dir"), options.get("model", "run"),
+                      pipeline_stages=options.get("pipeline_stages") or 1)
     from .parallel import Distributed
 
     restarted = Distributed.from_env().restart > 0

@@ -35,12 +35,15 @@ def worker_arguments(argv: list[str], run_dir: str) -> list[str]:
     return out
 
 
-def launch(argv: list[str], gpus: int, max_restarts: int, run_dir: str | None, model: str) -> int:
+def launch(argv: list[str], gpus: int, max_restarts: int, run_dir: str | None, model: str,
+           pipeline_stages: int = 1) -> int:
     """Runs ``gpuaccel train argv`` in ``gpus`` processes under torch.distributed.run; returns
     the exit status."""
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 1:
         raise GpuaccelError(f"--gpus must be at least 1, got {gpus}")
+    if gpus % pipeline_stages:
+        raise GpuaccelError(f"--gpus {gpus} does not split into pipelines of --pipeline-stages {pipeline_stages}")
     if gpus > available:
         raise GpuaccelError(f"--gpus {gpus} asks for more GPUs than present ({available} visible to PyTorch)")
     if max_restarts < 0:
