@@ -15,3 +15,10 @@ def bn_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> 
     return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                          nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))
+
+
+def tiny_resnet(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:
+    """Two residual stages of one basic block each, 8 channels wide: blocks to checkpoint, fast on a CPU."""
+    from gpuaccel.models.resnet import BasicBlock, ResNet
+
+    return ResNet(BasicBlock, (1, 1), num_classes, in_channels, image_size, width=8)

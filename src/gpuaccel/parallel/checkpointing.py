@@ -32,15 +32,34 @@ def is_block(module: nn.Module) -> bool:
 def apply_activation_checkpointing(model: nn.Module) -> int:
     """Wraps every outermost block of ``model`` in place; returns how many were wrapped."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, CheckpointWrapper, apply_activation_checkpointing as wrap_blocks, checkpoint_wrapper)
+        CheckpointWrapper, apply_activation_checkpointing as wrap_blocks)
 
     outermost = {id(m) for m in _outermost_blocks(model)}
     if not outermost:
-        raise GpuaccelError(f"--activation-checkpointing found no blocks in {type(model).__name__} (modules "
-                            f"whose class name ends with {', '.join(BLOCK_NAME_ENDINGS)})")
-    wrap_blocks(model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-                check_fn=lambda m: id(m) in outermost)
+        raise no_blocks_error(model)
+    wrap_blocks(model, checkpoint_wrapper_fn=_wrapper(), check_fn=lambda m: id(m) in outermost)
     return sum(isinstance(m, CheckpointWrapper) for m in model.modules())
+
+
+def checkpoint_submodules(root: nn.Module, names: list[str]) -> None:
+    """Wraps the submodules of ``root`` at these dotted names in place (for models whose
+    blocks are known by name only, such as the traced stages of a pipeline)."""
+    wrap = _wrapper()
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = root.get_submodule(parent_name) if parent_name else root
+        setattr(parent, child, wrap(parent.get_submodule(child)))
+
+
+def no_blocks_error(model: nn.Module) -> GpuaccelError:
+    return GpuaccelError(f"--activation-checkpointing found no blocks in {type(model).__name__} (modules "
+                         f"whose class name ends with {', '.join(BLOCK_NAME_ENDINGS)})")
+
+
+def _wrapper():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    return partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def _outermost_blocks(module: nn.Module):

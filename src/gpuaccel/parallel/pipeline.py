@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GpuaccelError
-from .checkpointing import is_block
+from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
 
 SCHEDULES = ("1f1b", "gpipe")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -159,7 +159,7 @@ class Pipeline:
     def __init__(self, model: nn.Module, *, stages: int, microbatches: int, schedule: str,
                  split_points: list[str] | None, device: torch.device, input_shape: tuple[int, ...],
                  batch_size: int, eval_batch_size: int, channels_last: bool, label_smoothing: float = 0.0,
-                 compile_mode: str | None = None):
+                 compile_mode: str | None = None, activation_checkpointing: bool = False):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
@@ -222,6 +222,12 @@ class Pipeline:
         _move_in_place(train_traced, device, channels_last)
         self.module = train_traced  # this stage's parameters, named as in the plain model
         mine = _units_of(units, self.split_points, self.stage_index)
+        self.checkpointed = []
+        if activation_checkpointing:  # the traced stage keeps the model's module names: wrap its blocks by name
+            if not any(is_block(model.get_submodule(name)) for name, _ in units):
+                raise no_blocks_error(model)
+            self.checkpointed = [name for name, _ in mine if is_block(model.get_submodule(name))]
+            checkpoint_submodules(train_traced, self.checkpointed)
         self.stage_flops = sum(flops for _, flops in mine)
         self.stage_share = self.stage_flops / max(1, sum(flops for _, flops in units))
 
@@ -245,7 +251,9 @@ class Pipeline:
         return (f"pipeline of {self.stages} stages split before {', '.join(self.split_points)}, "
                 f"{self.microbatches} micro-batches, {self.replicas} replica(s); this process: stage "
                 f"{self.stage_index} ({100 * self.stage_share:.0f}% of the FLOPs, "
-                f"{self.stage_flops / 1e9:,.2f} GFLOP per micro-batch forward)")
+                f"{self.stage_flops / 1e9:,.2f} GFLOP per micro-batch forward"
+                + (f", {len(self.checkpointed)} block{'s' * (len(self.checkpointed) > 1)} checkpointed)"
+                   if self.checkpointed else ")"))
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward and backward over one batch; gradients land in this stage's parameters.

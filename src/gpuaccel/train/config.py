@@ -155,7 +155,6 @@ class TrainConfig:
                                 f"{self.pipeline_stages} stages need {self.pipeline_stages - 1}")
         unsupported = {"--shard": self.shard, "--ema": self.ema is not None, "--sync-bn": self.sync_bn,
                        "--grad-accum (use --microbatches)": self.grad_accum > 1,
-                       "--activation-checkpointing": self.activation_checkpointing,
                        "--precision fp16": self.precision == "fp16",
                        "--compile-mode reduce-overhead (CUDA graphs)":
                            self.compile and self.compile_mode == "reduce-overhead"}

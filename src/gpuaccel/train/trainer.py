@@ -83,7 +83,7 @@ class Trainer:
             model = create_model(config.model, **self.model_args)
             if structure:
                 apply_structure(model, structure)
-        if config.activation_checkpointing:
+        if config.activation_checkpointing and config.pipeline_stages == 1:  # (a pipeline wraps its stage's blocks)
             apply_activation_checkpointing(model)
         self.model = model
         self.parameter_count = sum(p.numel() for p in model.parameters())
@@ -137,7 +137,8 @@ class Trainer:
                 schedule=config.pipeline_schedule, split_points=config.split_points, device=self.device,
                 input_shape=(ds.in_channels, *self._input_size()), batch_size=config.batch_size,
                 eval_batch_size=config.eval_batch_size, channels_last=self.channels_last,
-                label_smoothing=config.label_smoothing, compile_mode=config.compile_mode if config.compile else None)
+                label_smoothing=config.label_smoothing, compile_mode=config.compile_mode if config.compile else None,
+                activation_checkpointing=config.activation_checkpointing)
             self.model = self.pipeline.module
         elif self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
             self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
