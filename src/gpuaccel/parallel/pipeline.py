@@ -24,7 +24,8 @@ are averaged over the replicas by one all-reduce after the backward passes.
 
 Training-mode and evaluation-mode behaviour (batch norm, dropout) is fixed when a model is
 traced, so the model is traced twice, once in each mode; both traces share the model's
-parameters and buffers.
+parameters and buffers. Traced stages keep the plain model's module names, which is how
+activation checkpointing finds the blocks to wrap in them.
 """
 
 from __future__ import annotations
