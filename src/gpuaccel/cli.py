@@ -29,6 +29,10 @@ class _Parser(argparse.ArgumentParser):
         raise GpuaccelError(f"{message} (see '{self.prog} --help')")
 
 
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train an image classifier",
@@ -104,7 +108,7 @@ def _train_parser(sub) -> None:
                    help="with --pipeline-stages: micro-batches per batch (default: the fewest, at least "
                         "max(4, 2 x stages), that divide the batch evenly)")
     m.add_argument("--pipeline-schedule", metavar="NAME", help="with --pipeline-stages: 1f1b (default) or gpipe")
-    m.add_argument("--split-points", metavar="A,B", type=lambda text: [n.strip() for n in text.split(",") if n.strip()],
+    m.add_argument("--split-points", metavar="A,B", type=_comma_list,
                    help="with --pipeline-stages: the modules each new stage starts at (default: chosen to even "
                         "out the stages' FLOPs)")
     m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
@@ -522,7 +526,7 @@ def _bench_parsers(sub) -> None:
     b.add_argument("--val-split", type=float, metavar="F")
     b.add_argument("--precision", default="auto", metavar="P", help="of the mixed-precision rungs: auto, bf16, fp16")
     b.add_argument("--device", default="auto", metavar="DEV", help="the GPU to use (default auto; cpu: CPU only)")
-    b.add_argument("--only", metavar="RUNGS", type=lambda text: [r.strip() for r in text.split(",") if r.strip()],
+    b.add_argument("--only", metavar="RUNGS", type=_comma_list,
                    help="comma-separated rungs to run (default all)")
     b.add_argument("--quick", action="store_true", help="shorter timing windows: a rough answer in less time")
     b.add_argument("--time-to-acc", type=float, metavar="F",

@@ -164,13 +164,8 @@ class Pipeline:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
-        if schedule not in SCHEDULES:
-            raise GpuaccelError(f"unknown pipeline schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-        if stages < 2:
-            raise GpuaccelError(f"--pipeline-stages must be at least 2, got {stages}")
-        if batch_size % microbatches:
-            raise GpuaccelError(f"--batch-size {batch_size} does not split into --microbatches {microbatches} "
-                                f"equal parts")
+        # (stages >= 2, the schedule's name, the micro-batch split and the number of split points
+        # are validated with the rest of the training configuration)
         units = unit_costs(model, torch.zeros(batch_size // microbatches, *input_shape))
         if split_points is None:
             self.split_points = balanced_split(units, stages)
@@ -181,9 +176,6 @@ class Pipeline:
                 raise GpuaccelError(f"--split-points: {', '.join(unknown)} is not a module of the model; "
                                     f"candidates: {', '.join(u[0] for u in units[:12])}"
                                     f"{', ...' if len(units) > 12 else ''}")
-            if len(split_points) != stages - 1:
-                raise GpuaccelError(f"--split-points names {len(split_points)} points; {stages} stages need "
-                                    f"{stages - 1}")
             self.split_points = list(split_points)
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world % stages:
@@ -289,15 +281,11 @@ class Pipeline:
         """Scales this stage's gradients so that the norm of the whole model's gradient (all
         stages: one all-reduce of squared norms) is at most ``max_norm``, as
         ``torch.nn.utils.clip_grad_norm_`` does for a whole model. Returns that norm."""
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        squares = torch.zeros((), device=self.device)
-        for g in grads:
-            squares += g.detach().float().pow(2).sum()
+        parameters = list(self.module.parameters())
+        squares = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None]) ** 2
         dist.all_reduce(squares, group=self.stage_group)
         norm = squares.sqrt()
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(scale.to(g.dtype))
+        nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
         return norm
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:

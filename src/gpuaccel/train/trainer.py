@@ -148,10 +148,12 @@ class Trainer:
         self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
         self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
-        self.eval_forward = self._compiled(self.ema.module if self.ema else self.model) \
-            if (self.ema or self.ddp) else self.forward
         if self.pipeline is not None:
             self.eval_forward = self.pipeline.logits
+        elif self.ema or self.ddp:
+            self.eval_forward = self._compiled(self.ema.module if self.ema else self.model)
+        else:
+            self.eval_forward = self.forward
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device, fused=not self.sharded)
