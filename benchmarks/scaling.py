@@ -6,11 +6,15 @@
 Workloads (weak scaling: the batch per GPU stays fixed, so N GPUs take N times the
 images per step):
   resnet50-224   ResNet-50 on synthetic 224 px images (an .npz made here), bf16, batch 128/GPU
-  resnet18-cifar ResNet-18 on the CIFAR-10 folder, bf16, batch 512/GPU
-and the fast CIFAR-10 recipe with its global batch kept (1024 / N per GPU), to see whether
-it reaches its accuracy sooner. Throughput is the summary's images/s: images over
+  resnet18-cifar ResNet-18 on the CIFAR-10 folder, bf16, batch 512/GPU, eager
+  resnet18-cifar-b1024   the same with batch 1024/GPU (and twice the learning rate)
+  resnet18-cifar-graphs  batch 512/GPU with CUDA graphs (compile mode reduce-overhead)
+  cifar10-fast   the fast CIFAR-10 recipe with its global batch kept (1024 / N per GPU), to see
+                 whether it reaches its accuracy sooner
+Throughput is the summary's images/s: images over
 training time (warm-up, evaluation and checkpoints excluded). Efficiency on N GPUs is
-throughput(N) / (N x throughput(1)).
+throughput(N) / (N x throughput(1)). The ResNet-18 runs train 10 epochs, so that even 4 GPUs
+train for seconds, not one, and evaluate once, at the end, to keep the runs short.
 """
 
 import argparse
@@ -65,11 +69,18 @@ def main():
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     synth = None
+
+    def resnet18_cifar(batch: int, lr: float) -> list[str]:
+        return ["--data", args.data, "--model", "resnet18", "--batch-size", str(batch), "--epochs", "10",
+                "--eval-every", "1000000", "--lr", str(lr), "--crop-padding", "4", "--flip", "random"]
+
     workloads = {
         "resnet50-224": lambda n: ["--data", f"npz:{synth}", "--model", "resnet50", "--batch-size", "128",
                                    "--epochs", "3", "--lr", "0.1", "--eval-batch-size", "256"],
-        "resnet18-cifar": lambda n: ["--data", args.data, "--model", "resnet18", "--batch-size", "512",
-                                     "--epochs", "4", "--lr", "0.2", "--crop-padding", "4", "--flip", "random"],
+        "resnet18-cifar": lambda n: resnet18_cifar(512, 0.2),
+        "resnet18-cifar-b1024": lambda n: resnet18_cifar(1024, 0.4),
+        "resnet18-cifar-graphs": lambda n: resnet18_cifar(512, 0.2) + ["--compile", "--compile-mode",
+                                                                       "reduce-overhead"],
         "cifar10-fast": lambda n: ["--data", args.data, "--recipe", "cifar10-fast", "--batch-size", str(1024 // n)],
     }
     results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,

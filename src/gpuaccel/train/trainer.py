@@ -180,7 +180,10 @@ class Trainer:
         from ..data.cache import default_cache_dir
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
-        return torch.compile(module, mode=self.config.compile_mode)
+        # Static shapes: a short last evaluation batch gets a graph of its own. Otherwise Dynamo
+        # marks the batch dimension dynamic and remembers that on disk, so the next run compiles
+        # a different (symbolic) training graph and misses the cache of the first.
+        return torch.compile(module, mode=self.config.compile_mode, dynamic=False)
 
     # ------------------------------------------------------------------ the loop
 
