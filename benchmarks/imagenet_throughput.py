@@ -230,8 +230,7 @@ def memory(classes: int, modes: list[str]) -> dict:
         xb, yb = x.to(trainer.precision.input_dtype), y
 
         def step():
-            trainer.forward_backward(xb, yb)
-            trainer.optimizer_step()
+            trainer.train_step(xb, yb)
         for _ in range(3):
             step()
         torch.cuda.synchronize()

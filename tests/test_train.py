@@ -169,3 +169,36 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
             quiet=True).fit()
     saves = [i for i, event in enumerate(events) if event == "save"]
     assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)
+
+
+def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits):
+    """What the CUDA graph of a whole step records (learning rates and the weight average's
+    blend read from tensors, momentum buffers created as zeros beforehand), run eagerly here,
+    gives the same weights, average, momentum and losses as the trainer's usual step."""
+    import contextlib
+    import itertools
+
+    from gpuaccel.train.step_graph import StepGraph
+
+    cfg = TrainConfig(data="digits", epochs=1, batch_size=64, lr=0.2, momentum=0.9, nesterov=True,
+                      bias_lr_scale=4.0, label_smoothing=0.1, grad_clip=0.5, ema=0.9, monitor=False,
+                      cache_dir=None)
+    usual = Trainer(cfg.replace(run_dir=str(tmp_path / "a")), dataset=digits, quiet=True)
+    graphed = Trainer(cfg.replace(run_dir=str(tmp_path / "b")), dataset=digits, quiet=True)
+    assert usual.step_graph is None  # on the CPU the trainer never captures
+    graphed.step_graph = StepGraph(graphed.model, graphed.forward, graphed.optimizer, autocast=contextlib.nullcontext,
+                                   label_smoothing=cfg.label_smoothing, grad_clip=cfg.grad_clip, ema=graphed.ema)
+    graphed.step_graph.prepare()
+    for images, labels in itertools.islice(usual.train_loader.batches(0), 6):
+        expected = usual.train_step(images, labels)
+        assert torch.allclose(graphed.train_step(images, labels), expected, atol=1e-6)
+    for a, b in zip(usual.model.state_dict().values(), graphed.model.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5)
+    for a, b in zip(usual.ema.module.state_dict().values(), graphed.ema.module.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5)
+    for p, q in zip(usual.model.parameters(), graphed.model.parameters()):
+        if p.requires_grad:
+            assert torch.allclose(usual.optimizer.state[p]["momentum_buffer"],
+                                  graphed.optimizer.state[q]["momentum_buffer"], atol=1e-5)
+    assert usual.scheduler.get_last_lr() == graphed.scheduler.get_last_lr()
+    assert all(isinstance(group["lr"], float) for group in graphed.optimizer.param_groups)

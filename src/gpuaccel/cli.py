@@ -118,6 +118,10 @@ def _train_parser(sub) -> None:
     m.add_argument("--compile-mode", metavar="MODE",
                    help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
                         "max-autotune-no-cudagraphs")
+    m.add_argument("--step-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --compile-mode reduce-overhead on one GPU: capture the whole training step "
+                        "(forward, backward, optimizer, weight average) as one CUDA graph (default: on, where "
+                        "the step allows it)")
 
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", metavar="NAME", help="sgd (default, Nesterov momentum) or adamw")

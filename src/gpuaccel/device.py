@@ -45,10 +45,12 @@ class Precision:
     autocast_dtype: torch.dtype | None
     loss_scaling: bool
 
-    def autocast(self, device: torch.device):
+    def autocast(self, device: torch.device, cache: bool = True):
+        """``cache=False`` for code captured in a CUDA graph: the cache of cast weights would
+        hold tensors from the capture."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     @property
     def input_dtype(self) -> torch.dtype:

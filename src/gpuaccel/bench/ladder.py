@@ -175,8 +175,7 @@ def measure_throughput(trainer: Trainer, quick: bool) -> dict:
     def run(steps: int, meter: DataWaitMeter | None = None):
         chunk = itertools.islice(batches, steps)
         for images, labels in (meter.timed(chunk) if meter else chunk):
-            trainer.forward_backward(images, labels)
-            trainer.optimizer_step()
+            trainer.train_step(images, labels)
 
     run(2)  # the loader's own first batches (worker start-up) are not steady state
     synchronize(device)

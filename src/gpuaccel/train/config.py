@@ -37,6 +37,7 @@ class TrainConfig:
     channels_last: bool | None = None  # None: on for GPUs
     compile: bool = False
     compile_mode: str = "default"
+    step_graph: bool = True  # with compile mode reduce-overhead: the whole step as one CUDA graph where possible
     sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass

@@ -31,16 +31,29 @@ class WeightAverage:
         return ([ours[i] for i in floats], [theirs[i] for i in floats],
                 [ours[i] for i in others], [theirs[i] for i in others])
 
+    def advance(self) -> float:
+        """Counts one update and returns the weight it gives the model: 1 - decay, where the
+        decay starts at (1+n)/(10+n), so the average never clings to the random initialisation."""
+        self.updates += 1
+        return 1.0 - min(self.decay, (1 + self.updates) / (10 + self.updates))
+
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """Early on the average follows the model closely (decay (1+n)/(10+n)), so it is
-        never dominated by the random initialisation."""
+        self.blend(model, self.advance())
+
+    @torch.no_grad()
+    def blend(self, model: nn.Module, weight: float | torch.Tensor) -> None:
+        """average += weight * (model - average). A tensor ``weight`` is read on the device, as a
+        CUDA graph needs (the foreach lerp takes only a host number)."""
         if self._tensors is None:
             self._tensors = self._pair_up(model)
         ours, theirs, our_counts, their_counts = self._tensors
-        self.updates += 1
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        torch._foreach_lerp_(ours, theirs, 1.0 - decay)
+        if isinstance(weight, torch.Tensor):
+            deltas = torch._foreach_sub(theirs, ours)
+            torch._foreach_mul_(deltas, weight)
+            torch._foreach_add_(ours, deltas)
+        else:
+            torch._foreach_lerp_(ours, theirs, weight)
         for a, b in zip(our_counts, their_counts):  # e.g. batch norm's step counters
             a.copy_(b)
 

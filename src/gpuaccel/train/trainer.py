@@ -39,6 +39,7 @@ from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
 from ..parallel.pipeline import Pipeline
 from . import checkpoint
 from .config import TrainConfig
+from .step_graph import StepGraph
 from .ema import WeightAverage
 from .optim import build_optimizer, build_scheduler
 from .progress import MetricsFile, Progress
@@ -59,6 +60,7 @@ class Trainer:
         ``data_init=False`` skips a model's data-dependent initialisation (it is trained already)."""
         setup_start = time.perf_counter()
         self.config = config = config.validate()
+        self._compile_mode = config.compile_mode if config.compile else None
         self.quiet = quiet
         # one process, or one of several started by torchrun: then each takes its shard of the data
         self.dist = Distributed.from_env()
@@ -147,6 +149,14 @@ class Trainer:
         self.collective_state = self.sharded or self.pipeline is not None
         self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
+        # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
+        # torch.compile's graphs of the forward and backward passes
+        whole_step = (self._compile_mode == "reduce-overhead" and config.step_graph and self.device.type == "cuda"
+                      and not self.dist.active and self.pipeline is None and not self.sharded
+                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer == "sgd"
+                      and not config.activation_checkpointing)
+        if whole_step:
+            self._compile_mode = "default"  # inductor's kernels, captured by the step graph
         self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
         if self.pipeline is not None:
             self.eval_forward = self.pipeline.logits
@@ -159,6 +169,10 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, config, self.device, fused=not self.sharded)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
+        self.step_graph = StepGraph(
+            self.model, self.forward, self.optimizer, label_smoothing=config.label_smoothing,
+            autocast=lambda: self.precision.autocast(self.device, cache=False), grad_clip=config.grad_clip,
+            ema=self.ema) if whole_step else None
 
         # where in the data order training stands, and what it has achieved so far
         self.epoch = 0
@@ -183,7 +197,7 @@ class Trainer:
         # Static shapes: a short last evaluation batch gets a graph of its own. Otherwise Dynamo
         # marks the batch dimension dynamic and remembers that on disk, so the next run compiles
         # a different (symbolic) training graph and misses the cache of the first.
-        return torch.compile(module, mode=self.config.compile_mode, dynamic=False)
+        return torch.compile(module, mode=self._compile_mode, dynamic=False)
 
     # ------------------------------------------------------------------ the loop
 
@@ -199,7 +213,8 @@ class Trainer:
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
                      + (f"; {self.dist.world_size} processes, {self.config.batch_size} images each per step"
                         if self.dist.active and self.pipeline is None else "")
-                     + (f"; {self.pipeline.describe()}" if self.pipeline is not None else ""))
+                     + (f"; {self.pipeline.describe()}" if self.pipeline is not None else "")
+                     + ("; each training step one CUDA graph" if self.step_graph is not None else ""))
 
         # (a pipeline's first steps also infer the shapes that pass between stages)
         if self.config.compile or self.device.type == "cuda" or self.pipeline is not None:
@@ -231,7 +246,8 @@ class Trainer:
                     # the gradient all-reduce runs only on the micro-batch that ends an accumulation
                     stepping = (self.batch_in_epoch + 1) % cfg.grad_accum == 0 or \
                         self.batch_in_epoch + 1 == len(self.train_loader)
-                    loss = self.forward_backward(images, labels, cfg.grad_accum, sync=stepping)
+                    loss = self.step_graph.run(images, labels) if self.step_graph is not None else \
+                        self.forward_backward(images, labels, cfg.grad_accum, sync=stepping)
                     if self.counts_metrics:
                         loss_sum += loss.float() * labels.shape[0]
                         images_since_eval += labels.shape[0]
@@ -333,19 +349,31 @@ class Trainer:
             self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
         return loss.detach()
 
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on one batch; returns the loss, on the device."""
+        if self.step_graph is not None:
+            loss = self.step_graph.run(images, labels)
+        else:
+            loss = self.forward_backward(images, labels)
+        self.optimizer_step()
+        return loss
+
     def optimizer_step(self) -> None:
-        if self.config.grad_clip is not None:
-            self.scaler.unscale_(self.optimizer)
-            if self.pipeline is not None:  # the norm of the whole model's gradient, over all stages
-                self.pipeline.clip_gradients(self.config.grad_clip)
-            else:
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        """Updates the weights from the gradients (a step graph has done that in its replay) and
+        moves the learning-rate schedule on."""
+        if self.step_graph is None:
+            if self.config.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                if self.pipeline is not None:  # the norm of the whole model's gradient, over all stages
+                    self.pipeline.clip_gradients(self.config.grad_clip)
+                else:
+                    nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ema is not None:
+                self.ema.update(self.model)
         self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update(self.model)
 
     def warm_up(self, evaluate: bool = True) -> float:
         """Runs three training steps and (``evaluate``) a full evaluation, then puts every piece of
@@ -358,9 +386,12 @@ class Trainer:
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         images, labels = next(iter(self.train_loader.batches(0)))
-        for _ in range(3):  # CUDA graphs are recorded on the third call
-            self.forward_backward(images, labels)
-            self.optimizer_step()
+        if self.step_graph is not None:
+            self.step_graph.warm(images, labels)
+        else:
+            for _ in range(3):  # torch.compile records CUDA graphs on the third call
+                self.forward_backward(images, labels)
+                self.optimizer_step()
         if evaluate:
             self.evaluate()
         self.model.load_state_dict(saved["model"])
@@ -372,6 +403,8 @@ class Trainer:
         torch.set_rng_state(saved["rng"])
         if saved["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        if self.step_graph is not None:  # last: it records where the restored state lives
+            self.step_graph.capture()
         synchronize(self.device)
         return time.perf_counter() - start
 
@@ -405,7 +438,7 @@ class Trainer:
 
     @property
     def _cuda_graphs(self) -> bool:
-        return self.config.compile and self.config.compile_mode == "reduce-overhead" and self.device.type == "cuda"
+        return self._compile_mode == "reduce-overhead" and self.device.type == "cuda"
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -611,6 +644,7 @@ class Trainer:
         summary = {
             "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,
             "channels_last": self.channels_last, "compile": self.config.compile,
+            "step_graph": self.step_graph is not None,
             "model": self.config.model, "parameters": self.parameter_count,
             "data": self.dataset.name, "train_images": len(self.dataset.train_labels),
             "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
