@@ -39,10 +39,10 @@ from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
 from ..parallel.pipeline import Pipeline
 from . import checkpoint
 from .config import TrainConfig
-from .step_graph import StepGraph
 from .ema import WeightAverage
 from .optim import build_optimizer, build_scheduler
 from .progress import MetricsFile, Progress
+from .step_graph import StepGraph
 
 CHECKPOINT = "checkpoint.pt"
 FINAL_MODEL = "model.pt"
@@ -194,9 +194,8 @@ class Trainer:
         from ..data.cache import default_cache_dir
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
-        # Static shapes: a short last evaluation batch gets a graph of its own. Otherwise Dynamo
-        # marks the batch dimension dynamic and remembers that on disk, so the next run compiles
-        # a different (symbolic) training graph and misses the cache of the first.
+        # Static shapes: a short last evaluation batch gets a graph of its own rather than making
+        # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
         return torch.compile(module, mode=self._compile_mode, dynamic=False)
 
     # ------------------------------------------------------------------ the loop
