@@ -59,12 +59,17 @@ class StepGraph:
             self.ema.blend(self.model, self.ema_weight)
         return loss.detach()
 
+    def _load_lrs(self) -> None:
+        """The groups' current (float) learning rates into the tensors the step reads."""
+        for group, lr in zip(self.optimizer.param_groups, self.lrs):
+            lr.fill_(group["lr"])
+
     @contextlib.contextmanager
     def _tensor_lrs(self):
+        self._load_lrs()
         groups = self.optimizer.param_groups
         rates = [group["lr"] for group in groups]
-        for group, lr, rate in zip(groups, self.lrs, rates):
-            lr.fill_(rate)
+        for group, lr in zip(groups, self.lrs):
             group["lr"] = lr
         try:
             yield
@@ -113,8 +118,7 @@ class StepGraph:
             self.images, self.labels = images, labels
             with self._tensor_lrs():
                 return self._body()
-        for group, lr in zip(self.optimizer.param_groups, self.lrs):
-            lr.fill_(group["lr"])
+        self._load_lrs()
         self.images.copy_(images)
         self.labels.copy_(labels)
         self.graph.replay()

@@ -188,7 +188,7 @@ class Trainer:
         self.setup_seconds = time.perf_counter() - setup_start
 
     def _compiled(self, module: nn.Module):
-        if not self.config.compile:
+        if self._compile_mode is None:
             return module
         # compiled kernels are cached on disk, so only the first run on a machine pays for them
         from ..data.cache import default_cache_dir
