@@ -207,6 +207,7 @@ def _run_train(args) -> int:
         trainer = Trainer(TrainConfig(**options), quiet=args.quiet or args.json)
     try:
         summary = trainer.fit()
+        trainer.dist.barrier()  # no rank tears the process group down while another still uses it
     except torch.OutOfMemoryError as exc:
         detail = str(exc).split(". ")[0]
         raise GpuaccelError(f"out of GPU memory ({detail}); try a smaller --batch-size, --activation-checkpointing, "
