@@ -34,6 +34,7 @@ def main():
     rows = []
     for variant in args.variant or ["{}"]:
         overrides = json.loads(variant)
+        torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
         runs = []
         for seed in range(args.seeds):
             cfg = gpuaccel.TrainConfig.from_dict({**base, "data": args.data, **overrides, "seed": seed,
@@ -48,9 +49,9 @@ def main():
         rows.append(row)
         print(f"{json.dumps(overrides):60s} acc mean {100 * row['accuracy_mean']:.2f} min {100 * row['accuracy_min']:.2f}"
               f"  train {row['train_seconds_mean']:.2f} s  warmup {row['warmup_seconds']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+        if args.out:  # after every variant, so a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,25 @@ def test_fastnet_first_layer_whitens_patches():
     flat = out.permute(0, 2, 3, 1).reshape(-1, 12)
     cov = torch.cov(flat.T)
     assert torch.allclose(cov, torch.eye(12), atol=0.05)
-    assert not model.whiten.weight.requires_grad
+    assert not model.whiten.weight.requires_grad and not model.whiten.bias.requires_grad
+
+
+def test_fastnet_res_adds_each_stage_input_to_its_last_two_convolutions():
+    torch.manual_seed(0)
+    model = create_model("fastnet_res")
+    assert [s.conv1.out_channels for s in model.stages] == [128, 384, 512]
+    stage = model.stages[1]
+    x = torch.randn(4, 128, 15, 15)
+    with torch.no_grad():
+        stage.conv3.weight.zero_()  # the residual branch then adds GELU(0) = 0
+    stage.eval()
+    first = torch.nn.functional.gelu(stage.norm1(torch.nn.functional.max_pool2d(stage.conv1(x), 2)))
+    torch.testing.assert_close(stage(x), first)
+    with torch.no_grad():
+        stage.conv3.weight.normal_()
+    assert not torch.allclose(stage(x), first)
+    logits = model(torch.randn(2, 3, 32, 32))
+    assert logits.shape == (2, 10)
 
 
 def test_weight_average_tracks_with_warmup_decay():
