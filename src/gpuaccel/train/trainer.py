@@ -155,7 +155,6 @@ class Trainer:
                       and not self.dist.active and self.pipeline is None and not self.sharded
                       and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer == "sgd"
                       and not config.activation_checkpointing)
-        self._whole_step = whole_step
         if whole_step:
             self._compile_mode = "default"  # inductor's kernels, captured by the step graph
         self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
@@ -197,11 +196,6 @@ class Trainer:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
         # Static shapes: a short last evaluation batch gets a graph of its own rather than making
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
-        if self._whole_step:
-            # the step graph replays these kernels every step, so tuning each one's launch
-            # configuration once pays: 3-4% of cifar10-fast's step on an H200 (docs/results.md);
-            # the tuned configurations are cached on disk with the kernels
-            return torch.compile(module, dynamic=False, options={"coordinate_descent_tuning": True})
         return torch.compile(module, mode=self._compile_mode, dynamic=False)
 
     # ------------------------------------------------------------------ the loop
