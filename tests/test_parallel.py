@@ -27,11 +27,11 @@ MODEL = "plain_models:plain_cnn"
 COMMON = ["--device", "cpu", "--model", MODEL, "--lr", "0.05", "--quiet", "--no-monitor"]
 
 
-def torchrun(*args, nproc=2, max_restarts=0, log=None):
+def torchrun(*args, nproc=2, max_restarts=0, log=None, program=("-m", "gpuaccel", "train")):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--max-restarts={max_restarts}", "-m", "gpuaccel", "train", *args]
+           f"--max-restarts={max_restarts}", *program, *args]
     if log is not None:  # in the background, into a file: a pipe nobody reads would block the writers
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -79,6 +79,15 @@ def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process
     torchrun(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
+
+
+def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path):
+    """The data parallel a captured step does (rank 0's weights broadcast, one all-reduce of all
+    gradients inside the step), run eagerly on CPUs, trains like one process with the whole batch."""
+    single, double = tmp_path / "one", tmp_path / "two"
+    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
+    torchrun(str(double), "32", "2", program=(str(TESTS / "step_graph_worker.py"),))
+    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
 
 
 def _workers_of(agent_pid: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""DistributedDataParallel applied to a plain model.
+"""DistributedDataParallel applied to a plain model, and the two collectives that data parallel
+needs when the training step is one CUDA graph instead.
 
 Gradients are averaged across processes in buckets while the backward pass runs.
 Settings, and why:
@@ -17,6 +18,7 @@ Settings, and why:
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -35,3 +37,22 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
                                   bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
                                   broadcast_buffers=False)
     return model, ddp
+
+
+def broadcast_state(module: nn.Module, src: int = 0) -> None:
+    """Gives every process rank ``src``'s parameters and buffers (what DDP does when it wraps a
+    model), for data parallel without the DDP wrapper."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src)
+
+
+def average_gradients(grads: list[torch.Tensor]) -> None:
+    """Averages gradients over the processes in one all-reduce of a flat buffer: data parallel
+    inside a captured CUDA graph (train/step_graph.py), where DDP's hooks cannot run. NCCL
+    collectives can be captured once the communicator exists (the step's warm-up creates it)."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)  # a sum: gloo has no average
+    flat.div_(dist.get_world_size())
+    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(part.view_as(grad))

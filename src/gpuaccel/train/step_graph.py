@@ -1,5 +1,6 @@
-"""The whole training step as one CUDA graph: forward, loss, backward, gradient clipping,
-the optimizer's update and the weight average, replayed with a single launch.
+"""The whole training step as one CUDA graph: forward, loss, backward, the gradient
+all-reduce of data parallel, gradient clipping, the optimizer's update and the weight
+average, replayed with a single launch.
 
 Why: torch.compile's CUDA graphs (mode reduce-overhead) cover the forward and the backward
 pass as separate graphs, each replayed through Python bookkeeping, with the loss, the
@@ -36,11 +37,14 @@ from .ema import WeightAverage
 class StepGraph:
     def __init__(self, model: nn.Module, forward: Callable, optimizer: torch.optim.Optimizer, *,
                  autocast: Callable[[], contextlib.AbstractContextManager], label_smoothing: float = 0.0,
-                 grad_clip: float | None = None, ema: WeightAverage | None = None):
+                 grad_clip: float | None = None, ema: WeightAverage | None = None,
+                 reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None):
         """``forward``: the (compiled) model's call; ``autocast()``: a fresh autocast context
-        with its weight cache off (a cache would hold tensors from before the capture)."""
+        with its weight cache off (a cache would hold tensors from before the capture);
+        ``reduce_gradients(grads)``: averages them in place over data-parallel processes."""
         self.model, self.forward, self.optimizer = model, forward, optimizer
         self.autocast, self.label_smoothing, self.grad_clip, self.ema = autocast, label_smoothing, grad_clip, ema
+        self.reduce_gradients = reduce_gradients
         device = next(model.parameters()).device
         self.lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
         self.ema_weight = torch.zeros((), device=device)
@@ -52,6 +56,8 @@ class StepGraph:
         with self.autocast():
             loss = F.cross_entropy(self.forward(self.images), self.labels, label_smoothing=self.label_smoothing)
         loss.backward()
+        if self.reduce_gradients is not None:
+            self.reduce_gradients([p.grad for p in self.model.parameters() if p.grad is not None])
         if self.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -108,6 +114,15 @@ class StepGraph:
         self.graph = torch.cuda.CUDAGraph()
         with self._tensor_lrs(), torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss = self._body()
+
+    def release(self) -> None:
+        """Frees the recorded graph (the next :meth:`capture` records it again). A graph holding a
+        captured NCCL all-reduce must go before its process group is destroyed: with one alive,
+        every process of a 4-GPU run hung at exit (torch 2.11, NCCL)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+            self.graph = None
 
     def run(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One training step on this batch; returns the loss (overwritten by the next step).

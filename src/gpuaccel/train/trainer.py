@@ -34,7 +34,7 @@ from ..models import create_model
 from ..deploy.prune import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
-from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp
+from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp, average_gradients, broadcast_state
 from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
 from ..parallel.pipeline import Pipeline
 from . import checkpoint
@@ -142,19 +142,22 @@ class Trainer:
                 label_smoothing=config.label_smoothing, compile_mode=config.compile_mode if config.compile else None,
                 activation_checkpointing=config.activation_checkpointing)
             self.model = self.pipeline.module
-        elif self.dist.active:  # training steps go through the wrapper; evaluation and saving use the model
+        # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
+        # torch.compile's graphs of the forward and backward passes
+        whole_step = (self._compile_mode == "reduce-overhead" and config.step_graph and self.device.type == "cuda"
+                      and self.pipeline is None and not self.sharded and not config.sync_bn
+                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer == "sgd"
+                      and not config.activation_checkpointing)
+        if self.dist.active and whole_step:  # data parallel inside the graph: an all-reduce, no DDP hooks
+            broadcast_state(self.model)
+        elif self.dist.active and self.pipeline is None and not self.sharded:
+            # training steps go through the wrapper; evaluation and saving use the model
             self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
                                              sync_batchnorm=config.sync_bn)
         # checkpoints of sharded and pipelined models are gathered from every process
         self.collective_state = self.sharded or self.pipeline is not None
         self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
-        # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
-        # torch.compile's graphs of the forward and backward passes
-        whole_step = (self._compile_mode == "reduce-overhead" and config.step_graph and self.device.type == "cuda"
-                      and not self.dist.active and self.pipeline is None and not self.sharded
-                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer == "sgd"
-                      and not config.activation_checkpointing)
         if whole_step:
             self._compile_mode = "default"  # inductor's kernels, captured by the step graph
         self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
@@ -172,7 +175,7 @@ class Trainer:
         self.step_graph = StepGraph(
             self.model, self.forward, self.optimizer, label_smoothing=config.label_smoothing,
             autocast=lambda: self.precision.autocast(self.device, cache=False), grad_clip=config.grad_clip,
-            ema=self.ema) if whole_step else None
+            ema=self.ema, reduce_gradients=average_gradients if self.dist.active else None) if whole_step else None
 
         # where in the data order training stands, and what it has achieved so far
         self.epoch = 0
@@ -327,6 +330,8 @@ class Trainer:
             if scalars is not None:
                 scalars.close()
         progress.close()
+        if self.step_graph is not None:  # a later fit() captures again in its warm-up
+            self.step_graph.release()
         return self._finish(stopped_by, time.perf_counter() - wall_start)
 
     def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1,

@@ -1,0 +1,24 @@
+"""One process of a data-parallel run whose steps go through the step graph's code (run eagerly:
+CPUs cannot capture) with the gradient all-reduce it records on GPUs, instead of DDP.
+
+    torchrun --nproc-per-node 2 tests/step_graph_worker.py RUN_DIR BATCH EPOCHS
+"""
+import contextlib
+import sys
+
+from gpuaccel import TrainConfig, Trainer
+from gpuaccel.parallel import average_gradients, broadcast_state
+from gpuaccel.train.step_graph import StepGraph
+
+run_dir, batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+trainer = Trainer(TrainConfig(device="cpu", model="plain_models:plain_cnn", lr=0.05, batch_size=batch, epochs=epochs,
+                              monitor=False, run_dir=run_dir), quiet=True)
+# what the trainer sets up on GPUs with --compile-mode reduce-overhead: no DDP, rank 0's weights
+# everywhere, the gradients averaged inside the step
+trainer.ddp, trainer.forward = None, trainer.model
+broadcast_state(trainer.model)
+trainer.step_graph = StepGraph(trainer.model, trainer.model, trainer.optimizer, autocast=contextlib.nullcontext,
+                               reduce_gradients=average_gradients)
+trainer.step_graph.prepare()
+trainer.fit()
+trainer.dist.close()
