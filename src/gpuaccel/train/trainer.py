@@ -319,6 +319,8 @@ class Trainer:
             if main and not self.collective_state:  # (other ranks cannot be relied on to stop together)
                 self.save_checkpoint()
             progress.close()
+            if self.step_graph is not None:
+                self.step_graph.release()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
             if previous_handler is not None:
@@ -330,7 +332,7 @@ class Trainer:
             if scalars is not None:
                 scalars.close()
         progress.close()
-        if self.step_graph is not None:  # a later fit() captures again in its warm-up
+        if self.step_graph is not None:  # before the process group goes; a later fit() captures again
             self.step_graph.release()
         return self._finish(stopped_by, time.perf_counter() - wall_start)
 
