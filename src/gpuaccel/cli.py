@@ -76,8 +76,9 @@ def _train_parser(sub) -> None:
 
     m = p.add_argument_group("model and hardware")
     m.add_argument("--model", metavar="NAME",
-                   help="lenet5 (default), mlp, resnet18, resnet34, resnet50, mobilenet_v2, "
-                        "package.module:factory for your own, or timm:NAME when timm is installed")
+                   help="lenet5 (default), mlp, resnet18, resnet34, resnet50, mobilenet_v2, fastnet, "
+                        "fastnet_wide, fastnet_res ('gpuaccel models' lists them), package.module:factory for "
+                        "your own, or timm:NAME when timm is installed")
     m.add_argument("--device", metavar="DEV", help="auto (default), cpu, cuda or cuda:N")
     m.add_argument("--precision", metavar="P",
                    help="auto (default: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on the CPU), "
@@ -119,9 +120,9 @@ def _train_parser(sub) -> None:
                    help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
                         "max-autotune-no-cudagraphs")
     m.add_argument("--step-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --compile-mode reduce-overhead on one GPU: capture the whole training step "
-                        "(forward, backward, optimizer, weight average) as one CUDA graph (default: on, where "
-                        "the step allows it)")
+                   help="with --compile-mode reduce-overhead on GPUs: capture the whole training step "
+                        "(forward, backward, gradient all-reduce with --gpus, optimizer, weight average) as one "
+                        "CUDA graph (default: on, where the step allows it)")
 
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", metavar="NAME", help="sgd (default, Nesterov momentum) or adamw")
