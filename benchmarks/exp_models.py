@@ -94,3 +94,7 @@ def fastnet_ghost256(num_classes=10, in_channels=3, image_size=32, **kw):
 
 def fastnet_ghost512(num_classes=10, in_channels=3, image_size=32, **kw):
     return _ghost(FastNet(num_classes, in_channels, image_size), 512)
+
+
+def res_ghost256(num_classes=10, in_channels=3, image_size=32, **kw):
+    return _ghost(FastNet(num_classes, in_channels, image_size, widths=(128, 384, 512), residual=True), 256)

@@ -52,6 +52,7 @@ def test_learns_from_generated_image_folder(tmp_path, image_folder):
     dict(optimizer="adamw", lr=3e-3, schedule="cosine", grad_clip=1.0),
     dict(schedule="constant", grad_accum=3, flip="random", cutout=2, crop_padding=1, precision="bf16"),
     dict(model="mlp", nesterov=False, momentum=0.0, eval_every=20),
+    dict(optimizer="muon", muon_lr=0.1, precision="bf16"),
 ])
 def test_option_combinations_train(tmp_path, digits, options):
     s = fit(tmp_path, digits, **{"epochs": 4, "batch_size": 32, **options})
@@ -171,7 +172,8 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
     assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)
 
 
-def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits):
+@pytest.mark.parametrize("optimizer", ["sgd", "muon"])
+def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, optimizer):
     """What the CUDA graph of a whole step records (learning rates and the weight average's
     blend read from tensors, momentum buffers created as zeros beforehand), run eagerly here,
     gives the same weights, average, momentum and losses as the trainer's usual step."""
@@ -182,7 +184,7 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits):
 
     cfg = TrainConfig(data="digits", epochs=1, batch_size=64, lr=0.2, momentum=0.9, nesterov=True,
                       bias_lr_scale=4.0, label_smoothing=0.1, grad_clip=0.5, ema=0.9, monitor=False,
-                      cache_dir=None)
+                      cache_dir=None, optimizer=optimizer, muon_lr=0.1)
     usual = Trainer(cfg.replace(run_dir=str(tmp_path / "a")), dataset=digits, quiet=True)
     graphed = Trainer(cfg.replace(run_dir=str(tmp_path / "b")), dataset=digits, quiet=True)
     assert usual.step_graph is None  # on the CPU the trainer never captures

@@ -125,7 +125,9 @@ def _train_parser(sub) -> None:
                         "CUDA graph (default: on, where the step allows it)")
 
     o = p.add_argument_group("optimisation")
-    o.add_argument("--optimizer", metavar="NAME", help="sgd (default, Nesterov momentum) or adamw")
+    o.add_argument("--optimizer", metavar="NAME",
+                   help="sgd (default, Nesterov momentum), adamw, or muon (orthogonalised updates for "
+                        "convolution filters, SGD for the rest)")
     o.add_argument("--lr", type=float, help="peak learning rate (default 0.05)")
     o.add_argument("--momentum", type=float, help="SGD momentum or AdamW beta1 (default 0.9)")
     o.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None, help="Nesterov momentum")
@@ -134,6 +136,8 @@ def _train_parser(sub) -> None:
     o.add_argument("--warmup-epochs", type=float, help="length of the rising part of the schedule (default 1)")
     o.add_argument("--bias-lr-scale", type=float, metavar="X",
                    help="learning-rate multiplier for biases and norm parameters (default 1)")
+    o.add_argument("--muon-lr", type=float, help="with --optimizer muon: the filters' learning rate (default 0.24)")
+    o.add_argument("--muon-momentum", type=float, help="with --optimizer muon: the filters' momentum (default 0.6)")
     o.add_argument("--label-smoothing", type=float, help="(default 0)")
     o.add_argument("--ema", type=float, metavar="DECAY",
                    help="evaluate an exponential moving average of the weights (e.g. 0.99 per step)")

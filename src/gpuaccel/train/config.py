@@ -15,7 +15,7 @@ from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LOADERS = PLACEMENTS + ("stream",)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -50,12 +50,14 @@ class TrainConfig:
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
     workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
     # optimisation
-    optimizer: str = "sgd"
+    optimizer: str = "sgd"  # sgd; adamw; muon: orthogonalised updates for convolution filters, SGD for the rest
     lr: float = 0.05
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
     bias_lr_scale: float = 1.0  # learning-rate multiplier for biases and norm parameters (no weight decay)
+    muon_lr: float = 0.24  # optimizer muon: learning rate of the convolution filters
+    muon_momentum: float = 0.6  # optimizer muon: the filters' momentum
     schedule: str = "onecycle"
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
@@ -102,6 +104,13 @@ class TrainConfig:
             raise GpuaccelError(f"--lr must be positive, got {self.lr}")
         if not self.ddp_bucket_mb > 0:
             raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
+        if not self.muon_lr > 0:
+            raise GpuaccelError(f"--muon-lr must be positive, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise GpuaccelError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.optimizer == "muon" and self.shard:
+            raise GpuaccelError("--optimizer muon needs each filter bank whole and does not work with --shard; "
+                                "use sgd or adamw")
         if not self.bias_lr_scale > 0:
             raise GpuaccelError(f"--bias-lr-scale must be positive, got {self.bias_lr_scale}")
         for name in ("weight_decay", "crop_padding", "cutout", "warmup_epochs", "checkpoint_seconds"):

@@ -1,26 +1,143 @@
-"""Optimizers and learning-rate schedules, from PyTorch's own implementations."""
+"""Optimizers and learning-rate schedules: PyTorch's own, and Muon for convolution filters.
+
+Muon (Jordan et al., 2024) replaces a weight matrix's momentum update by the nearest
+semi-orthogonal matrix, computed with a few Newton-Schulz iterations. PyTorch's
+``torch.optim.Muon`` takes only 2-D parameters; a convolution's filters are a matrix once
+flattened (out channels x in channels * kernel area), which is what :class:`Muon` adds. On
+the CIFAR-10 speed-run networks it reaches the same accuracy in fewer epochs than SGD.
+"""
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.optim.sgd import sgd
 
 from .config import TrainConfig
+
+
+# Quintic Newton-Schulz coefficients of Muon's reference implementation (also torch.optim.Muon's
+# defaults): they push every singular value into roughly [0.7, 1.2] in five steps, which trains as
+# well as exact orthogonalisation and costs a few small matrix products.
+_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(matrices: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Approximately U V^T for each matrix U S V^T of a (B, M, N) batch, in bf16."""
+    a, b, c = _NS_COEFFICIENTS
+    x = matrices.bfloat16()
+    tall = x.size(1) > x.size(2)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.transpose(1, 2)
+    x = x / (torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True) + 1e-7)  # singular values <= 1
+    for _ in range(steps):
+        gram = torch.bmm(x, x.transpose(1, 2))
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    return x.transpose(1, 2) if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the parameter groups marked ``orthogonalize``, SGD for the others (biases,
+    norms, the classifier), as one optimizer so that schedules, checkpoints and the step
+    graph treat it like any other.
+
+    Orthogonalised groups: Nesterov momentum, then each filter bank's update replaced by its
+    orthogonalised matrix. Their weights
+    are rescaled to unit norm per filter on average before each update instead of decayed:
+    the layers that follow normalise, so the norm only sets the effective step size, and
+    fixing it keeps the learning rate meaning the same all through training. Other groups:
+    SGD with coupled weight decay and (Nesterov) momentum, as ``torch.optim.SGD``.
+
+    Learning rates may be 0-d tensors (the step graph's), so every update is a tensor product.
+    """
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.9, nesterov: bool = True,
+                 weight_decay: float = 0.0, orthogonalize: bool = False, ns_steps: int = 5):
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                        orthogonalize=orthogonalize, ns_steps=ns_steps)
+        super().__init__(params, defaults)
+
+    def _buffers(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Momentum buffers, created as zeros: the same first step as PyTorch's SGD, which
+        copies the gradient (and the step graph creates them so before its capture)."""
+        for p in params:
+            if self.state[p].get("momentum_buffer") is None:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        return [self.state[p]["momentum_buffer"] for p in params]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params and group["orthogonalize"]:
+                self._orthogonalized_step(group, params)
+            elif params:  # PyTorch's SGD, one fused kernel on a GPU
+                momentum = group["momentum"]
+                sgd(params, [p.grad for p in params],
+                    self._buffers(params) if momentum else [None] * len(params),
+                    weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"], dampening=0.0,
+                    nesterov=group["nesterov"] and momentum > 0, maximize=False, fused=params[0].is_cuda)
+        return loss
+
+    def _orthogonalized_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        if group["momentum"]:
+            buffers = self._buffers(params)
+            torch._foreach_mul_(buffers, group["momentum"])
+            torch._foreach_add_(buffers, grads)
+            grads = torch._foreach_add(grads, buffers, alpha=group["momentum"]) if group["nesterov"] else buffers
+        norms = torch._foreach_norm(params)
+        # One batched iteration per output-channel count, narrower filter banks padded with zero
+        # columns (which leaves their singular values, and so the result, unchanged): a few
+        # larger matrix products instead of many small ones, which bounded the step's time
+        by_rows = defaultdict(list)
+        for i, p in enumerate(params):
+            by_rows[len(p)].append(i)
+        for rows, indices in by_rows.items():
+            matrices = [grads[i].reshape(rows, -1) for i in indices]
+            width = max(m.size(1) for m in matrices)
+            updates = orthogonalize(torch.stack([F.pad(m, (0, width - m.size(1))) for m in matrices]),
+                                    group["ns_steps"])
+            for i, matrix, update in zip(indices, matrices, updates):
+                p, columns = params[i], matrix.size(1)
+                # orthogonal rows of a wide matrix have unit norm; scale a tall one's up to match
+                lr = group["lr"] * max(1.0, rows / columns) ** 0.5
+                update = update[:, :columns].reshape(p.shape)
+                p.mul_(rows ** 0.5 / norms[i].clamp_min(1e-12))
+                if torch.is_tensor(lr):
+                    p.addcmul_(update, lr, value=-1.0)
+                else:
+                    p.add_(update, alpha=-lr)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
                     fused: bool = True) -> torch.optim.Optimizer:
     """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
     Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
-    step on a GPU (sharded parameters use the multi-tensor path instead)."""
-    decay, no_decay = [], []
+    step on a GPU (sharded parameters use the multi-tensor path instead). With ``muon``,
+    convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD."""
+    filters, decay, no_decay = [], [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim > 1 else no_decay).append(p)
+            if config.optimizer == "muon" and p.ndim > 2:
+                filters.append(p)
+            else:
+                (decay if p.ndim > 1 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay, "lr": config.lr},
               {"params": no_decay, "weight_decay": 0.0, "lr": config.lr * config.bias_lr_scale}]
+    if config.optimizer == "muon":
+        groups.append({"params": filters, "lr": config.muon_lr, "momentum": config.muon_momentum,
+                       "orthogonalize": True})
+        return Muon(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
     fused = {"fused": True} if (fused and device.type == "cuda") else {}
     if config.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999), **fused)

@@ -146,7 +146,7 @@ class Trainer:
         # torch.compile's graphs of the forward and backward passes
         whole_step = (self._compile_mode == "reduce-overhead" and config.step_graph and self.device.type == "cuda"
                       and self.pipeline is None and not self.sharded and not config.sync_bn
-                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer == "sgd"
+                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer in ("sgd", "muon")
                       and not config.activation_checkpointing)
         if self.dist.active and whole_step:  # data parallel inside the graph: an all-reduce, no DDP hooks
             broadcast_state(self.model)
