@@ -91,6 +91,7 @@ def test_labels_out_of_range(capsys, tmp_path):
     (["--flip", "sideways"], ["unknown flip 'sideways'", "alternate"]),
     (["--loader", "disk"], ["unknown loader 'disk'", "gpu"]),
     (["--batch-size", "0"], ["--batch-size must be"]),
+    (["--epochs", "0"], ["--epochs must be a positive number"]),
     (["--target-acc", "99"], ["--target-acc is a fraction"]),
     (["--precision", "fp16", "--device", "cpu"], ["fp16 needs a CUDA GPU"]),
     (["--recipe", "nope"], ["unknown recipe 'nope'", "digits"]),

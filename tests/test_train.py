@@ -64,6 +64,16 @@ def test_grad_accumulation_counts_optimizer_steps(tmp_path, digits):
     assert s["steps"] == -(-(len(digits.train_labels) // 32) // 4)
 
 
+def test_a_fraction_of_an_epoch_stops_inside_the_last_one(tmp_path, digits):
+    s = fit(tmp_path, digits, epochs=1.5, batch_size=32, lr=0.05)
+    records = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    steps_per_epoch = records[0]["step"]  # evaluated at the end of the first epoch, then at the stop
+    assert len(records) == 2 and steps_per_epoch == len(digits.train_labels) // 32
+    assert s["steps"] == records[1]["step"] == -(-3 * steps_per_epoch // 2) and s["stopped_by"] == "epochs"
+    assert s["epochs"] == pytest.approx(1.5, abs=1 / steps_per_epoch)
+    assert records[-1]["accuracy"] == pytest.approx(s["test_accuracy"]) and s["test_accuracy"] > 0.5
+
+
 def test_target_accuracy_stops_early_and_records_time(tmp_path, digits):
     s = fit(tmp_path, digits, epochs=30, batch_size=32, target_acc=0.85, eval_every=10)
     assert s["stopped_by"] == "target_acc" and s["test_accuracy"] >= 0.85

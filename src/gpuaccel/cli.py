@@ -151,7 +151,8 @@ def _train_parser(sub) -> None:
     o.add_argument("--seed", type=int, help="seeds model init, data order and augmentation (default 0)")
 
     s = p.add_argument_group("stopping and output")
-    s.add_argument("--epochs", type=int, help="passes over the training set (default 10)")
+    s.add_argument("--epochs", type=float,
+                   help="passes over the training set (default 10; a fraction stops inside the last one)")
     s.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop after this much training time")
     s.add_argument("--target-acc", type=float, metavar="F",
                    help="stop as soon as held-out accuracy reaches F (e.g. 0.99); records time-to-accuracy")

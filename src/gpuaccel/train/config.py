@@ -73,7 +73,7 @@ class TrainConfig:
     flip: str = "none"
     cutout: int = 0
     # when to stop
-    epochs: int = 10
+    epochs: float = 10  # may end inside an epoch: 9.5 stops halfway through the tenth
     time_limit: float | None = None
     target_acc: float | None = None
     # bookkeeping
@@ -92,7 +92,7 @@ class TrainConfig:
                             ("offload", OFFLOADS), ("pipeline_schedule", PIPELINE_SCHEDULES)):
             if getattr(self, name) not in valid:
                 raise choice_error(name.replace("_", " "), getattr(self, name), valid)
-        positive = ("batch_size", "eval_batch_size", "grad_accum", "epochs", "pipeline_stages")
+        positive = ("batch_size", "eval_batch_size", "grad_accum", "pipeline_stages")
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(self, name)}")
@@ -100,6 +100,8 @@ class TrainConfig:
             raise GpuaccelError(f"--ema is a decay in (0, 1) (e.g. 0.99), got {self.ema}")
         if self.tta not in (0, 1, 2):
             raise GpuaccelError(f"--tta must be 0 (none), 1 (flip) or 2 (flip and translate), got {self.tta}")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float)) or not self.epochs > 0:
+            raise GpuaccelError(f"--epochs must be a positive number, got {self.epochs}")
         if not self.lr > 0:
             raise GpuaccelError(f"--lr must be positive, got {self.lr}")
         if not self.ddp_bucket_mb > 0:

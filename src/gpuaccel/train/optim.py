@@ -152,7 +152,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, steps
     from 0, then cosine to 0. constant: linear warm-up, then lr. The factor is computed from
     the config, so a resumed run given more epochs stretches its schedule to the new length.
     """
-    total = max(1, config.epochs * steps_per_epoch)
+    total = max(1, math.ceil(config.epochs * steps_per_epoch))
     warmup = min(max(total - 1, 0), int(round(config.warmup_epochs * steps_per_epoch)))
 
     def factor(step: int) -> float:

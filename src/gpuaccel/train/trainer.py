@@ -209,7 +209,7 @@ class Trainer:
         main = self.dist.is_main
         self.run_dir = self.run_dir or Path(self.dist.broadcast(str(self._make_run_dir()) if main else None))
         metrics = MetricsFile(self.run_dir / "metrics.jsonl")
-        progress = Progress(cfg.epochs * self.steps_per_epoch, self.global_step, self.quiet or not main)
+        progress = Progress(math.ceil(cfg.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
         progress.log(f"{self.dataset.describe()}; model {cfg.model} "
                      f"({self.parameter_count:,} parameters) on "
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
@@ -242,7 +242,7 @@ class Trainer:
         wall_at_eval = 0.0
         try:
             segment_start = time.perf_counter()
-            while stopped_by is None and self.epoch < cfg.epochs:
+            while stopped_by is None and self.epochs_done < cfg.epochs:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
                 for images, labels in data_wait.timed(batches):
                     # the gradient all-reduce runs only on the micro-batch that ends an accumulation
@@ -269,8 +269,9 @@ class Trainer:
                     stepped_at = (self.epoch, self.batch_in_epoch, self.images_seen)
 
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
+                    finished = self.epochs_done >= cfg.epochs  # epochs may end inside an epoch (e.g. 9.5)
                     due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
-                        or self.epoch == cfg.epochs
+                        or finished
                     # ranks must agree on stopping, so the clock of any one of them decides; that takes an
                     # all-reduce and a host sync, so several processes check every 16 steps, not every one
                     out_of_time = cfg.time_limit is not None and \
@@ -298,7 +299,7 @@ class Trainer:
                         segment_start = time.perf_counter()
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
-                    due_checkpoint = end_of_epoch or stopped_by is not None or \
+                    due_checkpoint = end_of_epoch or finished or stopped_by is not None or \
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
                     if due_checkpoint and (main or self.collective_state):  # every rank gives its part
@@ -309,7 +310,7 @@ class Trainer:
                         self.save_checkpoint()
                         last_checkpoint = time.perf_counter()
                         segment_start += last_checkpoint - pause  # checkpoint time is not training time
-                    if stopped_by is not None or end_of_epoch:
+                    if stopped_by is not None or end_of_epoch or finished:
                         break
             stopped_by = stopped_by or "epochs"
         except (KeyboardInterrupt, Stop):
@@ -335,6 +336,11 @@ class Trainer:
         if self.step_graph is not None:  # before the process group goes; a later fit() captures again
             self.step_graph.release()
         return self._finish(stopped_by, time.perf_counter() - wall_start)
+
+    @property
+    def epochs_done(self) -> float:
+        """Passes over the training set so far, counting the current one's batches."""
+        return self.epoch + self.batch_in_epoch / len(self.train_loader)
 
     def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1,
                          sync: bool = True) -> torch.Tensor:
@@ -654,7 +660,7 @@ class Trainer:
             "model": self.config.model, "parameters": self.parameter_count,
             "data": self.dataset.name, "train_images": len(self.dataset.train_labels),
             "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
-            "epochs": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4), "steps": self.global_step,
+            "epochs": round(self.epochs_done, 4), "steps": self.global_step,
             "stopped_by": stopped_by, "setup_seconds": round(self.setup_seconds, 3),
             "warmup_seconds": round(self.warmup_seconds, 3),
             "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
@@ -674,8 +680,8 @@ class Trainer:
         return summary
 
 
-def _format_record(record: dict, epochs: int) -> str:
-    return (f"epoch {record['epoch']:.2f}/{epochs} step {record['step']}: train loss {record['train_loss']:.4f}, "
+def _format_record(record: dict, epochs: float) -> str:
+    return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {record['train_loss']:.4f}, "
             f"test loss {record['loss']:.4f}, test acc {100 * record['accuracy']:.2f}%, "
             f"{record['images_per_second']:,.0f} img/s, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
