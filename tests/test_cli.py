@@ -96,7 +96,7 @@ def test_labels_out_of_range(capsys, tmp_path):
     (["--precision", "fp16", "--device", "cpu"], ["fp16 needs a CUDA GPU"]),
     (["--recipe", "nope"], ["unknown recipe 'nope'", "digits"]),
     (["--bogus"], ["unrecognized arguments: --bogus", "--help"]),
-    (["--epochs", "many"], ["invalid int value"]),
+    (["--epochs", "many"], ["invalid float value"]),
     (["--data", "bogus:/tmp"], ["unknown data kind 'bogus'"]),
 ])
 def test_unknown_or_invalid_values(capsys, argv, needles):

@@ -47,11 +47,11 @@ class Muon(torch.optim.Optimizer):
     graph treat it like any other.
 
     Orthogonalised groups: Nesterov momentum, then each filter bank's update replaced by its
-    orthogonalised matrix. Their weights
-    are rescaled to unit norm per filter on average before each update instead of decayed:
-    the layers that follow normalise, so the norm only sets the effective step size, and
-    fixing it keeps the learning rate meaning the same all through training. Other groups:
-    SGD with coupled weight decay and (Nesterov) momentum, as ``torch.optim.SGD``.
+    orthogonalised matrix. Their weights are rescaled to unit norm per filter on average before
+    each update instead of decayed: the layers that follow normalise, so the norm only sets the
+    effective step size, and fixing it keeps the learning rate meaning the same all through
+    training. Other groups: SGD with coupled weight decay and (Nesterov) momentum, through
+    PyTorch's functional ``sgd``.
 
     Learning rates may be 0-d tensors (the step graph's), so every update is a tensor product.
     """
