@@ -110,13 +110,13 @@ class Muon(torch.optim.Optimizer):
             for i, matrix, update in zip(indices, matrices, updates):
                 p, columns = params[i], matrix.size(1)
                 # orthogonal rows of a wide matrix have unit norm; scale a tall one's up to match
-                lr = group["lr"] * max(1.0, rows / columns) ** 0.5
+                scale = max(1.0, rows / columns) ** 0.5
                 update = update[:, :columns].reshape(p.shape)
                 p.mul_(rows ** 0.5 / norms[i].clamp_min(1e-12))
-                if torch.is_tensor(lr):
-                    p.addcmul_(update, lr, value=-1.0)
+                if torch.is_tensor(group["lr"]):  # one kernel: no product of the tensor rate per filter bank
+                    p.addcmul_(update, group["lr"], value=-scale)
                 else:
-                    p.add_(update, alpha=-lr)
+                    p.add_(update, alpha=-group["lr"] * scale)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
