@@ -16,6 +16,7 @@ from conftest import CLASSES, assert_user_error, make_image_folder, run
 from PIL import Image
 
 from gpuaccel.data import open_dataset
+from gpuaccel.data import crops
 from gpuaccel.data.crops import centre_boxes, random_resized_boxes, resample_boxes
 from gpuaccel.data.stream import ShardOrder, StreamingDataset
 from gpuaccel.errors import GpuaccelError
@@ -79,6 +80,24 @@ def test_resampling_matches_pil_antialiased_resize_of_the_box(size):
         difference = np.abs(out[i].permute(1, 2, 0).numpy().round() - reference)
         # PIL rounds to 8 bits between its two passes; the GPU path does not
         assert difference.max() <= 1 and difference.mean() < 0.3, (i, difference.max(), difference.mean())
+
+
+def test_resampling_in_several_canvas_chunks_keeps_each_image_in_its_place(monkeypatch):
+    sizes = [(90, 60), (40, 50), (120, 100), (33, 90), (64, 64), (50, 41)]
+    images = [chw(photo(h, w, seed)) for seed, (h, w) in enumerate(sizes)]
+    boxes = random_resized_boxes(torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes]),
+                                 torch.Generator().manual_seed(5))
+    flip = torch.tensor([True, False, False, True, False, True])
+    whole = resample_boxes(images, boxes, 16, flip)
+    canvas = crops._canvas
+    canvases = []
+    monkeypatch.setattr(crops, "_CANVAS_BUDGET", 3 * 64 * 64 * 2)  # two 64 x 64 images per chunk at most
+    monkeypatch.setattr(crops, "_canvas", lambda members, *rest: canvases.append(len(members)) or canvas(members, *rest))
+    chunked = resample_boxes(images, boxes, 16, flip)
+    assert sum(canvases) == len(images) and len(canvases) >= 3
+    assert torch.allclose(chunked, whole, atol=1e-3)
+    alone = torch.cat([resample_boxes([im], boxes[i:i + 1], 16, flip[i:i + 1]) for i, im in enumerate(images)])
+    assert torch.allclose(alone, whole, atol=1e-3)
 
 
 def test_centre_boxes_equal_resize_then_centre_crop():
