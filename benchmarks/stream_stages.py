@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 
@@ -127,17 +126,6 @@ def main():
 
     report("pipeline_on_calling_thread_img_s", images_per_second(iter(loader.prepared(1))))
     report("pipeline_served_img_s", images_per_second(iter(loader.batches(2))))
-    stop = threading.Event()
-
-    def spin():
-        count = 0
-        while not stop.is_set():
-            count += 1
-    busy = threading.Thread(target=spin, daemon=True)
-    busy.start()
-    report("pipeline_served_beside_busy_python_img_s", images_per_second(iter(loader.batches(3)), count=20))
-    stop.set()
-    busy.join()
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

@@ -148,9 +148,11 @@ def _chunks(heights: np.ndarray, widths: np.ndarray, channels: int) -> list[tupl
 
 
 def _canvas(images: list[torch.Tensor], h_max: int, w_max: int, dtype: torch.dtype) -> torch.Tensor:
-    """The images zero-padded to one (N, C, h_max, w_max) tensor: one packing copy and one
-    padding kernel (nested tensors), whatever N is."""
+    """The images zero-padded to one (N, C, h_max, w_max) tensor of ``dtype``: one packing
+    copy, one conversion and one padding kernel (nested tensors), whatever N is. The
+    conversion comes first because PyTorch pads float nested tensors on the GPU in one kernel
+    but integer ones image by image (a kernel launch each)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nested tensors warn that their API is a prototype
-        nested = torch.nested.as_nested_tensor(images)
-    return nested.to_padded_tensor(0, (len(images), images[0].shape[0], h_max, w_max)).to(dtype)
+        nested = torch.nested.as_nested_tensor(images).to(dtype)
+    return nested.to_padded_tensor(0, (len(images), images[0].shape[0], h_max, w_max))

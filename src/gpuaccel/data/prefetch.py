@@ -20,12 +20,20 @@ import torch
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def in_thread(prepared: Callable[[], Iterator[Batch]], device: torch.device, depth: int = 3) -> Iterator[Batch]:
-    """The batches of ``prepared()``, made ``depth`` ahead on a background thread (on a side
-    CUDA stream of high priority on a GPU, so its few kernels go ahead of the step's)."""
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A CUDA stream of high priority for preparing batches on ``device`` (so their few kernels
+    go ahead of the training step's), or None off the GPU. Make one per loader and keep it:
+    PyTorch's caching allocator reuses freed memory only on the stream it was allocated on,
+    so a new stream per epoch paid for fresh cudaMalloc calls at every epoch start."""
+    return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+
+
+def in_thread(prepared: Callable[[], Iterator[Batch]], side: torch.cuda.Stream | None,
+              depth: int = 3) -> Iterator[Batch]:
+    """The batches of ``prepared()``, made ``depth`` ahead on a background thread, on the
+    ``side`` stream (from :func:`side_stream`) when on a GPU."""
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
-    side = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
     def hand_over(item) -> bool:
         while not stop.is_set():
@@ -61,7 +69,7 @@ def in_thread(prepared: Callable[[], Iterator[Batch]], device: torch.device, dep
                 raise item
             x, y, done = item
             if done is not None:
-                current = torch.cuda.current_stream(device)
+                current = torch.cuda.current_stream(side.device)
                 current.wait_event(done)
                 x.record_stream(current)
                 y.record_stream(current)

@@ -38,7 +38,7 @@ from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
 from .loader import _Normaliser, _ShardedOrder
-from .prefetch import in_thread
+from .prefetch import in_thread, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
@@ -396,6 +396,7 @@ class StreamLoader:
         self.decode = _Decoder(device, self.pool)
         self.decoder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuaccel-decode")
         self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.prepare_stream = side_stream(device)
         self.reader = _BatchReader(records, self.pool, pin=device.type == "cuda")
 
     def __len__(self) -> int:
@@ -414,7 +415,7 @@ class StreamLoader:
         after the one being consumed are prepared meanwhile on a background thread."""
         if start >= len(self):
             return iter(())
-        return in_thread(lambda: self.prepared(epoch, start), self.device)
+        return in_thread(lambda: self.prepared(epoch, start), self.prepare_stream)
 
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch`` from ``start``, cropped one by one on the current stream
