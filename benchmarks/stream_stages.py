@@ -80,7 +80,7 @@ def main():
     blobs = []
 
     def read(i):
-        wait = loader.reader.submit(steps[i])
+        wait, _slot = loader.reader.submit(steps[i])
         got = wait()
         if len(blobs) < 8:
             blobs.append([b.clone() for b in got])  # the reader's buffers are reused

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import numpy as np
 import torch
 
 SCALE = (0.08, 1.0)
@@ -96,63 +95,63 @@ def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
     to ``size`` x ``size``; ``flip`` (N,) bool mirrors those outputs. Returns (N, C, size, size)
     float32 in 0..255.
 
-    Images are sorted by area and padded into one canvas per chunk of similar sizes; each
-    chunk is two batched matrix products (fp16 on a GPU: 0..255 is exact, the taps carry ~11
-    bits). The host does a fixed amount of work per chunk, not per image: on a GPU the
-    per-batch parameters go over in one pinned copy, and whole images (contiguous) are packed
-    with one concatenation, because a kernel launch per image cost more host time than the
-    resampling itself took on the GPU."""
+    Only the pixels the filter can reach (each box widened by the filter's support) are
+    used: they are padded into one canvas per chunk of similar sizes, and each chunk is two
+    batched matrix products (fp16 on a GPU: 0..255 is exact, the taps carry ~11 bits)."""
     n = len(images)
     device = images[0].device
     channels = images[0].shape[0]
-    on_gpu = device.type == "cuda"
-    dtype = torch.float16 if on_gpu else torch.float32
-    heights = np.array([im.shape[1] for im in images])
-    widths = np.array([im.shape[2] for im in images])
-    order = np.argsort(heights * widths, kind="stable")
-    by_area = torch.from_numpy(order)
-    # per image, in area order: box (top, left, height, width), extent (height, width), flip
-    params = torch.empty(n, 7, dtype=torch.float32, pin_memory=on_gpu)
-    params[:, :4] = boxes[by_area]
-    params[:, 4] = torch.from_numpy(heights[order])
-    params[:, 5] = torch.from_numpy(widths[order])
-    params[:, 6] = 0.0 if flip is None else flip[by_area].float()
-    params = params.to(device, non_blocking=True)
-    resampled = torch.empty(n, channels, size, size, device=device)
-    for a, b in _chunks(heights[order], widths[order], channels):
-        h_max, w_max = int(heights[order[a:b]].max()), int(widths[order[a:b]].max())
-        canvas = _canvas([images[i] for i in order[a:b]], h_max, w_max, dtype)
-        box = params[a:b]
-        rows = _axis_weights(box[:, 0], box[:, 2], box[:, 4], size, h_max, dtype)
-        cols = _axis_weights(box[:, 1], box[:, 3], box[:, 5], size, w_max, dtype)
-        cols = torch.where(box[:, 6, None, None] > 0, cols.flip(1), cols)
-        resampled[a:b] = rows[:, None] @ canvas @ cols[:, None].transpose(-1, -2)
-    if n == 1 or (order == np.arange(n)).all():
-        return resampled
-    place = (by_area.pin_memory() if on_gpu else by_area).to(device, non_blocking=True)
-    return torch.empty_like(resampled).index_copy_(0, place, resampled)
-
-
-def _chunks(heights: np.ndarray, widths: np.ndarray, channels: int) -> list[tuple[int, int]]:
-    """[start, stop) runs of images (sorted by area) whose padded canvas fits the budget; an
-    image larger than the budget is a chunk of its own."""
-    chunks, start, h_max, w_max = [], 0, 0, 0
-    for i, (h, w) in enumerate(zip(heights.tolist(), widths.tolist())):
-        grown_h, grown_w = max(h_max, h), max(w_max, w)
-        if i > start and (i - start + 1) * channels * grown_h * grown_w > _CANVAS_BUDGET:
-            chunks.append((start, i))
-            start, grown_h, grown_w = i, h, w
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    host_boxes = boxes.cpu().tolist()
+    windows = [_window(im, box, size) for im, box in zip(images, host_boxes)]
+    # per image: the box relative to its window, and the window's extent (what the taps need)
+    placed = torch.tensor([[top - y0, left - x0, h, w, y1 - y0, x1 - x0]
+                           for (top, left, h, w), (y0, y1, x0, x1) in zip(host_boxes, windows)],
+                          dtype=torch.float32).to(device, non_blocking=True)
+    flip = torch.zeros(n, dtype=torch.bool, device=device) if flip is None else flip.to(device, non_blocking=True)
+    out = torch.empty(n, channels, size, size, device=device)
+    heights = [y1 - y0 for y0, y1, _, _ in windows]
+    widths = [x1 - x0 for _, _, x0, x1 in windows]
+    chunk, h_max, w_max = [], 0, 0
+    for i in sorted(range(n), key=lambda k: heights[k] * widths[k]):
+        grown_h, grown_w = max(h_max, heights[i]), max(w_max, widths[i])
+        if chunk and (len(chunk) + 1) * channels * grown_h * grown_w > _CANVAS_BUDGET:
+            _resample_chunk(images, windows, chunk, h_max, w_max, placed, flip, size, dtype, out)
+            chunk, grown_h, grown_w = [], heights[i], widths[i]
+        chunk.append(i)
         h_max, w_max = grown_h, grown_w
-    chunks.append((start, len(heights)))
-    return chunks
+    _resample_chunk(images, windows, chunk, h_max, w_max, placed, flip, size, dtype, out)
+    return out
+
+
+def _window(image: torch.Tensor, box: list[float], size: int) -> tuple[int, int, int, int]:
+    """(y0, y1, x0, x1): the pixels the taps of ``box`` can reach, i.e. the box widened by the
+    filter's support (one output pixel's footprint, at least one pixel), clipped to the image."""
+    top, left, height, width = box
+    reach_y, reach_x = max(1.0, height / size), max(1.0, width / size)
+    return (max(0, math.floor(top - reach_y)), min(image.shape[1], math.ceil(top + height + reach_y)),
+            max(0, math.floor(left - reach_x)), min(image.shape[2], math.ceil(left + width + reach_x)))
 
 
 def _canvas(images: list[torch.Tensor], h_max: int, w_max: int, dtype: torch.dtype) -> torch.Tensor:
-    """The images zero-padded to one (N, C, h_max, w_max) tensor of ``dtype``: one packing
-    copy, one conversion and one padding kernel (nested tensors), whatever N is. The
-    conversion comes first because PyTorch pads float nested tensors on the GPU in one kernel
-    but integer ones image by image (a kernel launch each)."""
+    """The images zero-padded to one (N, C, h_max, w_max) tensor: one packing copy and one
+    padding kernel (nested tensors), whatever N is."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nested tensors warn that their API is a prototype
-        nested = torch.nested.as_nested_tensor(images).to(dtype)
-    return nested.to_padded_tensor(0, (len(images), images[0].shape[0], h_max, w_max))
+        nested = torch.nested.as_nested_tensor(images)
+    return nested.to_padded_tensor(0, (len(images), images[0].shape[0], h_max, w_max)).to(dtype)
+
+
+def _resample_chunk(images, windows, chunk, h_max, w_max, placed, flip, size, dtype, out) -> None:
+    index_on_device = torch.tensor(chunk).to(out.device, non_blocking=True)
+    members = []
+    for i in chunk:
+        y0, y1, x0, x1 = windows[i]
+        members.append(images[i][:, y0:y1, x0:x1])
+    canvas = _canvas(members, h_max, w_max, dtype)
+    box = placed[index_on_device]
+    rows = _axis_weights(box[:, 0], box[:, 2], box[:, 4], size, h_max, dtype)
+    cols = _axis_weights(box[:, 1], box[:, 3], box[:, 5], size, w_max, dtype)
+    cols = torch.where(flip[index_on_device][:, None, None], cols.flip(1), cols)
+    resampled = rows[:, None] @ canvas @ cols[:, None].transpose(-1, -2)
+    out[index_on_device] = resampled.float()

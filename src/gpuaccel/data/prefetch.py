@@ -23,8 +23,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     """A CUDA stream of high priority for preparing batches on ``device`` (so their few kernels
     go ahead of the training step's), or None off the GPU. Make one per loader and keep it:
-    PyTorch's caching allocator reuses freed memory only on the stream it was allocated on,
-    so a new stream per epoch paid for fresh cudaMalloc calls at every epoch start."""
+    PyTorch's caching allocator reuses a freed block only for the stream it was allocated
+    on, and hands out new streams round-robin from a pool, so a stream per epoch kept
+    several epochs' worth of cached batch memory that no later epoch could use."""
     return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
 

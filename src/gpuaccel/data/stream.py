@@ -24,7 +24,7 @@ import math
 import os
 import tarfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,23 +270,29 @@ class ShardOrder:
 # --- reading and decoding ----------------------------------------------------------------------------------
 
 class _BatchReader:
-    """Reads one batch's compressed images into one fresh buffer (pinned when feeding a GPU,
-    so the decoder's uploads are plain DMA; PyTorch's pinned-memory cache makes that cheap),
-    split among a few pool threads. Shards stay open.
+    """Reads one batch's compressed images into one buffer (pinned when feeding a GPU, so the
+    decoder's uploads are plain DMA), split among a few pool threads. Shards stay open.
 
-    A buffer lives as long as the batch's blobs do, i.e. until the batch is decoded; reusing
-    buffers from a ring instead lets a read of a new epoch overwrite one that an abandoned
-    epoch's decoding is still reading."""
+    Buffers come from a ring; a buffer is reused only after the event recorded when its
+    batch was decoded has completed."""
 
-    def __init__(self, records: Records, pool: ThreadPoolExecutor, pin: bool, parts: int = 8):
+    def __init__(self, records: Records, pool: ThreadPoolExecutor, pin: bool, parts: int = 8, slots: int = 4):
         self.records, self.pool, self.pin, self.parts = records, pool, pin, parts
+        self._ring: list[list] = [[torch.empty(0, dtype=torch.uint8), None] for _ in range(slots)]
+        self._turn = 0
         self._shards: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def submit(self, ids: list[int]) -> Callable[[], list[torch.Tensor]]:
-        """Starts reading; returns ``wait``: ``wait()`` gives the images as 1-D uint8 tensors."""
+    def submit(self, ids: list[int]):
+        """Starts reading; returns (wait, slot): ``wait()`` gives the images as 1-D uint8 tensors."""
         starts = np.concatenate([[0], np.cumsum(self.records.sizes[ids])])
-        buffer = torch.empty(int(starts[-1]), dtype=torch.uint8, pin_memory=self.pin)
+        slot = self._ring[self._turn]
+        self._turn = (self._turn + 1) % len(self._ring)
+        if slot[1] is not None:
+            slot[1].synchronize()  # the decoder has finished with this buffer's last batch
+        if slot[0].numel() < starts[-1]:
+            slot[0] = torch.empty(int(starts[-1] * 1.25) + 1, dtype=torch.uint8, pin_memory=self.pin)
+        buffer = slot[0]
         view = memoryview(buffer.numpy())
         lengths = np.zeros(len(ids), dtype=np.int64)
         parts = [p for p in np.array_split(np.arange(len(ids)), min(self.parts, len(ids))) if len(p)]
@@ -297,7 +303,7 @@ class _BatchReader:
                 future.result()
             return [buffer[int(starts[k]):int(starts[k] + lengths[k])] for k in range(len(ids))]
 
-        return wait
+        return wait, slot
 
     def _read_part(self, ids, part, starts, view, lengths) -> None:
         records = self.records
@@ -394,10 +400,8 @@ class StreamLoader:
         self.pool = ThreadPoolExecutor(max_workers=threads or min(32, 2 * (os.cpu_count() or 1)),
                                        thread_name_prefix="gpuaccel-read")
         self.decode = _Decoder(device, self.pool)
-        self.decoder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuaccel-decode")
-        self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.prepare_stream = side_stream(device)
         self.reader = _BatchReader(records, self.pool, pin=device.type == "cuda")
+        self.prepare_stream = side_stream(device)
 
     def __len__(self) -> int:
         return len(self.order)
@@ -408,7 +412,8 @@ class StreamLoader:
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
-        return self.normaliser.scale(self._images(ids, None, self._decoded(self.reader.submit(ids))))
+        wait, slot = self.reader.submit(ids)
+        return self.normaliser.scale(self._images(ids, None, wait(), slot))
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
@@ -418,45 +423,29 @@ class StreamLoader:
         return in_thread(lambda: self.prepared(epoch, start), self.prepare_stream)
 
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch`` from ``start``, cropped one by one on the current stream
-        while the next batch is decoded on the decoding thread and the one after it is read."""
+        """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
+        files of the next batch are read meanwhile)."""
         order = self.order.epoch_indices(epoch)
         steps = [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(start, len(self))]
-        reads = [self.reader.submit(ids) for ids in steps[:2]]
-        decoding = self.decoder_thread.submit(self._decoded, reads.pop(0))
+        pending = self.reader.submit(steps[0])
         for number, ids in enumerate(steps):
-            decoded = decoding.result()
+            wait, slot = pending
+            blobs = wait()
             if number + 1 < len(steps):
-                decoding = self.decoder_thread.submit(self._decoded, reads.pop(0))
-            if number + 2 < len(steps):
-                reads.append(self.reader.submit(steps[number + 2]))
+                pending = self.reader.submit(steps[number + 1])
             generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
-            x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, decoded)))
-            labels = torch.from_numpy(self.records.labels[ids])
-            yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
+            x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, blobs, slot)))
+            yield x, torch.from_numpy(self.records.labels[ids]).to(self.device, non_blocking=True)
 
-    def _decoded(self, wait: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor | str]:
-        """Waits for a batch's files and decodes them (on the decoding thread, on its own CUDA
-        stream: nvJPEG blocks its caller for the whole batch without holding the GIL, so the
-        previous batch is cropped meanwhile). Returns the images, finished and usable on any
-        stream, or for a file that cannot be decoded the reason."""
-        blobs = wait()
-        if self.decode_stream is None:
-            return self.decode(blobs)
-        with torch.cuda.stream(self.decode_stream):
-            decoded = self.decode(blobs)
-        self.decode_stream.synchronize()  # also: the read buffer may be freed when this returns
-        return decoded
-
-    def _images(self, ids: list[int], generator: torch.Generator | None,
-                decoded: list[torch.Tensor | str]) -> torch.Tensor:
-        """Cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
-        ``generator`` None: evaluation geometry (centre crops, no flips)."""
-        if self.decode_stream is not None:
-            current = torch.cuda.current_stream(self.device)
-            for image in decoded:  # allocated on the decoding stream, read on this one
-                if not isinstance(image, str):
-                    image.record_stream(current)
+    def _images(self, ids: list[int], generator: torch.Generator | None, blobs: list[torch.Tensor],
+                slot: list) -> torch.Tensor:
+        """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
+        ``generator`` None: evaluation geometry (centre crops, no flips). ``slot``: the read
+        buffer's ring entry, marked free once the decoder is done with it."""
+        decoded = self.decode(blobs)
+        if self.device.type == "cuda":
+            slot[1] = torch.cuda.Event()
+            slot[1].record(torch.cuda.current_stream(self.device))
         bad = [k for k, d in enumerate(decoded) if isinstance(d, str)]
         if bad:
             names = [self.records.names[ids[k]] for k in bad]
