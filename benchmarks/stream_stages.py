@@ -5,23 +5,31 @@
 Run after ``imagenet_throughput.py --phases generate`` (it reads the same folder). Per
 batch of 256 training images: reading the files (the pool threads), nvJPEG decoding (time
 the calling thread is blocked, and until the GPU is done), the crop geometry, the
-resampling and normalising (host time of the call, time until the GPU is done, and GPU
-time alone, measured with the host's work queued behind a GPU sleep). Then the pipeline as
-a whole: made on the calling thread, served from its background thread, and served with
-a busy pure-Python thread beside it (what a training loop's kernel launches look like to
-the GIL). Stage times are medians over repeated batches, after a warm-up.
+resampling and normalising with each resampler (host time of the call, time until the GPU
+is done, and GPU time alone, measured with the host's work queued behind a GPU sleep), and
+how far the two resamplers' outputs are apart. Then the pipeline as a whole: made on the
+calling thread, and served from its background thread. Stage times are medians over
+repeated batches, after a warm-up.
+
+With ``--under-load`` the served pipeline is measured again beside three loads, with the
+wall time of its stages recorded per batch: a pure-Python thread (contention for the GIL
+only), a thread replaying a CUDA graph of large matrix products (contention for the GPU
+only), and the compiled ResNet-50 training step of ``imagenet_throughput.py`` consuming
+the batches (both, as in end-to-end training), next to that step's rate on one batch
+held in memory.
 """
 
 import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 
 import torch
 
-from gpuaccel.data import open_dataset
+from gpuaccel.data import open_dataset, stream
 from gpuaccel.data.crops import random_resized_boxes, resample_boxes
 
 BATCH = 256
@@ -29,6 +37,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def stats(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"batches": 0}
     return {"median_ms": round(statistics.median(seconds) * 1e3, 2), "min_ms": round(min(seconds) * 1e3, 2),
             "max_ms": round(max(seconds) * 1e3, 2), "batches": len(seconds)}
 
@@ -46,21 +56,133 @@ def timed(fn, repeats: int, warmup: int = 2) -> tuple[list[float], list[float]]:
     return host[warmup:], synced[warmup:]
 
 
-def images_per_second(batches, warmup: int = 5, count: int = 40) -> float:
+def images_per_second(batches, warmup: int = 5, count: int = 40, limit_s: float = 30.0) -> float:
+    """Rate over ``count`` batches after ``warmup``, or over those done within ``limit_s``."""
     for _ in range(warmup):
         next(batches)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(count):
+    done = 0
+    while done < count and time.perf_counter() - start < limit_s:
         next(batches)
+        done += 1
     torch.cuda.synchronize()
-    return round(count * BATCH / (time.perf_counter() - start), 1)
+    return round(done * BATCH / (time.perf_counter() - start), 1)
+
+
+class StageClock:
+    """Records the wall time of the loader's reading wait, decoding and resampling per batch."""
+
+    def __init__(self, loader):
+        self.times = {"read_wait": [], "decode": [], "resample": []}
+        submit, decode, resample = loader.reader.submit, loader.decode, stream.resample_boxes
+
+        def timed_submit(ids):
+            wait, slot = submit(ids)
+            return self._timed("read_wait", wait), slot
+        loader.reader.submit = timed_submit
+        loader.decode = self._timed("decode", decode)
+        stream.resample_boxes = self._timed("resample", resample)
+
+    def _timed(self, key, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.times[key].append(time.perf_counter() - start)
+        return wrapper
+
+    def since(self, marks: dict) -> dict:
+        return {key: stats(self.times[key][marks[key]:]) for key in self.times}
+
+    def marks(self) -> dict:
+        return {key: len(values) for key, values in self.times.items()}
+
+
+def busy_python(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
+
+
+def gpu_load():
+    """A CUDA graph of large matrix products (about 30 ms on an H200), captured now, and a
+    thread body that replays it until stopped: GPU work that needs almost no GIL."""
+    side = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        a @ a
+    side.synchronize()
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        for _ in range(20):
+            a @ a
+
+    def busy_gpu(stop: threading.Event) -> None:
+        while not stop.is_set():
+            graph.replay()
+            side.synchronize()
+    return busy_gpu
+
+
+def under_load(loader, held_batches: list) -> dict:
+    """The served pipeline beside each load; then training from the pipeline, and from a
+    pipeline whose files are already in memory (``held_batches``, cycled: no reading threads)."""
+    from imagenet_throughput import baseline_model
+
+    busy_gpu = gpu_load()
+    clock = StageClock(loader)
+    results = {}
+    epochs = iter(range(10, 1000))
+
+    def batches():
+        while True:
+            yield from loader.batches(next(epochs))
+    served = batches()
+    for load in (busy_python, busy_gpu):
+        stop = threading.Event()
+        worker = threading.Thread(target=load, args=(stop,), daemon=True)
+        worker.start()
+        time.sleep(1.0)
+        marks = clock.marks()
+        rate = images_per_second(served, warmup=2, count=30, limit_s=10.0)
+        results[f"served_beside_{load.__name__}"] = {"img_s": rate, **clock.since(marks)}
+        print(results, flush=True)
+        stop.set()
+        worker.join()
+
+    step = baseline_model(100)
+    x, y = next(served)
+    for _ in range(3):
+        step(x, y)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(30):
+        step(x, y)
+    torch.cuda.synchronize()
+    results["training_step_in_memory_img_s"] = round(30 * BATCH / (time.perf_counter() - start), 1)
+
+    def trained(source):
+        for x, y in source:
+            step(x, y)
+            yield x, y
+    marks = clock.marks()
+    results["training_from_the_pipeline"] = {"img_s": images_per_second(trained(served), count=60), **clock.since(marks)}
+    print(results, flush=True)
+    turn = iter(range(10**9))
+    loader.reader.submit = lambda ids: ((lambda: held_batches[next(turn) % len(held_batches)]), [None, None])
+    served_from_memory = batches()
+    marks = clock.marks()
+    results["training_from_the_pipeline_files_in_memory"] = {
+        "img_s": images_per_second(trained(served_from_memory), count=60), **clock.since(marks)}
+    return results
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--under-load", action="store_true")
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
@@ -107,27 +229,39 @@ def main():
 
     report("crop_geometry_host", stats(timed(lambda i: geometry(decoded[i % len(decoded)]), 24)[0]))
 
-    def crop(i):
-        images = decoded[i % len(decoded)]
-        boxes, flip = geometry(images)
-        loader.normaliser.finish(loader.normaliser.scale(resample_boxes(images, boxes, 224, flip)))
-    host, synced = timed(crop, 24)
-    report("resample_host", stats(host))
-    report("resample_until_gpu_done", stats(synced))
-    gpu = []
-    for i in range(26):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(100_000_000)  # the host queues all of the work before the GPU starts it
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        crop(i)
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end) / 1e3)
-    report("resample_gpu", stats(gpu[2:]))
+    for method in ("matrices", "kernel"):
+        def crop(i):
+            images = decoded[i % len(decoded)]
+            boxes, flip = geometry(images)
+            return loader.normaliser.finish(loader.normaliser.scale(resample_boxes(images, boxes, 224, flip,
+                                                                                   method=method)))
+        host, synced = timed(crop, 24)
+        report(f"resample_{method}_host", stats(host))
+        report(f"resample_{method}_until_gpu_done", stats(synced))
+        gpu = []
+        for i in range(26):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100_000_000)  # the host queues all of the work before the GPU starts it
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            crop(i)
+            end.record()
+            torch.cuda.synchronize()
+            gpu.append(start.elapsed_time(end) / 1e3)
+        report(f"resample_{method}_gpu", stats(gpu[2:]))
+
+    images = decoded[0]
+    boxes, flip = geometry(images)
+    apart = (resample_boxes(images, boxes, 224, flip, method="kernel")
+             - resample_boxes(images, boxes, 224, flip, method="matrices")).abs()
+    report("kernel_vs_matrices_grey_levels", {"max": round(apart.max().item(), 3),
+                                              "mean": round(apart.mean().item(), 4)})
 
     report("pipeline_on_calling_thread_img_s", images_per_second(iter(loader.prepared(1))))
     report("pipeline_served_img_s", images_per_second(iter(loader.batches(2))))
+    if args.under_load:
+        for name, value in under_load(loader, blobs).items():
+            report(name, value)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

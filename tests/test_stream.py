@@ -4,8 +4,12 @@ files through the CLI (the same code runs on the GPU, with nvJPEG doing the deco
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -36,6 +40,27 @@ def chw(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
+_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import resample_kernel; "
+                       "torch.save(resample_kernel.resample_boxes(*torch.load(sys.argv[1])), sys.argv[2])")
+
+
+@pytest.fixture(params=["matrices", "kernel"])
+def resample(request, tmp_path):
+    """Each resampler with resample_boxes' signature. The Triton kernel runs through Triton's
+    interpreter, which must be chosen before Triton is imported: so in a child process."""
+    if request.param == "matrices":
+        return functools.partial(resample_boxes, method="matrices")
+    pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
+
+    def interpreted(images, boxes, size, flip=None):
+        inputs, output = tmp_path / "inputs.pt", tmp_path / "output.pt"
+        torch.save((images, boxes, size, flip), inputs)
+        subprocess.run([sys.executable, "-c", _INTERPRETED_KERNEL, str(inputs), str(output)],
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+        return torch.load(output)
+    return interpreted
+
+
 # --- geometry ---------------------------------------------------------------------------------------------
 
 def test_random_resized_boxes_follow_the_area_and_ratio_rules():
@@ -63,13 +88,13 @@ def test_random_resized_box_falls_back_to_the_centre_for_extreme_shapes():
 
 
 @pytest.mark.parametrize("size", [224, 24])
-def test_resampling_matches_pil_antialiased_resize_of_the_box(size):
+def test_resampling_matches_pil_antialiased_resize_of_the_box(size, resample):
     arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (120, 67), (40, 40), (33, 90)])]
     heights = torch.tensor([a.shape[0] for a in arrays])
     widths = torch.tensor([a.shape[1] for a in arrays])
     boxes = random_resized_boxes(heights, widths, torch.Generator().manual_seed(3))
     flip = torch.tensor([False, True, False, True])
-    out = resample_boxes([chw(a) for a in arrays], boxes, size, flip)
+    out = resample([chw(a) for a in arrays], boxes, size, flip)
     assert out.shape == (4, 3, size, size) and out.dtype == torch.float32
     for i, array in enumerate(arrays):
         top, left, h, w = boxes[i].tolist()
@@ -100,11 +125,11 @@ def test_resampling_in_several_canvas_chunks_keeps_each_image_in_its_place(monke
     assert torch.allclose(alone, whole, atol=1e-3)
 
 
-def test_centre_boxes_equal_resize_then_centre_crop():
+def test_centre_boxes_equal_resize_then_centre_crop(resample):
     arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (100, 61), (50, 50)])]
     heights = torch.tensor([a.shape[0] for a in arrays])
     widths = torch.tensor([a.shape[1] for a in arrays])
-    out = resample_boxes([chw(a) for a in arrays], centre_boxes(heights, widths, 32), 32)
+    out = resample([chw(a) for a in arrays], centre_boxes(heights, widths, 32), 32)
     short = round(32 / 0.875)
     for i, array in enumerate(arrays):
         h, w = array.shape[:2]

@@ -7,9 +7,10 @@ and takes the centre ``size`` x ``size``. Both are "resample this box of each im
 square", so one resampler serves both.
 
 The resampler is PIL's antialiased bilinear filter (a triangle whose support widens with
-the downscaling factor) written as two weight matrices per image, so a whole batch of
-differently sized images is resampled with two batched matrix products on the GPU. A
-horizontal flip is the column-weight matrix reversed, i.e. free.
+the downscaling factor). On a GPU with Triton it is one kernel that reads every image of a
+batch in place (:mod:`resample_kernel`); elsewhere it is written as two weight matrices
+per image, so a whole batch of differently sized images is resampled with two batched
+matrix products. A horizontal flip is the column-weight matrix reversed, i.e. free.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import math
 import warnings
 
 import torch
+
+from . import resample_kernel
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
@@ -90,10 +93,23 @@ def _axis_weights(start: torch.Tensor, length: torch.Tensor, extent: torch.Tenso
 
 
 def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
-                   flip: torch.Tensor | None = None) -> torch.Tensor:
+                   flip: torch.Tensor | None = None, method: str = "auto") -> torch.Tensor:
     """Resamples box i of ``images[i]`` ((C, H, W) uint8, sizes may differ, all on one device)
     to ``size`` x ``size``; ``flip`` (N,) bool mirrors those outputs. Returns (N, C, size, size)
     float32 in 0..255.
+
+    ``method``: "kernel" (one Triton kernel, :mod:`resample_kernel`), "matrices" (batched
+    matrix products, any device) or "auto" (the kernel where Triton can run it)."""
+    if method == "kernel" or (method == "auto" and resample_kernel.usable(images[0].device)):
+        return resample_kernel.resample_boxes(images, boxes, size, flip)
+    if method not in ("auto", "matrices"):
+        raise ValueError(f"unknown resampling method {method!r}")
+    return _resample_with_matrices(images, boxes, size, flip)
+
+
+def _resample_with_matrices(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
+                            flip: torch.Tensor | None) -> torch.Tensor:
+    """:func:`resample_boxes` with two batched matrix products per chunk of images.
 
     Only the pixels the filter can reach (each box widened by the filter's support) are
     used: they are padded into one canvas per chunk of similar sizes, and each chunk is two
