@@ -1,9 +1,10 @@
 """Preparing batches ahead of the training step, on a background thread.
 
 The thread shares the GIL with the training thread, which launches thousands of kernels
-per step from Python; that contention is what the streaming pipeline loses end to end
-(in profiling runs on an H200 a busy Python thread beside the pipeline more than halved its
-throughput). A child process with CUDA IPC buffers was tried and was slower still: two
+per step from Python; that contention is part of what the streaming pipeline loses end to
+end (on an H200 a busy Python thread beside the pipeline took it from about 15k to 69
+img/s, because every GIL hand-over waits out the switch interval; benchmarks/stream_stages.py
+--under-load). A child process with CUDA IPC buffers was tried and was slower still: two
 processes' CUDA contexts time-slice the GPU instead of running their kernels side by side
 (no MPS). Numbers: the issue notes of the streaming loader and docs/results.md.
 """
