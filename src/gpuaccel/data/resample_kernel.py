@@ -18,6 +18,7 @@ that is how the tests check it on machines without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -63,7 +64,10 @@ def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
     taps_y, taps_x = (math.ceil(2 * r) + 1 for r in reach)
     out = torch.empty(n, channels, size, size, device=device)
     grid = (n, channels, triton.cdiv(size * size, _BLOCK))
-    _resample[grid](pointers, geometry, out, taps_y, taps_x, FIELDS=_FIELDS, SIZE=size, BLOCK=_BLOCK)
+    # Triton launches on the current device, which need not be the images' one
+    on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_their_device:
+        _resample[grid](pointers, geometry, out, taps_y, taps_x, FIELDS=_FIELDS, SIZE=size, BLOCK=_BLOCK)
     return out
 
 
