@@ -167,7 +167,8 @@ def under_load(loader, held_batches: list) -> dict:
             step(x, y)
             yield x, y
     marks = clock.marks()
-    results["training_from_the_pipeline"] = {"img_s": images_per_second(trained(served), count=60), **clock.since(marks)}
+    results["training_from_the_pipeline"] = {"img_s": images_per_second(trained(served), count=60),
+                                             **clock.since(marks)}
     print(results, flush=True)
     turn = iter(range(10**9))
     loader.reader.submit = lambda ids: ((lambda: held_batches[next(turn) % len(held_batches)]), [None, None])

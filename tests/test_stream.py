@@ -46,11 +46,16 @@ _INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import resample_ke
 
 @pytest.fixture(params=["matrices", "kernel"])
 def resample(request, tmp_path):
-    """Each resampler with resample_boxes' signature. The Triton kernel runs through Triton's
-    interpreter, which must be chosen before Triton is imported: so in a child process."""
+    """Each resampler with resample_boxes' signature. The Triton kernel runs compiled where
+    there is a GPU, otherwise through Triton's interpreter, which must be chosen before Triton
+    is imported: so in a child process. (Triton 3.6's interpreter cannot run the kernel's
+    loops with run-time bounds; 3.9's can.)"""
     if request.param == "matrices":
         return functools.partial(resample_boxes, method="matrices")
     pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
+    if torch.cuda.is_available():
+        return lambda images, boxes, size, flip=None: resample_boxes(
+            [im.cuda() for im in images], boxes, size, flip, method="kernel").cpu()
 
     def interpreted(images, boxes, size, flip=None):
         inputs, output = tmp_path / "inputs.pt", tmp_path / "output.pt"
@@ -123,6 +128,21 @@ def test_resampling_in_several_canvas_chunks_keeps_each_image_in_its_place(monke
     assert torch.allclose(chunked, whole, atol=1e-3)
     alone = torch.cat([resample_boxes([im], boxes[i:i + 1], 16, flip[i:i + 1]) for i, im in enumerate(images)])
     assert torch.allclose(alone, whole, atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles the Triton kernel for a GPU")
+def test_the_compiled_kernel_agrees_with_the_matrix_products_on_extreme_shapes():
+    # downscaling 3000 px to 224 needs 29 taps per axis; strips one pixel wide; upscaling
+    generator = torch.Generator().manual_seed(0)
+    sizes = [(375, 500), (3000, 2000), (40, 31), (1, 700), (900, 12)] * 4
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator).cuda() for h, w in sizes]
+    heights, widths = torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes])
+    flip = torch.rand(len(sizes), generator=generator) < 0.5
+    train_boxes, eval_boxes = random_resized_boxes(heights, widths, generator), centre_boxes(heights, widths, 224)
+    for boxes, flips in [(train_boxes, flip), (eval_boxes, None)]:
+        kernel = resample_boxes(images, boxes, 224, flips, method="kernel")
+        matrices = resample_boxes(images, boxes, 224, flips, method="matrices")
+        assert (kernel - matrices).abs().max() < 0.5  # the matrix products run in fp16
 
 
 def test_centre_boxes_equal_resize_then_centre_crop(resample):
