@@ -435,7 +435,9 @@ class StreamLoader:
                 pending = self.reader.submit(steps[number + 1])
             generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
             x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, blobs, slot)))
-            yield x, torch.from_numpy(self.records.labels[ids]).to(self.device, non_blocking=True)
+            labels = torch.from_numpy(self.records.labels[ids])
+            # pinned: a copy from pageable memory first waits for all of this stream's work
+            yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
 
     def _images(self, ids: list[int], generator: torch.Generator | None, blobs: list[torch.Tensor],
                 slot: list) -> torch.Tensor:
