@@ -166,21 +166,26 @@ def forever(make):
 
 # --- phases ---------------------------------------------------------------------------------------------------
 
-def pipeline(work: Path, workers: int) -> dict:
+def pipeline(work: Path, workers: int, cpu_decode: list, baseline: bool = True) -> dict:
     from gpuaccel.data import open_dataset
 
     device = torch.device("cuda")
     results = {}
     for layout in ("folder", "shards"):
-        ds = open_dataset(str(work / layout), stream=True, image_size=224)
-        loader = ds.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                           channels_last=True)
-        epoch = iter(range(1000))
-        batches = forever(lambda: loader.batches(next(epoch)))
-        per_window = len(loader) // 2
-        results[f"gpuaccel_{layout}"] = {**windows_per_second(batches, BATCH, 5, 4, per_window),
-                                         "decoder": loader.decoder}
-        print(layout, results[f"gpuaccel_{layout}"], flush=True)
+        for share in cpu_decode:
+            ds = open_dataset(str(work / layout), stream=True, image_size=224)
+            loader = ds.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD,
+                               dtype=torch.bfloat16, channels_last=True, cpu_decode=share)
+            epoch = iter(range(1000))
+            batches = forever(lambda: loader.batches(next(epoch)))
+            per_window = len(loader) // 2
+            key = f"gpuaccel_{layout}" + ("" if share is None else f"_cpu_decode_{share}")
+            results[key] = {**windows_per_second(batches, BATCH, 5, 4, per_window), "decoder": loader.decoder,
+                            "reader_processes": loader.workers}
+            print(key, results[key], flush=True)
+            del batches, loader
+    if not baseline:
+        return results
 
     loader = baseline_loader(work / "folder", workers)
 
@@ -241,28 +246,33 @@ def memory(classes: int, modes: list[str]) -> dict:
     return results
 
 
-def e2e(work: Path, workers: int, classes: int, epochs: int, modes: list[str]) -> dict:
+def e2e(work: Path, workers: int, classes: int, epochs: int, modes: list[str], cpu_decode: list,
+        baseline: bool = True) -> dict:
     results = {}
-    for mode in modes:
-        run_dir = work / f"run-{mode}"
+    for mode, share in [(m, s) for m in modes for s in cpu_decode]:
+        key = f"gpuaccel_{mode}" + ("" if share is None else f"_cpu_decode_{share}")
+        run_dir = work / f"run-{key}"
         cmd = [sys.executable, "-m", "gpuaccel", "train", "--data", str(work / "folder"), "--loader", "stream",
                "--model", "resnet50", "--image-size", "224", "--precision", "bf16", "--compile",
                "--compile-mode", mode, "--batch-size", str(BATCH), "--eval-batch-size", str(BATCH),
-               "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet"]
+               "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet"] + \
+            ([] if share is None else ["--cpu-decode", str(share)])
         subprocess.run(["rm", "-rf", str(run_dir)])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            results[f"gpuaccel_{mode}"] = {"error": (done.stdout + done.stderr)[-2000:], "command": " ".join(cmd)}
+            results[key] = {"error": (done.stdout + done.stderr)[-2000:], "command": " ".join(cmd)}
         else:
             s = json.loads((run_dir / "summary.json").read_text())
             records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            results[f"gpuaccel_{mode}"] = {
+            results[key] = {
                 "images_per_second": s["images_per_second"], "train_seconds": s["train_seconds"],
                 "warmup_seconds": s["warmup_seconds"], "epochs": s["epochs"],
                 "per_epoch_images_per_second": [r["images_per_second"] for r in records],
                 "data_wait": [r.get("data_wait") for r in records], "gpu_util": [r.get("gpu_util") for r in records],
                 "command": " ".join(cmd)}
-        print("gpuaccel e2e", mode, results[f"gpuaccel_{mode}"], flush=True)
+        print("gpuaccel e2e", key, results[key], flush=True)
+    if not baseline:
+        return results
 
     # compiled before its loader starts, so no batches pile up in the workers' queues meanwhile
     step = baseline_model(classes)
@@ -296,6 +306,9 @@ def main():
                     help="gpuaccel compile modes to time in the memory phase ('eager' for none)")
     ap.add_argument("--e2e-modes", nargs="+", default=["default", "reduce-overhead"])
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--cpu-decode", nargs="+", type=float, default=[None],
+                    help="shares of each batch the reader processes decode (default: the loader's)")
+    ap.add_argument("--skip-baselines", action="store_true", help="time gpuaccel only in the pipeline and e2e phases")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     work = Path(args.work)
@@ -310,11 +323,12 @@ def main():
         if phase == "generate":
             results["generate"] = generate(work, args.images, args.val_images, args.classes)
         elif phase == "pipeline":
-            results["pipeline"] = pipeline(work, args.workers)
+            results["pipeline"] = pipeline(work, args.workers, args.cpu_decode, baseline=not args.skip_baselines)
         elif phase == "memory":
             results["memory"] = memory(1000, args.modes)
         elif phase == "e2e":
-            results["e2e"] = e2e(work, args.workers, args.classes, args.epochs, args.e2e_modes)
+            results["e2e"] = e2e(work, args.workers, args.classes, args.epochs, args.e2e_modes, args.cpu_decode,
+                                 baseline=not args.skip_baselines)
         results["meta"].setdefault("commands", {})[phase] = " ".join(sys.argv)
         print(phase, "took", round(time.perf_counter() - start, 1), "s", flush=True)
         out.write_text(json.dumps(results, indent=2))

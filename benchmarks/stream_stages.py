@@ -3,8 +3,9 @@
     python benchmarks/stream_stages.py /tmp/imagenet/folder --out stages.json
 
 Run after ``imagenet_throughput.py --phases generate`` (it reads the same folder). Per
-batch of 256 training images: reading the files (the pool threads), nvJPEG decoding (time
-the calling thread is blocked, and until the GPU is done), the crop geometry, the
+batch of 256 training images: reading the files, and reading and decoding them with Pillow
+(one reader process's work), nvJPEG decoding (time the calling thread is blocked, and
+until the GPU is done), the crop geometry, the
 resampling and normalising with each resampler (host time of the call, time until the GPU
 is done, and GPU time alone, measured with the host's work queued behind a GPU sleep), and
 how far the two resamplers' outputs are apart. Then the pipeline as a whole: made on the
@@ -16,7 +17,7 @@ wall time of its stages recorded per batch: a pure-Python thread (contention for
 only), a thread replaying a CUDA graph of large matrix products (contention for the GPU
 only), and the compiled ResNet-50 training step of ``imagenet_throughput.py`` consuming
 the batches (both, as in end-to-end training), next to that step's rate on one batch
-held in memory.
+held in memory. ``--cpu-decode`` sets the share the reader processes decode.
 """
 
 import argparse
@@ -71,18 +72,14 @@ def images_per_second(batches, warmup: int = 5, count: int = 40, limit_s: float 
 
 
 class StageClock:
-    """Records the wall time of the loader's reading wait, decoding and resampling per batch."""
+    """Records the wall time of the loader's nvJPEG calls, of its whole decoding step (the
+    upload of the reader processes' images included) and of resampling, per batch."""
 
     def __init__(self, loader):
-        self.times = {"read_wait": [], "decode": [], "resample": []}
-        submit, decode, resample = loader.reader.submit, loader.decode, stream.resample_boxes
-
-        def timed_submit(ids):
-            wait, slot = submit(ids)
-            return self._timed("read_wait", wait), slot
-        loader.reader.submit = timed_submit
-        loader.decode = self._timed("decode", decode)
-        stream.resample_boxes = self._timed("resample", resample)
+        self.times = {"nvjpeg": [], "decode": [], "resample": []}
+        stream._decode_on_gpu = self._timed("nvjpeg", stream._decode_on_gpu)
+        loader._decoded = self._timed("decode", loader._decoded)
+        stream.resample_boxes = self._timed("resample", stream.resample_boxes)
 
     def _timed(self, key, fn):
         def wrapper(*args, **kwargs):
@@ -125,9 +122,8 @@ def gpu_load():
     return busy_gpu
 
 
-def under_load(loader, held_batches: list) -> dict:
-    """The served pipeline beside each load; then training from the pipeline, and from a
-    pipeline whose files are already in memory (``held_batches``, cycled: no reading threads)."""
+def under_load(loader) -> dict:
+    """The served pipeline beside each load; then training from the pipeline."""
     from imagenet_throughput import baseline_model
 
     busy_gpu = gpu_load()
@@ -169,13 +165,6 @@ def under_load(loader, held_batches: list) -> dict:
     marks = clock.marks()
     results["training_from_the_pipeline"] = {"img_s": images_per_second(trained(served), count=60),
                                              **clock.since(marks)}
-    print(results, flush=True)
-    turn = iter(range(10**9))
-    loader.reader.submit = lambda ids: ((lambda: held_batches[next(turn) % len(held_batches)]), [None, None])
-    served_from_memory = batches()
-    marks = clock.marks()
-    results["training_from_the_pipeline_files_in_memory"] = {
-        "img_s": images_per_second(trained(served_from_memory), count=60), **clock.since(marks)}
     return results
 
 
@@ -184,11 +173,12 @@ def main():
     ap.add_argument("folder")
     ap.add_argument("--out", required=True)
     ap.add_argument("--under-load", action="store_true")
+    ap.add_argument("--cpu-decode", type=float, help="share of each batch the reader processes decode")
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
     loader = dataset.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                            channels_last=True)
+                            channels_last=True, cpu_decode=args.cpu_decode)
     order = loader.order.epoch_indices(0)
     steps = [order[s * BATCH:(s + 1) * BATCH].tolist() for s in range(len(loader))]
     results = {"meta": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -201,20 +191,21 @@ def main():
         print(key, value, flush=True)
 
     blobs = []
+    reader, pillow = stream._FileBatches(dataset.train, 0.0), stream._FileBatches(dataset.train, 1.0)
 
     def read(i):
-        wait, _slot = loader.reader.submit(steps[i])
-        got = wait()
+        host = reader[steps[i]]
         if len(blobs) < 8:
-            # copies, because the reader reuses its buffers; pinned, as the loader's are, so that the
-            # decoder's upload is timed as the pipeline pays it
-            blobs.append([b.clone().pin_memory() for b in got])
-    report("read", stats(timed(read, 30)[0]))
+            # pinned, as the loader's are, so that the decoder's upload is timed as the pipeline pays it
+            ends = host.lengths.cumsum(0).tolist()
+            blobs.append([host.compressed[e - n:e].pin_memory() for e, n in zip(ends, host.lengths.tolist())])
+    report("read_one_process", stats(timed(read, 30)[0]))
+    report("read_and_decode_with_pillow_one_process", stats(timed(lambda i: pillow[steps[40 + i]], 6)[0]))
 
     decoded = []
 
     def decode(i):
-        images = loader.decode(blobs[i % len(blobs)])
+        images = stream._decode_on_gpu(blobs[i % len(blobs)], device)
         if len(decoded) < len(blobs):
             decoded.append(images)
     host, synced = timed(decode, 24)
@@ -261,7 +252,7 @@ def main():
     report("pipeline_on_calling_thread_img_s", images_per_second(iter(loader.prepared(1))))
     report("pipeline_served_img_s", images_per_second(iter(loader.batches(2))))
     if args.under_load:
-        for name, value in under_load(loader, blobs).items():
+        for name, value in under_load(loader).items():
             report(name, value)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

@@ -112,6 +112,22 @@ def test_resampling_matches_pil_antialiased_resize_of_the_box(size, resample):
         assert difference.max() <= 1 and difference.mean() < 0.3, (i, difference.max(), difference.mean())
 
 
+def test_resampling_reads_images_through_their_strides(resample):
+    """Images decoded on the CPU arrive as height x width x channels views, grey ones as one
+    channel read three times: the result equals that of contiguous (C, H, W) copies."""
+    arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (41, 66)])]
+    grey = photo(50, 60, 9)[:, :, :1]
+    views = [torch.from_numpy(a).permute(2, 0, 1) for a in arrays] + [torch.from_numpy(grey).permute(2, 0, 1)
+                                                                       .expand(3, -1, -1)]
+    assert not any(v.is_contiguous() for v in views)
+    boxes = random_resized_boxes(torch.tensor([75, 41, 50]), torch.tensor([100, 66, 60]),
+                                 torch.Generator().manual_seed(5))
+    flip = torch.tensor([True, False, True])
+    out = resample(views, boxes, 32, flip)
+    assert torch.allclose(out, resample([v.contiguous() for v in views], boxes, 32, flip), atol=1e-3)
+    assert torch.equal(out[2, 0], out[2, 1]) and torch.equal(out[2, 0], out[2, 2])
+
+
 def test_resampling_in_several_canvas_chunks_keeps_each_image_in_its_place(monkeypatch):
     sizes = [(90, 60), (40, 50), (120, 100), (33, 90), (64, 64), (50, 41)]
     images = [chw(photo(h, w, seed)) for seed, (h, w) in enumerate(sizes)]
@@ -254,14 +270,46 @@ def test_stream_batches_are_deterministic_and_resume_mid_epoch(tmp_path):
     assert not torch.equal(full[0][0], other[0][0])
 
 
-def test_a_corrupt_jpeg_in_a_shard_is_named_or_skipped_and_counted(tmp_path):
+def test_any_share_of_a_batch_decoded_by_any_number_of_reader_processes_gives_the_same_batches(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 3, 12)
+    write_shards(root, "val", 1, 6)
+    ds = open_dataset(str(root), image_size=16)
+    reference = list(stream_loader(ds, True, seed=2, workers=0, cpu_decode=1.0).batches(1))
+    for workers, share in ((0, 0.0), (2, 0.5), (2, 1.0), (1, 0.3)):
+        batches = list(stream_loader(ds, True, seed=2, workers=workers, cpu_decode=share).batches(1))
+        assert len(batches) == len(reference)
+        for (x, y), (x_ref, y_ref) in zip(batches, reference):
+            assert torch.equal(x, x_ref) and torch.equal(y, y_ref), (workers, share)
+    with pytest.raises(GpuaccelError, match="--cpu-decode must be a fraction"):
+        stream_loader(ds, True, cpu_decode=1.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
+def test_nvjpeg_and_the_reader_processes_share_a_batch_on_a_gpu(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 2, 16)
+    write_shards(root, "val", 1, 4)
+    ds = open_dataset(str(root), image_size=16)
+    passes = {share: list(ds.loader(train=True, batch_size=8, device=torch.device("cuda"), mean=(0.5,) * 3,
+                                    std=(0.25,) * 3, seed=2, cpu_decode=share).batches(1))
+              for share in (0.0, 0.5, 1.0)}
+    grey_level = 1 / 255 / 0.25
+    for step, (x_pil, y_pil) in enumerate(passes[1.0]):
+        for share in (0.0, 0.5):
+            x, y = passes[share][step]
+            assert torch.equal(y, y_pil)
+            # the two decoders' inverse DCTs round differently, by about a grey level
+            assert (x - x_pil).abs().mean() < 2 * grey_level, (share, step)
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])  # failing in a reader process, or in the loader's thread
+def test_a_corrupt_jpeg_in_a_shard_is_named_or_skipped_and_counted(tmp_path, share):
     root = write_shards(tmp_path / "shards", "train", 2, 12, bad={(1, 5)})
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
     with pytest.raises(GpuaccelError, match=r"train-0001\.tar:0001_0005\.jpg.*--skip-bad"):
-        for _ in stream_loader(ds, True).batches(0):
+        for _ in stream_loader(ds, True, cpu_decode=share).batches(0):
             pass
-    batches = list(stream_loader(ds, True, skip_bad=True).batches(0))
+    batches = list(stream_loader(ds, True, skip_bad=True, cpu_decode=share).batches(0))
     assert all(x.shape[0] == 8 for x, _ in batches)  # the bad image's place is taken: shapes stay static
     assert ds.skipped == [str(root / "train" / "train-0001.tar") + ":0001_0005.jpg"]
 

@@ -69,7 +69,11 @@ def _train_parser(sub) -> None:
                         "(JPEG files read and decoded every step, on the GPU with torchvision: for data larger "
                         "than memory; a directory of .tar shards is always streamed)")
     d.add_argument("--workers", type=int, metavar="N",
-                   help="processes of the cpu loader (default: cores - 1, max 8); reading threads when streaming")
+                   help="processes of the cpu loader (default: cores - 1, max 8); with --loader stream, reader "
+                        "processes (default: cores - 2)")
+    d.add_argument("--cpu-decode", type=float, metavar="F",
+                   help="with --loader stream on a GPU: the share of each batch the reader processes decode with "
+                        "Pillow, nvJPEG decoding the rest (default 0: nvJPEG is far faster where it exists)")
     d.add_argument("--crop-padding", type=int, metavar="P", help="random translation by up to P pixels (default 0)")
     d.add_argument("--flip", metavar="MODE", help="horizontal flips: none (default), random, alternate")
     d.add_argument("--cutout", type=int, metavar="S", help="zero a random SxS square in each image (default 0)")

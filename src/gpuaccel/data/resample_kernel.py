@@ -5,7 +5,9 @@ canvas, and that costs host time per image (a view, a padding kernel through nes
 tensors): about 13 ms per batch of 256 on an H200's host, on the thread that must also
 call the JPEG decoder. Here each decoded image stays where nvJPEG left it; the kernel
 finds it through a table of pointers and computes PIL's triangle-filter taps itself, so a
-batch is one launch and the host builds a table of one row per image.
+batch is one launch and the host builds a table of one row per image. The table holds
+each image's strides too, so an image decoded on the CPU (height, width, channel order,
+or one grey channel read three times) is read where it was uploaded, without a copy.
 
 Output pixel (y, x) of image n is the sum over taps_y x taps_x source pixels of the
 product of the row and column taps, divided by their sums (as PIL normalises each
@@ -34,6 +36,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # output pixels per program; the interpreter runs programs one by one, so it gets big ones
 _BLOCK = 8192 if _INTERPRETED else 512
 _FIELDS = 7  # per image: height, width, box top, left, height, width, flip (float32)
+_LAYOUT = 4  # per image: address, channel stride, row stride, column stride (int64, in elements)
 # (a kernel argument must not be called "params": Triton 3.6's argument binder uses that name)
 
 
@@ -45,20 +48,20 @@ def usable(device: torch.device) -> bool:
 def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
                    flip: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`gpuaccel.data.crops.resample_boxes`: box i of ``images[i]``
-    ((C, H, W) uint8, sizes may differ) resampled to (N, C, size, size) float32 in 0..255."""
+    ((C, H, W) uint8 views with any strides, sizes may differ) resampled to (N, C, size, size)
+    float32 in 0..255."""
     n, channels = len(images), images[0].shape[0]
     device = images[0].device
     if not (usable(device) or (triton is not None and _INTERPRETED)):
         raise RuntimeError(f"the Triton resampler cannot run on {device} here")
-    images = [im if im.is_contiguous() else im.contiguous() for im in images]
     boxes = boxes.detach().to("cpu", torch.float32)
     shapes = torch.tensor([im.shape[1:] for im in images], dtype=torch.float32)
     flip = torch.zeros(n) if flip is None else flip.to("cpu", torch.float32)
     geometry = torch.cat([shapes, boxes, flip[:, None]], dim=1)
-    pointers = torch.tensor([im.data_ptr() for im in images], dtype=torch.int64)
+    layout = torch.tensor([(im.data_ptr(), *im.stride()) for im in images], dtype=torch.int64)
     if device.type == "cuda":
         geometry = geometry.pin_memory().to(device, non_blocking=True)
-        pointers = pointers.pin_memory().to(device, non_blocking=True)
+        layout = layout.pin_memory().to(device, non_blocking=True)
     # enough taps for the widest filter of the batch: a footprint of 2 x reach pixels
     reach = (boxes[:, 2:] / size).clamp(min=1.0).amax(dim=0).tolist()
     taps_y, taps_x = (math.ceil(2 * r) + 1 for r in reach)
@@ -67,7 +70,8 @@ def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
     # Triton launches on the current device, which need not be the images' one
     on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_their_device:
-        _resample[grid](pointers, geometry, out, taps_y, taps_x, FIELDS=_FIELDS, SIZE=size, BLOCK=_BLOCK)
+        _resample[grid](layout, geometry, out, taps_y, taps_x, FIELDS=_FIELDS, LAYOUT=_LAYOUT, SIZE=size,
+                        BLOCK=_BLOCK)
     return out
 
 
@@ -79,8 +83,8 @@ if triton is not None:
         return tl.where((pixel >= 0) & (pixel < extent), weight, 0.0)
 
     @triton.jit
-    def _resample(image_pointers, geometry, out, taps_y, taps_x, FIELDS: tl.constexpr, SIZE: tl.constexpr,
-                  BLOCK: tl.constexpr):
+    def _resample(image_layout, geometry, out, taps_y, taps_x, FIELDS: tl.constexpr, LAYOUT: tl.constexpr,
+                  SIZE: tl.constexpr, BLOCK: tl.constexpr):
         n = tl.program_id(0)
         channel = tl.program_id(1)
         index = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
@@ -91,8 +95,9 @@ if triton is not None:
         top, left = tl.load(row + 2), tl.load(row + 3)
         box_h, box_w = tl.load(row + 4), tl.load(row + 5)
         flipped = tl.load(row + 6) > 0.5
-        plane = height.to(tl.int64) * width
-        image = tl.load(image_pointers + n).to(tl.pointer_type(tl.uint8)) + channel * plane
+        strides = image_layout + n * LAYOUT
+        row_stride, column_stride = tl.load(strides + 2), tl.load(strides + 3)
+        image = tl.load(strides).to(tl.pointer_type(tl.uint8)) + channel * tl.load(strides + 1)
 
         out_y = index // SIZE
         out_x = index % SIZE
@@ -116,11 +121,12 @@ if triton is not None:
         for ky in range(taps_y):
             pixel_y = first_y + ky
             weight_y = _tap(pixel_y, centre_y, reach_y, height)
-            row_start = image + pixel_y.to(tl.int64) * width
+            row_start = image + pixel_y.to(tl.int64) * row_stride
             for kx in range(taps_x):
                 pixel_x = first_x + kx
                 weight = weight_y * _tap(pixel_x, centre_x, reach_x, width)
-                value = tl.load(row_start + pixel_x, mask=inside & (weight > 0.0), other=0)
+                value = tl.load(row_start + pixel_x.to(tl.int64) * column_stride, mask=inside & (weight > 0.0),
+                                other=0)
                 acc += weight * value.to(tl.float32)
         result = acc / tl.maximum(total_y * total_x, 1e-12)
         tl.store(out + (n * tl.num_programs(1) + channel) * SIZE * SIZE + index, result, mask=inside)

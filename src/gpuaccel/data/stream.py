@@ -1,13 +1,14 @@
 """Streaming JPEG data sets: image folders and WebDataset-style .tar shards larger than memory.
 
 Nothing is decoded up front. An index of where each image's bytes are (a file, or an
-offset and length inside a shard) is built once; every step then reads one batch of
-compressed files on a pool of threads, decodes them on the GPU in one nvJPEG call
+offset and length inside a shard) is built once. Reader processes (a PyTorch DataLoader
+over batches) read each batch's compressed files into shared memory and decode a share of
+them with Pillow; the rest are decoded on the GPU in one nvJPEG call
 (``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the A100/H100 hardware
-decoder for baseline JPEGs) or with Pillow on the CPU threads where that is not
-available, and crops, resizes, flips and normalises the whole batch on the device
-(``crops.py``). A background thread prepares batches ahead on a side CUDA stream, so
-the training step only waits on a CUDA event.
+decoder for baseline JPEGs), and the whole batch is cropped, resized, flipped and
+normalised on the device (``crops.py``). Without a GPU decoder the processes decode it
+all. A background thread turns the processes' batches into device batches on a side CUDA
+stream, so the training step only waits on a CUDA event.
 
 Order: an image folder is served like the in-memory loaders (a per-epoch permutation,
 each rank a disjoint shard, every image once per epoch). Shards are read as wholes,
@@ -20,6 +21,7 @@ images that epoch are left out (a different rest every epoch).
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import tarfile
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,6 +45,7 @@ from .prefetch import in_thread, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
+DEFAULT_CPU_DECODE = 0.0  # share of each batch the reader processes decode when nvJPEG can do it all
 
 
 # --- the index: where each image's bytes are -------------------------------------------------------
@@ -269,67 +273,90 @@ class ShardOrder:
 
 # --- reading and decoding ----------------------------------------------------------------------------------
 
-class _BatchReader:
-    """Reads one batch's compressed images into one buffer (pinned when feeding a GPU, so the
-    decoder's uploads are plain DMA), split among a few pool threads. Shards stay open.
+class HostBatch(NamedTuple):
+    """One batch as a reader process hands it over: the first ``len(shapes)`` images decoded
+    (``pixels``: each height x width x channels, one after another), the rest still compressed
+    (``compressed``: ``lengths[k]`` bytes each, one after another), and the decoding failures
+    as (position in the batch, reason)."""
 
-    Buffers come from a ring; a buffer is reused only after the event recorded when its
-    batch was decoded has completed."""
+    pixels: torch.Tensor
+    shapes: torch.Tensor
+    compressed: torch.Tensor
+    lengths: torch.Tensor
+    failures: list
 
-    def __init__(self, records: Records, pool: ThreadPoolExecutor, pin: bool, parts: int = 8, slots: int = 4):
-        self.records, self.pool, self.pin, self.parts = records, pool, pin, parts
-        self._ring: list[list] = [[torch.empty(0, dtype=torch.uint8), None] for _ in range(slots)]
-        self._turn = 0
-        self._shards: dict[int, int] = {}
-        self._lock = threading.Lock()
 
-    def submit(self, ids: list[int]):
-        """Starts reading; returns (wait, slot): ``wait()`` gives the images as 1-D uint8 tensors."""
-        starts = np.concatenate([[0], np.cumsum(self.records.sizes[ids])])
-        slot = self._ring[self._turn]
-        self._turn = (self._turn + 1) % len(self._ring)
-        if slot[1] is not None:
-            slot[1].synchronize()  # the decoder has finished with this buffer's last batch
-        if slot[0].numel() < starts[-1]:
-            slot[0] = torch.empty(int(starts[-1] * 1.25) + 1, dtype=torch.uint8, pin_memory=self.pin)
-        buffer = slot[0]
-        view = memoryview(buffer.numpy())
-        lengths = np.zeros(len(ids), dtype=np.int64)
-        parts = [p for p in np.array_split(np.arange(len(ids)), min(self.parts, len(ids))) if len(p)]
-        futures = [self.pool.submit(self._read_part, ids, part, starts, view, lengths) for part in parts]
+class _FileBatches(torch.utils.data.Dataset):
+    """What a reader process does: item ``ids`` (one batch) is a :class:`HostBatch` whose first
+    ``round(cpu_share * len(ids))`` images are decoded with Pillow; the rest are read for nvJPEG.
 
-        def wait() -> list[torch.Tensor]:
-            for future in futures:
-                future.result()
-            return [buffer[int(starts[k]):int(starts[k] + lengths[k])] for k in range(len(ids))]
+    Processes rather than threads because reading takes the GIL back after every system call
+    and the training thread holds it most of the time (benchmarks/stream_stages.py
+    --under-load); and the share decoded here is work the GPU's decoder, which waits behind the
+    training step's kernels, does not have to do. Buffers are made in shared memory, so
+    handing one over does not copy it."""
 
-        return wait, slot
+    def __init__(self, records: Records, cpu_share: float):
+        self.records, self.cpu_share = records, cpu_share
+        self._shards: dict[int, int] = {}  # open shard files, per process
 
-    def _read_part(self, ids, part, starts, view, lengths) -> None:
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, ids: list[int]) -> HostBatch:
+        on_cpu = round(self.cpu_share * len(ids))
+        decoded, failures = [], []
+        for k, i in enumerate(ids[:on_cpu]):
+            data = bytearray(int(self.records.sizes[i]))
+            data = data[:self._read(i, memoryview(data))]
+            array, reason = _decode_one(ImageSource("", data=data), None)
+            if array is None:
+                failures.append((k, reason))
+                array = np.zeros((1, 1, 1), dtype=np.uint8)
+            decoded.append(array)
+        pixels = _shared_bytes(sum(a.size for a in decoded))
+        view, at = pixels.numpy(), 0
+        for array in decoded:
+            view[at:at + array.size] = array.reshape(-1)
+            at += array.size
+        rest = ids[on_cpu:]
+        starts = np.concatenate([[0], np.cumsum(self.records.sizes[rest])]).astype(np.int64)
+        compressed = _shared_bytes(int(starts[-1]))
+        target = memoryview(compressed.numpy())
+        lengths = torch.tensor([self._read(i, target[starts[k]:starts[k + 1]]) for k, i in enumerate(rest)],
+                               dtype=torch.int64)
+        shapes = torch.tensor([a.shape for a in decoded], dtype=torch.int64).reshape(-1, 3)
+        return HostBatch(pixels, shapes, compressed, lengths, failures)
+
+    def _read(self, i: int, target: memoryview) -> int:
         records = self.records
-        for k in part:
-            i = ids[k]
-            target = view[int(starts[k]):int(starts[k + 1])]
-            if records.sharded:
-                lengths[k] = _read_fully(self._shard_fd(int(records.shard_of[i])), target, int(records.offsets[i]))
-                continue
-            fd = os.open(records.paths[i], os.O_RDONLY)
-            try:
-                lengths[k] = _read_fully(fd, target, 0)
-            finally:
-                os.close(fd)
-
-    def _shard_fd(self, shard: int) -> int:
-        with self._lock:
+        if records.sharded:
+            shard = int(records.shard_of[i])
             if shard not in self._shards:
-                self._shards[shard] = os.open(self.records.paths[shard], os.O_RDONLY)
-            return self._shards[shard]
+                self._shards[shard] = os.open(records.paths[shard], os.O_RDONLY)
+            return _read_fully(self._shards[shard], target, int(records.offsets[i]))
+        fd = os.open(records.paths[i], os.O_RDONLY)
+        try:
+            return _read_fully(fd, target, 0)
+        finally:
+            os.close(fd)
 
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._shards.values():
-                os.close(fd)
-            self._shards.clear()
+
+def _shared_bytes(count: int) -> torch.Tensor:
+    return torch.empty(count, dtype=torch.uint8).share_memory_()
+
+
+class _StepIds(torch.utils.data.Sampler):
+    """The image ids of each step of one pass; ``steps`` is set before each pass."""
+
+    def __init__(self):
+        self.steps: list[list[int]] = []
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
 
 
 def _decode_with_pil(data):
@@ -340,36 +367,43 @@ def _decode_with_pil(data):
     return torch.from_numpy(np.array(array)).permute(2, 0, 1).expand(3, -1, -1).contiguous()
 
 
-class _Decoder:
-    """Compressed images (1-D uint8 tensors) -> (3, H, W) uint8 tensors on ``device``: one
-    batched nvJPEG call on a GPU with torchvision, Pillow on a thread pool otherwise (Pillow
-    decodes without holding the GIL).
+def _decode_on_gpu(blobs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
+    """Compressed images (1-D uint8 tensors) -> (3, H, W) uint8 tensors on ``device`` in one
+    batched nvJPEG call. A batch nvJPEG rejects is decoded again image by image, so that one
+    bad file is found and named; what nvJPEG cannot decode at all (CMYK, PNG in a JPEG
+    folder) goes to Pillow."""
+    from torchvision.io import ImageReadMode, decode_jpeg
 
-    A batch nvJPEG rejects is decoded again image by image, so that one bad file is found
-    and named; what nvJPEG cannot decode at all (CMYK, PNG in a JPEG folder) goes to Pillow."""
-
-    def __init__(self, device: torch.device, pool: ThreadPoolExecutor):
-        self.device, self.pool = device, pool
-        self.on_gpu = gpu_jpeg_decoder_available(device)
-
-    def __call__(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | str]:
-        if not self.on_gpu:
-            decoded = list(self.pool.map(_decode_with_pil, blobs))
-            return [d if isinstance(d, str) else d.to(self.device, non_blocking=True) for d in decoded]
-        from torchvision.io import ImageReadMode, decode_jpeg
-
+    try:
+        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        pass
+    results: list[torch.Tensor | str] = []
+    for blob in blobs:
         try:
-            return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=self.device)
+            results.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
-            pass
-        results: list[torch.Tensor | str] = []
-        for blob in blobs:
-            try:
-                results.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=self.device))
-            except RuntimeError:
-                fallback = _decode_with_pil(blob)
-                results.append(fallback if isinstance(fallback, str) else fallback.to(self.device))
-        return results
+            fallback = _decode_with_pil(blob)
+            results.append(fallback if isinstance(fallback, str) else fallback.to(device))
+    return results
+
+
+def _unpacked(pixels: torch.Tensor, shapes: torch.Tensor) -> list[torch.Tensor]:
+    """(3, H, W) views of the packed height x width x channels images (one grey channel is read
+    three times, through a stride of 0)."""
+    views, at = [], 0
+    for h, w, c in shapes.tolist():
+        image = pixels[at:at + h * w * c].view(h, w, c).permute(2, 0, 1)
+        views.append(image.expand(3, h, w) if c == 1 else image)
+        at += h * w * c
+    return views
+
+
+def default_reader_processes() -> int:
+    """Reader processes per training process: the cores shared among the local ranks, less two
+    for the training and pipeline threads, at least one."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, (os.cpu_count() or 2) // local_ranks - 2)
 
 
 # --- the loader -------------------------------------------------------------------------------------------
@@ -378,14 +412,21 @@ class StreamLoader:
     """Batches of ``image_size`` x ``image_size`` normalised images streamed from JPEG files.
 
     Training batches are random-resized crops with random horizontal flips; evaluation
-    batches are centre crops. A batch is a pure function of (seed, epoch, step). A file
-    that cannot be decoded stops the run with its name, or with ``skip_bad`` is counted in
-    ``skipped`` and replaced by another image of the same batch (shapes stay static)."""
+    batches are centre crops. A batch is a pure function of (seed, epoch, step), up to the
+    decoders' rounding. A file that cannot be decoded stops the run with its name, or with
+    ``skip_bad`` is counted in ``skipped`` and replaced by another image of the same batch
+    (shapes stay static).
+
+    ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
+    ``cpu_decode`` of its images with Pillow (by default none on a GPU with nvJPEG, all
+    otherwise); nvJPEG decodes the rest on the GPU, or without it Pillow on the loader's
+    thread. ``workers=0`` reads in the loader's thread."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 skip_bad: bool = False, threads: int | None = None, skipped: dict | None = None):
+                 skip_bad: bool = False, workers: int | None = None, cpu_decode: float | None = None,
+                 skipped: dict | None = None):
         self.records, self.device, self.train, self.image_size = records, device, train, image_size
         self.batch_size, self.seed, self.skip_bad = batch_size, seed, skip_bad
         if records.sharded:
@@ -397,10 +438,20 @@ class StreamLoader:
         self.num_images = len(records)
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
-        self.pool = ThreadPoolExecutor(max_workers=threads or min(32, 2 * (os.cpu_count() or 1)),
-                                       thread_name_prefix="gpuaccel-read")
-        self.decode = _Decoder(device, self.pool)
-        self.reader = _BatchReader(records, self.pool, pin=device.type == "cuda")
+        self.on_gpu = gpu_jpeg_decoder_available(device)
+        if cpu_decode is not None and not 0.0 <= cpu_decode <= 1.0:
+            raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {cpu_decode}")
+        if cpu_decode is None:
+            cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
+        self.cpu_decode = cpu_decode
+        self.workers = default_reader_processes() if workers is None else workers
+        self._steps = _StepIds()
+        self._loader = torch.utils.data.DataLoader(
+            _FileBatches(records, self.cpu_decode), batch_size=None, sampler=self._steps,
+            num_workers=self.workers, pin_memory=device.type == "cuda", persistent_workers=self.workers > 0,
+            prefetch_factor=2 if self.workers > 0 else None)
+        self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
+        self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
         self.prepare_stream = side_stream(device)
 
     def __len__(self) -> int:
@@ -408,12 +459,11 @@ class StreamLoader:
 
     @property
     def decoder(self) -> str:
-        return "nvjpeg" if self.decode.on_gpu else "pil"
+        return f"nvjpeg, {self.cpu_decode:.0%} pillow" if self.on_gpu and self.cpu_decode < 1 else "pillow"
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
-        wait, slot = self.reader.submit(ids)
-        return self.normaliser.scale(self._images(ids, None, wait(), slot))
+        return self.normaliser.scale(self._images(ids, None, self._loader.dataset[ids]))
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
@@ -424,30 +474,40 @@ class StreamLoader:
 
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
-        files of the next batch are read meanwhile)."""
+        reader processes work ahead)."""
         order = self.order.epoch_indices(epoch)
         steps = [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(start, len(self))]
-        pending = self.reader.submit(steps[0])
-        for number, ids in enumerate(steps):
-            wait, slot = pending
-            blobs = wait()
-            if number + 1 < len(steps):
-                pending = self.reader.submit(steps[number + 1])
-            generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
-            x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, blobs, slot)))
-            labels = torch.from_numpy(self.records.labels[ids])
-            # pinned: a copy from pageable memory first waits for all of this stream's work
-            yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
+        with self._lock:
+            self._steps.steps = steps
+            for number, (ids, host) in enumerate(zip(steps, self._loader)):
+                generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
+                x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, host)))
+                labels = torch.from_numpy(self.records.labels[ids])
+                # pinned: a copy from pageable memory first waits for all of this stream's work
+                yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device,
+                                                                                           non_blocking=True)
 
-    def _images(self, ids: list[int], generator: torch.Generator | None, blobs: list[torch.Tensor],
-                slot: list) -> torch.Tensor:
+    def _decoded(self, host: HostBatch) -> list[torch.Tensor | str]:
+        """The batch's images as (3, H, W) uint8 on the device, or the reason one failed."""
+        decoded: list[torch.Tensor | str] = _unpacked(host.pixels.to(self.device, non_blocking=True), host.shapes)
+        for k, reason in host.failures:
+            decoded[k] = reason
+        if len(host.lengths):
+            ends = host.lengths.cumsum(0).tolist()
+            blobs = [host.compressed[end - length:end] for end, length in zip(ends, host.lengths.tolist())]
+            decoded += _decode_on_gpu(blobs, self.device) if self.on_gpu else [_decode_with_pil(b) for b in blobs]
+        if self.device.type == "cuda":  # nvJPEG may read the host buffers until its work is done
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._in_use.append((done, host))
+            while len(self._in_use) > 3:
+                self._in_use.popleft()[0].synchronize()
+        return decoded
+
+    def _images(self, ids: list[int], generator: torch.Generator | None, host: HostBatch) -> torch.Tensor:
         """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
-        ``generator`` None: evaluation geometry (centre crops, no flips). ``slot``: the read
-        buffer's ring entry, marked free once the decoder is done with it."""
-        decoded = self.decode(blobs)
-        if self.device.type == "cuda":
-            slot[1] = torch.cuda.Event()
-            slot[1].record(torch.cuda.current_stream(self.device))
+        ``generator`` None: evaluation geometry (centre crops, no flips)."""
+        decoded = self._decoded(host)
         bad = [k for k, d in enumerate(decoded) if isinstance(d, str)]
         if bad:
             names = [self.records.names[ids[k]] for k in bad]

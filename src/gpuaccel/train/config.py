@@ -48,7 +48,9 @@ class TrainConfig:
     pipeline_schedule: str = "1f1b"  # or gpipe
     split_points: list[str] | None = None  # module names to split before; None: balanced by FLOPs
     loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
-    workers: int | None = None  # loader processes for the cpu loader; None: cores / local ranks - 1, at most 8
+    workers: int | None = None  # loader processes (cpu loader: None is cores / local ranks - 1, at most 8;
+    #   stream: reader processes, None is cores / local ranks - 2)
+    cpu_decode: float | None = None  # stream with nvJPEG: share of each batch the reader processes decode
     # optimisation
     optimizer: str = "sgd"  # sgd; adamw; muon: orthogonalised updates for convolution filters, SGD for the rest
     lr: float = 0.05
@@ -141,6 +143,9 @@ class TrainConfig:
             raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
+        if self.cpu_decode is not None and not (isinstance(self.cpu_decode, (int, float))
+                                                and 0 <= self.cpu_decode <= 1):
+            raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {self.cpu_decode}")
         for name in ("eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -111,7 +111,7 @@ class Trainer:
             if config.crop_padding or config.cutout:
                 raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
                                     "random-resized crops with random flips")
-            loader_args.update(skip_bad=config.skip_bad, threads=config.workers or None)
+            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
             self.train_loader = ds.loader(train=True, batch_size=config.batch_size, **loader_args)
             self.eval_loader = ds.loader(train=False, batch_size=config.eval_batch_size, **loader_args)
         else:
