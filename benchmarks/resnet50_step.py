@@ -35,10 +35,12 @@ VARIANTS = {
 }
 
 KERNEL_KINDS = (  # first match wins; names of cuDNN/CUTLASS kernels vary by version
-    ("convolution", ("conv", "xmma", "implicit", "dgrad", "wgrad", "nhwc", "nchw", "cudnn")),
-    ("matrix product", ("gemm", "cutlass", "sm90_", "sm80_", "nvjet", "triton_tem_", "mm_")),
-    ("optimizer", ("multi_tensor", "fused_sgd", "foreach", "_fused_")),
+    ("matrix product", ("triton_tem_",)),  # inductor's templates (max-autotune)
+    # before "convolution": inductor names fused kernels after every op they hold
     ("fused pointwise/reduction (inductor)", ("triton_",)),
+    ("optimizer", ("multi_tensor", "fused_sgd", "foreach")),
+    ("convolution", ("conv", "xmma", "implicit", "dgrad", "wgrad", "nhwc", "nchw", "cudnn")),
+    ("matrix product", ("gemm", "cutlass", "sm90_", "sm80_", "nvjet", "mm_")),
 )
 
 
