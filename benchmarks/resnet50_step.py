@@ -20,7 +20,8 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
+
+from step_time import training_step
 
 # name -> (inductor settings, batch size)
 VARIANTS = {
@@ -68,14 +69,7 @@ def build(batch: int, classes: int = 100):
     compiled = torch.compile(model)
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (batch,), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step, source
+    return training_step(compiled, optimizer, x, y), source
 
 
 def run_variant(name: str, profile: bool) -> dict:

@@ -15,14 +15,19 @@ import gpuaccel
 from gpuaccel.bench.timing import cuda_times_ms
 
 
-def time_steps(model, opt, x, y, steps=50, warmup=10):
+def training_step(model, opt, x, y):
+    """One bf16-autocast training step on the batch (x, y), as a function of no arguments."""
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    times = cuda_times_ms(step, repeats=steps, warmup=warmup)
+    return step
+
+
+def time_steps(model, opt, x, y, steps=50, warmup=10):
+    times = cuda_times_ms(training_step(model, opt, x, y), repeats=steps, warmup=warmup)
     return statistics.median(times), min(times), max(times)
 
 

@@ -214,10 +214,12 @@ class WorkerLoader(_ShardedOrder):
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
 
-def default_workers() -> int:
-    """Loader processes per training process: the cores shared among the local ranks, at most 8."""
+def default_workers(reserved: int = 1, limit: int | None = 8) -> int:
+    """Loader processes per training process: the cores shared among the local ranks, less
+    ``reserved`` for the training process's own threads, at least one, at most ``limit``."""
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(8, (os.cpu_count() or 2) // local_ranks - 1))
+    share = (os.cpu_count() or 2) // local_ranks - reserved
+    return max(1, share if limit is None else min(limit, share))
 
 
 def fits_on_device(images: torch.Tensor, device: torch.device, max_share: float = 0.5) -> bool:

@@ -40,7 +40,7 @@ from .crops import centre_boxes, random_resized_boxes, resample_boxes
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
-from .loader import _Normaliser, _ShardedOrder
+from .loader import _Normaliser, _ShardedOrder, default_workers
 from .prefetch import in_thread, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
@@ -399,13 +399,6 @@ def _unpacked(pixels: torch.Tensor, shapes: torch.Tensor) -> list[torch.Tensor]:
     return views
 
 
-def default_reader_processes() -> int:
-    """Reader processes per training process: the cores shared among the local ranks, less two
-    for the training and pipeline threads, at least one."""
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, (os.cpu_count() or 2) // local_ranks - 2)
-
-
 # --- the loader -------------------------------------------------------------------------------------------
 
 class StreamLoader:
@@ -444,7 +437,8 @@ class StreamLoader:
         if cpu_decode is None:
             cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
         self.cpu_decode = cpu_decode
-        self.workers = default_reader_processes() if workers is None else workers
+        # two cores stay with the training and pipeline threads
+        self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
         self._steps = _StepIds()
         self._loader = torch.utils.data.DataLoader(
             _FileBatches(records, self.cpu_decode), batch_size=None, sampler=self._steps,
