@@ -4,8 +4,8 @@
 
 Run after ``imagenet_throughput.py --phases generate`` (it reads the same folder). Per
 batch of 256 training images: reading the files, and reading and decoding them with Pillow
-(one reader process's work), nvJPEG decoding (time the calling thread is blocked, and
-until the GPU is done), the crop geometry, the
+(one reader process's work), nvJPEG decoding through torchvision and through the loader's
+direct call (time the calling thread is blocked, and until the GPU is done), the crop geometry, the
 resampling and normalising with each resampler (host time of the call, time until the GPU
 is done, and GPU time alone, measured with the host's work queued behind a GPU sleep), and
 how far the two resamplers' outputs are apart. Then the pipeline as a whole: made on the
@@ -17,7 +17,8 @@ wall time of its stages recorded per batch: a pure-Python thread (contention for
 only), a thread replaying a CUDA graph of large matrix products (contention for the GPU
 only), and the compiled ResNet-50 training step of ``imagenet_throughput.py`` consuming
 the batches (both, as in end-to-end training), next to that step's rate on one batch
-held in memory. ``--cpu-decode`` sets the share the reader processes decode.
+held in memory; training from the pipeline is timed in windows taken in turn with the
+loader's direct nvJPEG call and with torchvision's. ``--cpu-decode`` sets the share the reader processes decode.
 """
 
 import argparse
@@ -78,6 +79,8 @@ class StageClock:
     def __init__(self, loader):
         self.times = {"nvjpeg": [], "decode": [], "resample": []}
         stream._decode_on_gpu = self._timed("nvjpeg", stream._decode_on_gpu)
+        if loader.hardware is not None:
+            loader.hardware.decode = self._timed("nvjpeg", loader.hardware.decode)
         loader._decoded = self._timed("decode", loader._decoded)
         stream.resample_boxes = self._timed("resample", stream.resample_boxes)
 
@@ -162,9 +165,16 @@ def under_load(loader) -> dict:
         for x, y in source:
             step(x, y)
             yield x, y
-    marks = clock.marks()
-    results["training_from_the_pipeline"] = {"img_s": images_per_second(trained(served), count=60),
-                                             **clock.since(marks)}
+    # windows taken in turn with each decoder, so that drift of the machine affects both alike
+    hardware = loader.hardware
+    decoders = {"direct": hardware, "torchvision": None} if hardware is not None else {"torchvision": None}
+    for _ in range(3):
+        for name, decoder in decoders.items():
+            loader.hardware = decoder
+            marks = clock.marks()
+            window = {"img_s": images_per_second(trained(served), warmup=4, count=40), **clock.since(marks)}
+            results.setdefault(f"training_from_the_pipeline_{name}", []).append(window)
+    loader.hardware = hardware
     return results
 
 
@@ -190,15 +200,16 @@ def main():
         results[key] = value
         print(key, value, flush=True)
 
-    blobs = []
+    blobs, hosts = [], []
     reader, pillow = stream._FileBatches(dataset.train, 0.0), stream._FileBatches(dataset.train, 1.0)
 
     def read(i):
         host = reader[steps[i]]
         if len(blobs) < 8:
             # pinned, as the loader's are, so that the decoder's upload is timed as the pipeline pays it
-            ends = host.lengths.cumsum(0).tolist()
-            blobs.append([host.compressed[e - n:e].pin_memory() for e, n in zip(ends, host.lengths.tolist())])
+            starts = host.frames[:, 0].tolist()
+            blobs.append([host.compressed[a:a + n].pin_memory() for a, n in zip(starts, host.lengths.tolist())])
+            hosts.append((host.compressed.pin_memory(), host.frames.numpy(), host.lengths.numpy()))
     report("read_one_process", stats(timed(read, 30)[0]))
     report("read_and_decode_with_pillow_one_process", stats(timed(lambda i: pillow[steps[40 + i]], 6)[0]))
 
@@ -211,6 +222,13 @@ def main():
     host, synced = timed(decode, 24)
     report("decode_host", stats(host))
     report("decode_until_gpu_done", stats(synced))
+    if loader.hardware is not None:  # the loader's own call: nvJPEG's hardware decoder without torchvision
+        def direct(i):
+            data, frames, lengths = hosts[i % len(hosts)]
+            loader.hardware.decode(data, frames[:, 0], lengths, frames[:, 1], frames[:, 2])
+        host, synced = timed(direct, 24)
+        report("decode_direct_host", stats(host))
+        report("decode_direct_until_gpu_done", stats(synced))
 
     generator = torch.Generator().manual_seed(0)
 

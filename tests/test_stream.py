@@ -20,8 +20,8 @@ from conftest import CLASSES, assert_user_error, make_image_folder, run
 from PIL import Image
 
 from gpuaccel.data import open_dataset
-from gpuaccel.data import crops
-from gpuaccel.data.crops import centre_boxes, random_resized_boxes, resample_boxes
+from gpuaccel.data import crops, nvjpeg
+from gpuaccel.data.crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
 from gpuaccel.data.stream import ShardOrder, StreamingDataset
 from gpuaccel.errors import GpuaccelError
 
@@ -40,8 +40,8 @@ def chw(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
-_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import resample_kernel; "
-                       "torch.save(resample_kernel.resample_boxes(*torch.load(sys.argv[1])), sys.argv[2])")
+_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import crops; torch.save(crops.resample_boxes("
+                       "*torch.load(sys.argv[1], weights_only=False), method='kernel'), sys.argv[2])")
 
 
 @pytest.fixture(params=["matrices", "kernel"])
@@ -54,8 +54,12 @@ def resample(request, tmp_path):
         return functools.partial(resample_boxes, method="matrices")
     pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
     if torch.cuda.is_available():
-        return lambda images, boxes, size, flip=None: resample_boxes(
-            [im.cuda() for im in images], boxes, size, flip, method="kernel").cpu()
+        def on_gpu(images):
+            if isinstance(images, ImageTable):
+                return ImageTable([h.cuda() for h in images.holders], images.layout, images.sizes, images.channels)
+            return [im.cuda() for im in images]
+        return lambda images, boxes, size, flip=None: resample_boxes(on_gpu(images), boxes, size, flip,
+                                                                     method="kernel").cpu()
 
     def interpreted(images, boxes, size, flip=None):
         inputs, output = tmp_path / "inputs.pt", tmp_path / "output.pt"
@@ -126,6 +130,26 @@ def test_resampling_reads_images_through_their_strides(resample):
     out = resample(views, boxes, 32, flip)
     assert torch.allclose(out, resample([v.contiguous() for v in views], boxes, 32, flip), atol=1e-3)
     assert torch.equal(out[2, 0], out[2, 1]) and torch.equal(out[2, 0], out[2, 2])
+
+
+def test_an_image_table_reads_packed_images_in_place(resample):
+    """A batch as the stream loader builds it: nvJPEG's planes and Pillow's height x width x
+    channels images, each packed one after another in one buffer, in a shuffled order with a
+    repeat. Resampling the table equals resampling contiguous copies."""
+    planar = [chw(photo(h, w, seed)) for seed, (h, w) in enumerate([(60, 80), (45, 31)])]
+    interleaved = [photo(52, 70, 7), photo(40, 50, 8)[:, :, :1]]
+    planes = ImageTable.planar(torch.cat([p.reshape(-1) for p in planar]), np.array([(60, 80), (45, 31)]),
+                               np.array([0, 3 * 60 * 80]))
+    pixels = ImageTable.interleaved(torch.from_numpy(np.concatenate([a.reshape(-1) for a in interleaved])),
+                                    np.array([a.shape for a in interleaved]))
+    rows = [3, 0, 2, 1, 0]
+    table = ImageTable.concat([planes, pixels]).take(rows)
+    expected = [(planar + [chw(interleaved[0]), chw(interleaved[1]).expand(3, -1, -1).contiguous()])[r] for r in rows]
+    assert all(torch.equal(v, e) for v, e in zip(table.views(), expected))
+    boxes = random_resized_boxes(torch.tensor([e.shape[1] for e in expected]),
+                                 torch.tensor([e.shape[2] for e in expected]), torch.Generator().manual_seed(3))
+    flip = torch.tensor([True, False, False, True, False])
+    assert torch.allclose(resample(table, boxes, 24, flip), resample(expected, boxes, 24, flip), atol=1e-3)
 
 
 def test_resampling_in_several_canvas_chunks_keeps_each_image_in_its_place(monkeypatch):
@@ -299,6 +323,46 @@ def test_nvjpeg_and_the_reader_processes_share_a_batch_on_a_gpu(tmp_path):
             assert torch.equal(y, y_pil)
             # the two decoders' inverse DCTs round differently, by about a grey level
             assert (x - x_pil).abs().mean() < 2 * grey_level, (share, step)
+
+
+def test_jpeg_frame_headers_give_the_size_and_what_the_hardware_decoder_takes():
+    array = photo(37, 53, 1)
+    cases = [({}, True), ({"subsampling": 0}, True), ({"subsampling": 1}, True), ({"progressive": True}, False)]
+    for options, hardware in cases:
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, "JPEG", **options)
+        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware), options
+    for mode, hardware in (("L", True), ("CMYK", False)):
+        buffer = io.BytesIO()
+        Image.fromarray(array).convert(mode).save(buffer, "JPEG")
+        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware), mode
+    assert nvjpeg.frame(b"not a jpeg at all") is None
+    assert nvjpeg.frame(jpeg_bytes(0, 0)[:20]) is None  # cut short before its frame header
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
+def test_the_direct_hardware_decoder_gives_torchvisions_pixels():
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    decoder = nvjpeg.HardwareDecoder.open(torch.device("cuda"))
+    if decoder is None:
+        pytest.skip("this GPU has no JPEG hardware decoder")
+    blobs = []
+    for k, options in enumerate([{}, {"subsampling": 0}, {"subsampling": 1}, {}, {}]):
+        buffer = io.BytesIO()
+        image = Image.fromarray(photo(40 + 7 * k, 90 - 9 * k, k))
+        (image.convert("L") if k == 4 else image).save(buffer, "JPEG", quality=85, **options)
+        blobs.append(buffer.getvalue())
+    frames = [nvjpeg.frame(b) for b in blobs]
+    data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).pin_memory()
+    lengths = np.array([len(b) for b in blobs])
+    sizes = np.array([(f.height, f.width) for f in frames])
+    planes, starts = decoder.decode(data, np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths, sizes[:, 0],
+                                    sizes[:, 1])
+    expected = decode_jpeg([torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs],
+                           mode=ImageReadMode.RGB, device="cuda")
+    for view, reference in zip(ImageTable.planar(planes, sizes, starts).views(), expected):
+        assert torch.equal(view, reference)
 
 
 @pytest.mark.parametrize("share", [0.0, 1.0])  # failing in a reader process, or in the loader's thread

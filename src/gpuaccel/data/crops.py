@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import resample_kernel
@@ -92,19 +94,97 @@ def _axis_weights(start: torch.Tensor, length: torch.Tensor, extent: torch.Tenso
     return (taps / taps.sum(dim=2, keepdim=True).clamp(min=1e-12)).to(dtype)
 
 
-def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
+@dataclass
+class ImageTable:
+    """A batch of (C, H, W) uint8 images where they lie, without a tensor per image.
+
+    Row i of ``layout`` is (holder, offset, channel stride, row stride, column stride) of
+    image i, in elements of ``holders[holder]``; row i of ``sizes`` is its (height, width).
+    Rows are made with array arithmetic, so a batch costs the host the same whatever its
+    size: on the GPU path the thread that prepares batches shares the GIL with the one that
+    launches the training step."""
+
+    holders: list[torch.Tensor]
+    layout: np.ndarray  # (N, 5) int64
+    sizes: np.ndarray  # (N, 2) int64
+    channels: int = 3
+
+    @classmethod
+    def of(cls, images: list[torch.Tensor]) -> "ImageTable":
+        """One holder per image, read through its own strides."""
+        layout = np.array([(k, 0, *image.stride()) for k, image in enumerate(images)], dtype=np.int64)
+        sizes = np.array([image.shape[1:] for image in images], dtype=np.int64)
+        return cls(list(images), layout.reshape(-1, 5), sizes.reshape(-1, 2), images[0].shape[0] if images else 3)
+
+    @classmethod
+    def planar(cls, holder: torch.Tensor, sizes: np.ndarray, starts: np.ndarray) -> "ImageTable":
+        """Three-channel images stored plane after plane from ``starts`` in ``holder`` (nvJPEG's RGB)."""
+        heights, widths = sizes[:, 0].astype(np.int64), sizes[:, 1].astype(np.int64)
+        layout = np.stack([np.zeros_like(heights), starts, heights * widths, widths, np.ones_like(heights)], axis=1)
+        return cls([holder], layout, np.stack([heights, widths], axis=1))
+
+    @classmethod
+    def interleaved(cls, holder: torch.Tensor, shapes: np.ndarray) -> "ImageTable":
+        """Height x width x channels images one after another in ``holder`` (Pillow's layout);
+        a one-channel image is read three times, through a channel stride of 0."""
+        heights, widths, channels = (shapes[:, k].astype(np.int64) for k in range(3))
+        sizes = heights * widths * channels
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        layout = np.stack([np.zeros_like(heights), starts, np.where(channels == 1, 0, 1), widths * channels,
+                           channels], axis=1)
+        return cls([holder], layout, np.stack([heights, widths], axis=1))
+
+    @classmethod
+    def concat(cls, tables: list["ImageTable"]) -> "ImageTable":
+        holders, layouts = [], []
+        for table in tables:
+            layout = table.layout.copy()
+            layout[:, 0] += len(holders)
+            holders += table.holders
+            layouts.append(layout)
+        return cls(holders, np.concatenate(layouts).reshape(-1, 5),
+                   np.concatenate([t.sizes for t in tables]).reshape(-1, 2), tables[0].channels)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def device(self) -> torch.device:
+        return self.holders[0].device
+
+    def take(self, rows) -> "ImageTable":
+        """The images at ``rows``, in that order (a row may repeat)."""
+        return ImageTable(self.holders, self.layout[rows], self.sizes[rows], self.channels)
+
+    def addresses(self) -> np.ndarray:
+        """(N, 4) int64: each image's address (bytes: the pixels are uint8) and its channel,
+        row and column strides."""
+        pointers = np.array([h.data_ptr() for h in self.holders], dtype=np.int64)
+        return np.concatenate([(pointers[self.layout[:, 0]] + self.layout[:, 1])[:, None], self.layout[:, 2:]],
+                              axis=1)
+
+    def views(self) -> list[torch.Tensor]:
+        """A (C, H, W) view per image."""
+        return [torch.as_strided(self.holders[h], (self.channels, height, width), (cs, rs, col),
+                                 self.holders[h].storage_offset() + offset)
+                for (h, offset, cs, rs, col), (height, width) in zip(self.layout.tolist(), self.sizes.tolist())]
+
+
+def resample_boxes(images: list[torch.Tensor] | ImageTable, boxes: torch.Tensor, size: int,
                    flip: torch.Tensor | None = None, method: str = "auto") -> torch.Tensor:
-    """Resamples box i of ``images[i]`` ((C, H, W) uint8, sizes may differ, all on one device)
-    to ``size`` x ``size``; ``flip`` (N,) bool mirrors those outputs. Returns (N, C, size, size)
-    float32 in 0..255.
+    """Resamples box i of image i ((C, H, W) uint8, sizes may differ, all on one device; a
+    list or an :class:`ImageTable`) to ``size`` x ``size``; ``flip`` (N,) bool mirrors those
+    outputs. Returns (N, C, size, size) float32 in 0..255.
 
     ``method``: "kernel" (one Triton kernel, :mod:`resample_kernel`), "matrices" (batched
     matrix products, any device) or "auto" (the kernel where Triton can run it)."""
-    if method == "kernel" or (method == "auto" and resample_kernel.usable(images[0].device)):
-        return resample_kernel.resample_boxes(images, boxes, size, flip)
+    table = images if isinstance(images, ImageTable) else ImageTable.of(images)
+    if method == "kernel" or (method == "auto" and resample_kernel.usable(table.device)):
+        return resample_kernel.resample_layout(table.addresses(), table.sizes, table.channels, table.device,
+                                               boxes, size, flip)
     if method not in ("auto", "matrices"):
         raise ValueError(f"unknown resampling method {method!r}")
-    return _resample_with_matrices(images, boxes, size, flip)
+    return _resample_with_matrices(table.views() if isinstance(images, ImageTable) else images, boxes, size, flip)
 
 
 def _resample_with_matrices(images: list[torch.Tensor], boxes: torch.Tensor, size: int,

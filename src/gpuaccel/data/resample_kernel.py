@@ -45,20 +45,19 @@ def usable(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def resample_boxes(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
-                   flip: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as :func:`gpuaccel.data.crops.resample_boxes`: box i of ``images[i]``
-    ((C, H, W) uint8 views with any strides, sizes may differ) resampled to (N, C, size, size)
-    float32 in 0..255."""
-    n, channels = len(images), images[0].shape[0]
-    device = images[0].device
+def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: torch.Tensor, size: int,
+                    flip: torch.Tensor | None = None) -> torch.Tensor:
+    """The contract of :func:`gpuaccel.data.crops.resample_boxes`, for images given by
+    ``layout`` ((N, 4) int64: address, channel, row and column stride, as
+    :meth:`crops.ImageTable.addresses` makes it) and ``sizes`` ((N, 2): height, width):
+    (N, channels, size, size) float32 in 0..255. The caller keeps the images alive."""
+    n = len(sizes)
     if not (usable(device) or (triton is not None and _INTERPRETED)):
         raise RuntimeError(f"the Triton resampler cannot run on {device} here")
     boxes = boxes.detach().to("cpu", torch.float32)
-    shapes = torch.tensor([im.shape[1:] for im in images], dtype=torch.float32)
     flip = torch.zeros(n) if flip is None else flip.to("cpu", torch.float32)
-    geometry = torch.cat([shapes, boxes, flip[:, None]], dim=1)
-    layout = torch.tensor([(im.data_ptr(), *im.stride()) for im in images], dtype=torch.int64)
+    geometry = torch.cat([torch.as_tensor(sizes, dtype=torch.float32), boxes, flip[:, None]], dim=1)
+    layout = torch.as_tensor(layout, dtype=torch.int64)
     if device.type == "cuda":
         geometry = geometry.pin_memory().to(device, non_blocking=True)
         layout = layout.pin_memory().to(device, non_blocking=True)

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError
-from .crops import centre_boxes, random_resized_boxes, resample_boxes
+from . import nvjpeg
+from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
@@ -276,13 +277,15 @@ class ShardOrder:
 class HostBatch(NamedTuple):
     """One batch as a reader process hands it over: the first ``len(shapes)`` images decoded
     (``pixels``: each height x width x channels, one after another), the rest still compressed
-    (``compressed``: ``lengths[k]`` bytes each, one after another), and the decoding failures
-    as (position in the batch, reason)."""
+    (``compressed``: ``lengths[k]`` bytes each, one after another; ``frames`` row k: offset,
+    height, width, and 1 if nvJPEG's hardware decoder takes it, from its frame header), and
+    the decoding failures as (position in the batch, reason)."""
 
     pixels: torch.Tensor
     shapes: torch.Tensor
     compressed: torch.Tensor
     lengths: torch.Tensor
+    frames: torch.Tensor
     failures: list
 
 
@@ -323,10 +326,14 @@ class _FileBatches(torch.utils.data.Dataset):
         starts = np.concatenate([[0], np.cumsum(self.records.sizes[rest])]).astype(np.int64)
         compressed = _shared_bytes(int(starts[-1]))
         target = memoryview(compressed.numpy())
-        lengths = torch.tensor([self._read(i, target[starts[k]:starts[k + 1]]) for k, i in enumerate(rest)],
-                               dtype=torch.int64)
+        lengths, frames = [], []
+        for k, i in enumerate(rest):
+            lengths.append(self._read(i, target[starts[k]:starts[k + 1]]))
+            header = nvjpeg.frame(target[starts[k]:starts[k] + lengths[-1]])
+            frames.append((starts[k], *((header.height, header.width, header.hardware) if header else (0, 0, 0))))
         shapes = torch.tensor([a.shape for a in decoded], dtype=torch.int64).reshape(-1, 3)
-        return HostBatch(pixels, shapes, compressed, lengths, failures)
+        return HostBatch(pixels, shapes, compressed, torch.tensor(lengths, dtype=torch.int64),
+                         torch.tensor(frames, dtype=torch.int64).reshape(-1, 4), failures)
 
     def _read(self, i: int, target: memoryview) -> int:
         records = self.records
@@ -388,17 +395,6 @@ def _decode_on_gpu(blobs: list[torch.Tensor], device: torch.device) -> list[torc
     return results
 
 
-def _unpacked(pixels: torch.Tensor, shapes: torch.Tensor) -> list[torch.Tensor]:
-    """(3, H, W) views of the packed height x width x channels images (one grey channel is read
-    three times, through a stride of 0)."""
-    views, at = [], 0
-    for h, w, c in shapes.tolist():
-        image = pixels[at:at + h * w * c].view(h, w, c).permute(2, 0, 1)
-        views.append(image.expand(3, h, w) if c == 1 else image)
-        at += h * w * c
-    return views
-
-
 # --- the loader -------------------------------------------------------------------------------------------
 
 class StreamLoader:
@@ -432,6 +428,7 @@ class StreamLoader:
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
         self.on_gpu = gpu_jpeg_decoder_available(device)
+        self.hardware = nvjpeg.HardwareDecoder.open(device) if self.on_gpu else None
         if cpu_decode is not None and not 0.0 <= cpu_decode <= 1.0:
             raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {cpu_decode}")
         if cpu_decode is None:
@@ -453,7 +450,9 @@ class StreamLoader:
 
     @property
     def decoder(self) -> str:
-        return f"nvjpeg, {self.cpu_decode:.0%} pillow" if self.on_gpu and self.cpu_decode < 1 else "pillow"
+        if not self.on_gpu or self.cpu_decode >= 1:
+            return "pillow"
+        return f"nvjpeg ({'direct' if self.hardware else 'torchvision'}), {self.cpu_decode:.0%} pillow"
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
@@ -481,47 +480,68 @@ class StreamLoader:
                 yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device,
                                                                                            non_blocking=True)
 
-    def _decoded(self, host: HostBatch) -> list[torch.Tensor | str]:
-        """The batch's images as (3, H, W) uint8 on the device, or the reason one failed."""
-        decoded: list[torch.Tensor | str] = _unpacked(host.pixels.to(self.device, non_blocking=True), host.shapes)
-        for k, reason in host.failures:
-            decoded[k] = reason
-        if len(host.lengths):
-            ends = host.lengths.cumsum(0).tolist()
-            blobs = [host.compressed[end - length:end] for end, length in zip(ends, host.lengths.tolist())]
-            decoded += _decode_on_gpu(blobs, self.device) if self.on_gpu else [_decode_with_pil(b) for b in blobs]
+    def _decoded(self, host: HostBatch) -> tuple[ImageTable, dict[int, str]]:
+        """The batch's images on the device, and the reasons of those that failed."""
+        failures = dict(host.failures)
+        tables = []
+        if len(host.shapes):
+            tables.append(ImageTable.interleaved(host.pixels.to(self.device, non_blocking=True), host.shapes.numpy()))
+        frames, lengths = host.frames.numpy(), host.lengths.numpy()
+        direct = frames[:, 3] == 1 if self.hardware is not None else np.zeros(len(frames), dtype=bool)
+        order = np.concatenate([np.flatnonzero(direct), np.flatnonzero(~direct)])
+        if direct.any():
+            try:
+                planes, starts = self.hardware.decode(host.compressed, frames[direct, 0], lengths[direct],
+                                                      frames[direct, 1], frames[direct, 2])
+                tables.append(ImageTable.planar(planes, frames[direct, 1:3], starts))
+            except RuntimeError:  # nvJPEG refused the batch: decode it again below, image by image
+                order, direct = np.arange(len(frames)), np.zeros(len(frames), dtype=bool)
+        rest = np.flatnonzero(~direct)
+        if len(rest):
+            blobs = [host.compressed[frames[k, 0]:frames[k, 0] + lengths[k]] for k in rest.tolist()]
+            images = _decode_on_gpu(blobs, self.device) if self.on_gpu else [_decode_with_pil(b) for b in blobs]
+            for j, image in enumerate(images):
+                if isinstance(image, str):
+                    failures[len(host.shapes) + int(rest[j])] = image
+                    images[j] = torch.zeros(3, 1, 1, dtype=torch.uint8, device=self.device)
+            tables.append(ImageTable.of(images))
+        table = ImageTable.concat(tables)
+        if len(order):  # back to the batch's order: the CPU-decoded images, then the compressed ones
+            inverse = np.empty(len(order), dtype=np.int64)
+            inverse[order] = np.arange(len(order))
+            table = table.take(np.concatenate([np.arange(len(host.shapes)), len(host.shapes) + inverse]))
         if self.device.type == "cuda":  # nvJPEG may read the host buffers until its work is done
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
             self._in_use.append((done, host))
             while len(self._in_use) > 3:
                 self._in_use.popleft()[0].synchronize()
-        return decoded
+        return table, failures
 
     def _images(self, ids: list[int], generator: torch.Generator | None, host: HostBatch) -> torch.Tensor:
         """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
         ``generator`` None: evaluation geometry (centre crops, no flips)."""
-        decoded = self._decoded(host)
-        bad = [k for k, d in enumerate(decoded) if isinstance(d, str)]
-        if bad:
+        table, failures = self._decoded(host)
+        if failures:
+            bad = sorted(failures)
             names = [self.records.names[ids[k]] for k in bad]
             if not self.skip_bad:
-                raise GpuaccelError(f"cannot decode image {names[0]} ({decoded[bad[0]]}); fix or remove it, "
+                raise GpuaccelError(f"cannot decode image {names[0]} ({failures[bad[0]]}); fix or remove it, "
                                     f"or pass --skip-bad to skip bad images")
             for k, name in zip(bad, names):
-                self.skipped[name] = decoded[k]
-            good = [k for k in range(len(decoded)) if k not in set(bad)]
+                self.skipped[name] = failures[k]
+            good = [k for k in range(len(table)) if k not in failures]
             if not good:
-                raise GpuaccelError(f"no image of a batch could be decoded (first: {names[0]}: {decoded[bad[0]]})")
-            for j, k in enumerate(bad):  # another image of the batch takes the bad one's place
-                decoded[k] = decoded[good[j % len(good)]]
-        heights = torch.tensor([d.shape[1] for d in decoded])
-        widths = torch.tensor([d.shape[2] for d in decoded])
+                raise GpuaccelError(f"no image of a batch could be decoded (first: {names[0]}: {failures[bad[0]]})")
+            rows = np.arange(len(table))
+            rows[bad] = [good[j % len(good)] for j in range(len(bad))]  # another image takes the bad one's place
+            table = table.take(rows)
+        heights, widths = torch.from_numpy(table.sizes[:, 0]), torch.from_numpy(table.sizes[:, 1])
         if generator is None:
-            return resample_boxes(decoded, centre_boxes(heights, widths, self.image_size), self.image_size)
+            return resample_boxes(table, centre_boxes(heights, widths, self.image_size), self.image_size)
         boxes = random_resized_boxes(heights, widths, generator)
-        flip = torch.rand(len(decoded), generator=generator) < 0.5
-        return resample_boxes(decoded, boxes, self.image_size, flip)
+        flip = torch.rand(len(table), generator=generator) < 0.5
+        return resample_boxes(table, boxes, self.image_size, flip)
 
 
 # --- the data set ----------------------------------------------------------------------------------------

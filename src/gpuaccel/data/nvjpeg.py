@@ -1,0 +1,168 @@
+"""nvJPEG's hardware batch decoder (A100, H100, H200), called directly on a stream of ours.
+
+Why not ``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the same hardware
+decoder: it runs the decode on a pool stream of normal priority and synchronises that
+stream before returning, so the thread that prepares batches waits for every decode, and
+each decode waits behind the training step's kernels. With the training step in a CUDA
+graph the GPU is never idle, and the pipeline fell behind (docs/results.md, "Large
+images"). Here the decode is queued on the loader's stream of high priority and the call
+returns at once; the caller records an event and keeps the compressed bytes alive until
+the GPU is past it.
+
+The library is the libnvjpeg that torchvision loaded (found in /proc/self/maps), or one in
+the NVIDIA wheels, or the system's. ``GPUACCEL_NVJPEG=torchvision`` turns this path off.
+
+:func:`frame` reads a JPEG's frame header in pure Python; the reader processes run it, so
+the training process learns each image's size and whether the hardware can decode it
+without a call per image.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import site
+import sys
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+_BACKEND_HARDWARE = 3  # nvjpegBackend_t
+_OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
+_MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT: nvjpegImage_t holds 4 channel pointers, then 4 pitches
+
+# start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC)
+_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_BASELINE = 0xC0
+# luma (horizontal, vertical) sampling with both chroma planes at (1, 1): 4:4:4, 4:2:2, 4:2:0
+_HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2)}
+
+
+class Frame(NamedTuple):
+    height: int
+    width: int
+    hardware: bool  # baseline, 8-bit, grey or 4:4:4 / 4:2:2 / 4:2:0 colour
+
+
+def frame(data) -> Frame | None:
+    """The frame header of the JPEG in ``data`` (bytes-like), or None where there is none
+    before the image data (not a JPEG, or cut short)."""
+    view = memoryview(data)
+    if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
+        return None
+    at = 2
+    while at + 4 <= len(view):
+        if view[at] != 0xFF:
+            return None
+        marker = view[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or image data before any frame header
+            return None
+        length = view[at + 2] << 8 | view[at + 3]
+        if marker in _FRAME_MARKERS:
+            header = view[at + 4:at + 2 + length]
+            if length < 8 or len(header) < 6:
+                return None
+            precision, height, width, components = header[0], header[1] << 8 | header[2], \
+                header[3] << 8 | header[4], header[5]
+            if height == 0 or width == 0 or len(header) < 6 + 3 * components:
+                return None
+            sampling = [(header[7 + 3 * c] >> 4, header[7 + 3 * c] & 15) for c in range(components)]
+            colour = components == 3 and sampling[0] in _HARDWARE_SAMPLING and sampling[1:] == [(1, 1), (1, 1)]
+            return Frame(height, width, marker == _BASELINE and precision == 8 and (components == 1 or colour))
+        at += 2 + length
+    return None
+
+
+def _library_candidates() -> list[str]:
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:  # the copy torchvision's image extension loaded
+            found += [line.split()[-1] for line in maps if "libnvjpeg" in line]
+    except OSError:
+        pass
+    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    for root in roots:
+        for pattern in ("torchvision.libs/libnvjpeg*.so*", "torchvision/libnvjpeg*.so*", "nvidia/*/lib/libnvjpeg.so*",
+                        "nvidia/*/*/lib/libnvjpeg.so*"):
+            found += sorted(glob.glob(os.path.join(root, pattern)))
+    system = ctypes.util.find_library("nvjpeg")
+    return [path for path in dict.fromkeys(found + ([system] if system else [])) if "libnvjpeg" in path]
+
+
+class HardwareDecoder:
+    """Baseline JPEGs -> planar RGB uint8 on the GPU, in one asynchronous call per batch."""
+
+    def __init__(self, library: ctypes.CDLL, device: torch.device):
+        self.device = device
+        self._lib = library
+        void_p, p_void_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        library.nvjpegCreateEx.argtypes = [ctypes.c_int, void_p, void_p, ctypes.c_uint, p_void_p]
+        library.nvjpegJpegStateCreate.argtypes = [void_p, p_void_p]
+        library.nvjpegDecodeBatchedInitialize.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.nvjpegDecodeBatched.argtypes = [void_p, void_p, void_p, void_p, void_p, void_p]
+        self._handle, self._state = void_p(), void_p()
+        with torch.cuda.device(device):  # nvJPEG works on the current device
+            self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0,
+                                                                  ctypes.byref(self._handle)))
+            self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
+                                                                                ctypes.byref(self._state)))
+        self._batch_size = None
+
+    @classmethod
+    def open(cls, device: torch.device) -> "HardwareDecoder | None":
+        """The decoder for ``device``, or None where there is no nvJPEG library or no hardware
+        decoder (GPUs before the A100), or ``GPUACCEL_NVJPEG=torchvision`` is set."""
+        if device.type != "cuda" or os.environ.get("GPUACCEL_NVJPEG", "").lower() == "torchvision":
+            return None
+        try:
+            import torchvision.io.image  # noqa: F401  (loads torchvision's libnvjpeg, the first candidate)
+        except ImportError:
+            pass
+        for path in _library_candidates():
+            try:
+                return cls(ctypes.CDLL(path), device)
+            except (OSError, AttributeError, RuntimeError):
+                continue
+        return None
+
+    def _check(self, name: str, status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"{name} failed with nvjpegStatus {status}")
+
+    def decode(self, data: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray, heights: np.ndarray,
+               widths: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Decodes image k of ``data`` (host uint8; pinned, so the copy is asynchronous), its
+        ``lengths[k]`` bytes from ``offsets[k]``, on the current stream. Returns the planes,
+        one image after another, and each image's offset in them. ``data`` must stay alive
+        until the stream is past this work; a RuntimeError means nothing usable was decoded."""
+        n = len(offsets)
+        planes = 3 * heights.astype(np.int64) * widths
+        starts = np.concatenate([[0], np.cumsum(planes)[:-1]]).astype(np.int64)
+        out = torch.empty(int(planes.sum()), dtype=torch.uint8, device=self.device)
+        images = np.zeros((n, 2 * _MAX_COMPONENTS), dtype=np.uint64)  # nvjpegImage_t: pointers, then pitches
+        first = out.data_ptr() + starts
+        for c in range(3):
+            images[:, c] = first + c * heights * widths
+            images[:, _MAX_COMPONENTS + c] = widths
+        sources = (data.data_ptr() + offsets).astype(np.uint64)
+        sizes = lengths.astype(np.uint64)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        if self._batch_size != n:
+            self._check("nvjpegDecodeBatchedInitialize",
+                        self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
+            self._batch_size = n
+        status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data, sizes.ctypes.data,
+                                               images.ctypes.data, stream)
+        if status != 0:
+            self._batch_size = None  # initialise again before the next batch
+            self._check("nvjpegDecodeBatched", status)
+        return out, starts
