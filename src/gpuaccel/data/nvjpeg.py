@@ -25,6 +25,7 @@ import glob
 import os
 import site
 import sys
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -98,8 +99,15 @@ def _library_candidates() -> list[str]:
     return [path for path in dict.fromkeys(found + ([system] if system else [])) if "libnvjpeg" in path]
 
 
+_shared: dict[int, "HardwareDecoder | None"] = {}  # one decoder per device and process, as torchvision keeps
+_shared_lock = threading.Lock()
+
+
 class HardwareDecoder:
-    """Baseline JPEGs -> planar RGB uint8 on the GPU, in one asynchronous call per batch."""
+    """Baseline JPEGs -> planar RGB uint8 on the GPU, one call per batch. One per device is
+    shared by every loader of the process (:meth:`open`), and its calls are serialised: in
+    ``gpuaccel train`` a training and an evaluation loader with a handle each hung inside
+    nvjpegDecodeBatched."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device):
         self.device = device
@@ -116,6 +124,7 @@ class HardwareDecoder:
             self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
                                                                                 ctypes.byref(self._state)))
         self._batch_size = None
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, device: torch.device) -> "HardwareDecoder | None":
@@ -123,6 +132,14 @@ class HardwareDecoder:
         decoder (GPUs before the A100), or ``GPUACCEL_NVJPEG=torchvision`` is set."""
         if device.type != "cuda" or os.environ.get("GPUACCEL_NVJPEG", "").lower() == "torchvision":
             return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with _shared_lock:
+            if index not in _shared:
+                _shared[index] = cls._first_that_loads(torch.device("cuda", index))
+            return _shared[index]
+
+    @classmethod
+    def _first_that_loads(cls, device: torch.device) -> "HardwareDecoder | None":
         try:
             import torchvision.io.image  # noqa: F401  (loads torchvision's libnvjpeg, the first candidate)
         except ImportError:
@@ -156,13 +173,14 @@ class HardwareDecoder:
         sources = (data.data_ptr() + offsets).astype(np.uint64)
         sizes = lengths.astype(np.uint64)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if self._batch_size != n:
-            self._check("nvjpegDecodeBatchedInitialize",
-                        self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
-            self._batch_size = n
-        status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data, sizes.ctypes.data,
-                                               images.ctypes.data, stream)
-        if status != 0:
-            self._batch_size = None  # initialise again before the next batch
-            self._check("nvjpegDecodeBatched", status)
+        with self._lock:
+            if self._batch_size != n:
+                self._check("nvjpegDecodeBatchedInitialize",
+                            self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
+                self._batch_size = n
+            status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data,
+                                                   sizes.ctypes.data, images.ctypes.data, stream)
+            if status != 0:
+                self._batch_size = None  # initialise again before the next batch
+                self._check("nvjpegDecodeBatched", status)
         return out, starts
