@@ -341,9 +341,10 @@ def test_jpeg_frame_headers_give_the_size_and_what_the_hardware_decoder_takes():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
-def test_the_direct_hardware_decoder_gives_torchvisions_pixels():
+def test_the_direct_hardware_decoder_gives_torchvisions_pixels(monkeypatch):
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    monkeypatch.setenv("GPUACCEL_NVJPEG", "direct")
     decoder = nvjpeg.HardwareDecoder.open(torch.device("cuda"))
     if decoder is None:
         pytest.skip("this GPU has no JPEG hardware decoder")

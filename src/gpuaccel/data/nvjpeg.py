@@ -1,16 +1,24 @@
-"""nvJPEG's hardware batch decoder (A100, H100, H200), called directly on a stream of ours.
+"""nvJPEG's hardware batch decoder (A100, H100, H200), called directly: EXPERIMENTAL, off
+unless ``GPUACCEL_NVJPEG=direct`` is set.
 
-Why not ``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the same hardware
-decoder: it runs the decode on a pool stream of normal priority and synchronises that
-stream before returning, so the thread that prepares batches waits for every decode, and
-each decode waits behind the training step's kernels. With the training step in a CUDA
-graph the GPU is never idle, and the pipeline fell behind (docs/results.md, "Large
-images"). Here the decode is queued on the loader's stream of high priority and the call
-returns at once; the caller records an event and keeps the compressed bytes alive until
-the GPU is past it.
+Why: ``torchvision.io.decode_jpeg(..., device="cuda")`` uses the same hardware decoder but
+synchronises its stream before and after every call and returns a tensor per image. Called
+directly, a batch of 256 ImageNet-sized JPEGs blocks the calling thread 6.9 ms instead of
+10.9 ms, and the images land in one buffer that the resampler reads through a table
+(:class:`crops.ImageTable`), with no tensor per image. On an H200 the streaming pipeline
+alone went from 12,579 to 17,660 img/s on shards, and a compiled ResNet-50 step fed by it
+from 4,574 to 5,890 img/s (benchmarks/results/imagenet-throughput-h200/direct-nvjpeg/).
+
+Why off: in ``gpuaccel train`` (a training and an evaluation loader, a new pipeline thread
+per pass) the call hung inside nvjpegDecodeBatched in three of five runs, and those runs'
+losses were NaN; a single shared, serialised decoder did not change that. The cause is not
+known. What is known of nvJPEG's hardware path (torch.profiler): per image it copies the
+bitstream and converts the engine's RGBA output on its own 14 internal streams of normal
+priority, with an event synchronisation per image, so the stream passed in does not set
+the priority of its work, and beside busy GPU work every image waits behind it.
 
 The library is the libnvjpeg that torchvision loaded (found in /proc/self/maps), or one in
-the NVIDIA wheels, or the system's. ``GPUACCEL_NVJPEG=torchvision`` turns this path off.
+the NVIDIA wheels, or the system's.
 
 :func:`frame` reads a JPEG's frame header in pure Python; the reader processes run it, so
 the training process learns each image's size and whether the hardware can decode it
@@ -105,9 +113,8 @@ _shared_lock = threading.Lock()
 
 class HardwareDecoder:
     """Baseline JPEGs -> planar RGB uint8 on the GPU, one call per batch. One per device is
-    shared by every loader of the process (:meth:`open`), and its calls are serialised: in
-    ``gpuaccel train`` a training and an evaluation loader with a handle each hung inside
-    nvjpegDecodeBatched."""
+    shared by every loader of the process (:meth:`open`, as torchvision keeps one), and its
+    calls are serialised."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device):
         self.device = device
@@ -128,9 +135,9 @@ class HardwareDecoder:
 
     @classmethod
     def open(cls, device: torch.device) -> "HardwareDecoder | None":
-        """The decoder for ``device``, or None where there is no nvJPEG library or no hardware
-        decoder (GPUs before the A100), or ``GPUACCEL_NVJPEG=torchvision`` is set."""
-        if device.type != "cuda" or os.environ.get("GPUACCEL_NVJPEG", "").lower() == "torchvision":
+        """The decoder for ``device`` where ``GPUACCEL_NVJPEG=direct`` is set, the GPU has a
+        hardware decoder (A100 and later) and an nvJPEG library is found; otherwise None."""
+        if device.type != "cuda" or os.environ.get("GPUACCEL_NVJPEG", "").lower() != "direct":
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         with _shared_lock:

@@ -408,8 +408,9 @@ class StreamLoader:
 
     ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
     ``cpu_decode`` of its images with Pillow (by default none on a GPU with nvJPEG, all
-    otherwise); nvJPEG decodes the rest on the GPU, or without it Pillow on the loader's
-    thread. ``workers=0`` reads in the loader's thread."""
+    otherwise); nvJPEG decodes the rest on the GPU (through torchvision, or with
+    ``GPUACCEL_NVJPEG=direct`` through :mod:`nvjpeg`, experimental), or without it Pillow on
+    the loader's thread. ``workers=0`` reads in the loader's thread."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
