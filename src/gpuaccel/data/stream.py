@@ -500,7 +500,8 @@ class StreamLoader:
         rest = np.flatnonzero(~direct)
         if len(rest):
             blobs = [host.compressed[frames[k, 0]:frames[k, 0] + lengths[k]] for k in rest.tolist()]
-            images = _decode_on_gpu(blobs, self.device) if self.on_gpu else [_decode_with_pil(b) for b in blobs]
+            images = _decode_on_gpu(blobs, self.device) if self.on_gpu else \
+                [d if isinstance(d, str) else d.to(self.device) for d in map(_decode_with_pil, blobs)]
             for j, image in enumerate(images):
                 if isinstance(image, str):
                     failures[len(host.shapes) + int(rest[j])] = image
