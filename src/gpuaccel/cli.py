@@ -189,6 +189,22 @@ def _explicit_options(args: argparse.Namespace) -> dict:
 
 
 def _run_train(args) -> int:
+    from .parallel import Distributed
+
+    code = _train(args)
+    if Distributed.from_env().active:
+        # One of torchrun's processes ends here without finalising the interpreter: gloo's
+        # threads may still hold the last collectives' tensors, and releasing one then takes
+        # the GIL of a dying interpreter ("terminate called without an active exception",
+        # SIGABRT: torchrun reports the finished run as failed; about 1 in 40 sharded resumes
+        # on two busy cores; pytorch/pytorch#179291). Files are closed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _train(args) -> int:
     import torch
 
     from .train import TrainConfig, Trainer

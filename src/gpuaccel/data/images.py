@@ -88,6 +88,8 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
     from concurrent.futures import ThreadPoolExecutor
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    from . import nvjpeg
+
     def read(source):
         if source.data is not None:
             return source.data
@@ -99,6 +101,7 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
         for start in range(0, len(sources), batch):
             part = sources[start:start + batch]
             raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in pool.map(read, part)]
+            nvjpeg.drain_before_decoding(torch.device(device))
             try:
                 decoded = decode_jpeg(raw, mode=ImageReadMode.UNCHANGED, device=device)
             except RuntimeError:

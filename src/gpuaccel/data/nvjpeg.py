@@ -11,8 +11,10 @@ from 4,574 to 5,890 img/s (benchmarks/results/imagenet-throughput-h200/direct-nv
 
 Why off: in ``gpuaccel train`` (a training and an evaluation loader, a new pipeline thread
 per pass) the call hung inside nvjpegDecodeBatched in three of five runs, and those runs'
-losses were NaN; a single shared, serialised decoder did not change that. The cause is not
-known. What is known of nvJPEG's hardware path (torch.profiler): per image it copies the
+losses were NaN; a single shared, serialised decoder did not change that. A likely cause,
+found after those runs and not yet checked on a GPU: nvJPEG's hardware path writes its
+output out of stream order (:func:`drain_before_decoding`, which every decode now calls
+first). What is known of nvJPEG's hardware path (torch.profiler): per image it copies the
 bitstream and converts the engine's RGBA output on its own 14 internal streams of normal
 priority, with an event synchronisation per image, so the stream passed in does not set
 the priority of its work, and beside busy GPU work every image waits behind it.
@@ -48,6 +50,19 @@ _FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _BASELINE = 0xC0
 # luma (horizontal, vertical) sampling with both chroma planes at (1, 1): 4:4:4, 4:2:2, 4:2:0
 _HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2)}
+
+
+def drain_before_decoding(device: torch.device) -> None:
+    """Waits on the host until the current stream of ``device`` has run its queued work; call
+    it before any nvJPEG decode (direct or through torchvision) on that stream.
+
+    Why: nvJPEG's hardware decoder writes its output when it is called, not in the order of
+    the stream it is given (meta-pytorch/torchcodec#1634, pytorch/vision#9606). The output
+    comes from PyTorch's caching allocator, which hands out a block as soon as it is freed on
+    the stream that owns it, while kernels queued on that stream may still read it, so the
+    pixels could overwrite the pipeline's previous, still queued batch. With nothing queued,
+    no freed block is still in use."""
+    torch.cuda.current_stream(device).synchronize()
 
 
 class Frame(NamedTuple):
@@ -180,6 +195,7 @@ class HardwareDecoder:
         sources = (data.data_ptr() + offsets).astype(np.uint64)
         sizes = lengths.astype(np.uint64)
         stream = torch.cuda.current_stream(self.device).cuda_stream
+        drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
         with self._lock:
             if self._batch_size != n:
                 self._check("nvjpegDecodeBatchedInitialize",

@@ -381,12 +381,14 @@ def _decode_on_gpu(blobs: list[torch.Tensor], device: torch.device) -> list[torc
     folder) goes to Pillow."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    nvjpeg.drain_before_decoding(device)
     try:
         return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
         pass
     results: list[torch.Tensor | str] = []
     for blob in blobs:
+        nvjpeg.drain_before_decoding(device)
         try:
             results.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
