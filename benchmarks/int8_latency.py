@@ -69,7 +69,8 @@ def main():
     x = np.random.default_rng(0).random((1, trained.in_channels, trained.image_size, trained.image_size),
                                         dtype=np.float32)
     rows = []
-    for threads in (1, 2, 4, 8, os.cpu_count()):
+    cores = os.cpu_count() or 1
+    for threads in sorted({t for t in (1, 2, 4, 8, cores) if t <= cores}):  # never more threads than cores
         row = {"threads": threads}
         for label, path in models.items():
             row[label] = latency_ms(path, threads, x)
