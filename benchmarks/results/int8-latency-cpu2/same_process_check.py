@@ -1,24 +1,45 @@
-import sys, json, tempfile, statistics
+"""bench-infer's int8 row against the bare session, in one process: the product's int8 models
+(per tensor, as bench-infer makes them, and per channel) timed through a bare ONNX Runtime
+session at every core and through bench-infer's runner and timer.
+
+    python benchmarks/results/int8-latency-cpu2/same_process_check.py RUN_DIR --out check.json
+(from the repository root)
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
-import numpy as np, torch
+
+import numpy as np
+
 sys.path.insert(0, "benchmarks")
-from int8_latency import latency_ms
-from gpuaccel.deploy import export, load_trained
-from gpuaccel.deploy.quantize import calibration_sample, quantize_int8
-from gpuaccel.deploy.runners import load_runner
-from gpuaccel.deploy.bench import measure, torch_call
-t = load_trained("/tmp/q"); data = t.load_data(None, "no data")
-calib = calibration_sample(data.train_images, 256)
-w = Path(tempfile.mkdtemp())
-fp = export(t, "onnx", w / "model.onnx", dynamic_batch=True)
-q = quantize_int8(fp, w / "model.int8.onnx", calib)
-(w / "model.int8.onnx.json").write_text((w / "model.onnx.json").read_text())
-x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
-mk = lambda b: np.random.rand(b, 3, 32, 32).astype(np.float32)
-res = {}
-res["session fp32"] = latency_ms(fp, 2, x, 200); res["session int8"] = latency_ms(q, 2, x, 200)
-r32, r8 = load_runner(fp), load_runner(q)
-res["measure fp32"] = measure(r32, mk, batches=())["latency_p50_ms"]; res["measure int8"] = measure(r8, mk, batches=())["latency_p50_ms"]
-m = t.module.eval(); measure(torch_call(m, torch.device("cpu")), lambda b: torch.rand(b, 3, 32, 32), batches=(64,))
-res["after torch: measure fp32"] = measure(r32, mk, batches=())["latency_p50_ms"]; res["after torch: measure int8"] = measure(r8, mk, batches=())["latency_p50_ms"]
-print(json.dumps(res, indent=1))
+from int8_latency import latency_ms  # noqa: E402
+
+from gpuaccel.deploy import export, load_trained  # noqa: E402
+from gpuaccel.deploy.bench import measure  # noqa: E402
+from gpuaccel.deploy.quantize import calibration_sample, quantize_int8  # noqa: E402
+from gpuaccel.deploy.runners import load_runner  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("run_dir")
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+trained = load_trained(args.run_dir)
+calibration = calibration_sample(trained.load_data(None, "no data").train_images, 256)
+work = Path(tempfile.mkdtemp())
+fp32 = export(trained, "onnx", work / "model.onnx", dynamic_batch=True)
+models = {"fp32": fp32}
+for per_channel in (False, True):
+    label = f"int8-{'per-channel' if per_channel else 'per-tensor'}"
+    models[label] = quantize_int8(fp32, work / f"{label}.onnx", calibration, per_channel=per_channel)
+    (work / f"{label}.onnx.json").write_text((work / "model.onnx.json").read_text())
+x = np.random.default_rng(0).random((1, 3, trained.image_size, trained.image_size), dtype=np.float32)
+make_input = lambda b: np.random.rand(b, 3, trained.image_size, trained.image_size).astype(np.float32)  # noqa: E731
+result = {"cpu_count": os.cpu_count(), "bare_session_ms": {}, "bench_infer_runner_ms": {}}
+for label, path in models.items():
+    result["bare_session_ms"][label] = latency_ms(path, os.cpu_count(), x, 200)
+    result["bench_infer_runner_ms"][label] = measure(load_runner(path), make_input, batches=())["latency_p50_ms"]
+print(json.dumps(result, indent=1))
+Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
