@@ -86,7 +86,7 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
     on the CPU, one file at a time, so bad files are named exactly as on the CPU path."""
     import torch
     from concurrent.futures import ThreadPoolExecutor
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode
 
     from . import nvjpeg
 
@@ -101,9 +101,8 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
         for start in range(0, len(sources), batch):
             part = sources[start:start + batch]
             raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in pool.map(read, part)]
-            nvjpeg.drain_before_decoding(torch.device(device))
             try:
-                decoded = decode_jpeg(raw, mode=ImageReadMode.UNCHANGED, device=device)
+                decoded = nvjpeg.torchvision_decode(raw, ImageReadMode.UNCHANGED, device)
             except RuntimeError:
                 results.extend(_decode_one(s, None) for s in part)
                 continue

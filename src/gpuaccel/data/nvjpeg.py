@@ -65,6 +65,15 @@ def drain_before_decoding(device: torch.device) -> None:
     torch.cuda.current_stream(device).synchronize()
 
 
+def torchvision_decode(data, mode, device):
+    """``torchvision.io.decode_jpeg(data, mode=mode, device=device)`` on a GPU, after
+    :func:`drain_before_decoding`: the one way this package calls it."""
+    from torchvision.io import decode_jpeg
+
+    drain_before_decoding(torch.device(device))
+    return decode_jpeg(data, mode=mode, device=device)
+
+
 class Frame(NamedTuple):
     height: int
     width: int

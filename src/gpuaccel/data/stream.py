@@ -379,18 +379,16 @@ def _decode_on_gpu(blobs: list[torch.Tensor], device: torch.device) -> list[torc
     batched nvJPEG call. A batch nvJPEG rejects is decoded again image by image, so that one
     bad file is found and named; what nvJPEG cannot decode at all (CMYK, PNG in a JPEG
     folder) goes to Pillow."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode
 
-    nvjpeg.drain_before_decoding(device)
     try:
-        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
+        return nvjpeg.torchvision_decode(blobs, ImageReadMode.RGB, device)
     except RuntimeError:
         pass
     results: list[torch.Tensor | str] = []
     for blob in blobs:
-        nvjpeg.drain_before_decoding(device)
         try:
-            results.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=device))
+            results.append(nvjpeg.torchvision_decode(blob, ImageReadMode.RGB, device))
         except RuntimeError:
             fallback = _decode_with_pil(blob)
             results.append(fallback if isinstance(fallback, str) else fallback.to(device))
