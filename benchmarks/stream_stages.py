@@ -17,9 +17,10 @@ wall time of its stages recorded per batch: a pure-Python thread (contention for
 only), a thread replaying a CUDA graph of large matrix products (contention for the GPU
 only), and the compiled ResNet-50 training step of ``imagenet_throughput.py`` consuming
 the batches (both, as in end-to-end training), next to that step's rate on one batch
-held in memory. With ``GPUACCEL_NVJPEG=direct`` set (the loader's experimental direct nvJPEG
-call), the direct decode is timed too, and training from the pipeline in windows taken in
-turn with the direct call and with torchvision's. ``--cpu-decode`` sets the share the reader processes decode.
+held in memory. Where the loader calls nvJPEG directly (its default on GPUs with JPEG
+engines; ``GPUACCEL_NVJPEG=torchvision`` turns that off), the direct decode is timed too,
+and training from the pipeline in windows taken in turn with the direct call and with
+torchvision's. ``--cpu-decode`` sets the share the reader processes decode.
 """
 
 import argparse

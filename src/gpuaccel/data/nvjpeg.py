@@ -1,23 +1,23 @@
-"""nvJPEG's hardware batch decoder (A100, H100, H200), called directly: EXPERIMENTAL, off
-unless ``GPUACCEL_NVJPEG=direct`` is set.
+"""nvJPEG's batch decoder called directly: the streaming loader's GPU decoder on GPUs with
+JPEG engines (A100, H100, H200). ``GPUACCEL_NVJPEG=torchvision`` turns it off, ``hybrid``
+picks nvJPEG's CUDA-kernel backend instead of the engines (measured slower).
 
 Why: ``torchvision.io.decode_jpeg(..., device="cuda")`` uses the same hardware decoder but
 synchronises its stream before and after every call and returns a tensor per image. Called
 directly, a batch of 256 ImageNet-sized JPEGs blocks the calling thread 6.9 ms instead of
 10.9 ms, and the images land in one buffer that the resampler reads through a table
 (:class:`crops.ImageTable`), with no tensor per image. On an H200 the streaming pipeline
-alone went from 12,579 to 17,660 img/s on shards, and a compiled ResNet-50 step fed by it
-from 4,574 to 5,890 img/s (benchmarks/results/imagenet-throughput-h200/direct-nvjpeg/).
+alone went from 12,579 to 17,660 img/s on shards, and ``gpuaccel train`` of a compiled
+ResNet-50 from the JPEG folder gained 2-4% (docs/results.md).
 
-Why off: in ``gpuaccel train`` (a training and an evaluation loader, a new pipeline thread
-per pass) the call hung inside nvjpegDecodeBatched in three of five runs, and those runs'
-losses were NaN; a single shared, serialised decoder did not change that. A likely cause,
-found after those runs and not yet checked on a GPU: nvJPEG's hardware path writes its
-output out of stream order (:func:`drain_before_decoding`, which every decode now calls
-first). What is known of nvJPEG's hardware path (torch.profiler): per image it copies the
-bitstream and converts the engine's RGBA output on its own 14 internal streams of normal
-priority, with an event synchronisation per image, so the stream passed in does not set
-the priority of its work, and beside busy GPU work every image waits behind it.
+nvJPEG's hardware path writes its output when it is called, not in stream order, so every
+decode first waits for the stream's queued work (:func:`drain_before_decoding`). Before
+that wait, training runs that decoded this way had NaN losses and hung inside
+nvjpegDecodeBatched (three of five); with it, eleven runs did neither. What is known of
+the hardware path (torch.profiler): per image it copies the bitstream and converts the
+engine's output on its own 14 internal streams of normal priority, with an event
+synchronisation per image, so the stream passed in does not set the priority of its work,
+and beside busy GPU work every image waits behind it.
 
 The library is the libnvjpeg that torchvision loaded (found in /proc/self/maps), or one in
 the NVIDIA wheels, or the system's.
@@ -41,7 +41,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-_BACKEND_HARDWARE = 3  # nvjpegBackend_t
+from ..errors import GpuaccelError
+
+# nvjpegBackend_t, by GPUACCEL_NVJPEG's value: the JPEG engines, or Huffman decoding in CUDA
+# kernels that run on the caller's stream (whose priority they then take)
+_BACKENDS = {"direct": 3, "hybrid": 2}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
 _MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT: nvjpegImage_t holds 4 channel pointers, then 4 pitches
 
@@ -131,7 +135,8 @@ def _library_candidates() -> list[str]:
     return [path for path in dict.fromkeys(found + ([system] if system else [])) if "libnvjpeg" in path]
 
 
-_shared: dict[int, "HardwareDecoder | None"] = {}  # one decoder per device and process, as torchvision keeps
+# one decoder per device, kind and process, as torchvision keeps one per device
+_shared: dict[tuple[int, str], "HardwareDecoder | None"] = {}
 _shared_lock = threading.Lock()
 
 
@@ -140,8 +145,9 @@ class HardwareDecoder:
     shared by every loader of the process (:meth:`open`, as torchvision keeps one), and its
     calls are serialised."""
 
-    def __init__(self, library: ctypes.CDLL, device: torch.device):
+    def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
         self.device = device
+        self.kind = kind
         self._lib = library
         void_p, p_void_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
         library.nvjpegCreateEx.argtypes = [ctypes.c_int, void_p, void_p, ctypes.c_uint, p_void_p]
@@ -150,7 +156,7 @@ class HardwareDecoder:
         library.nvjpegDecodeBatched.argtypes = [void_p, void_p, void_p, void_p, void_p, void_p]
         self._handle, self._state = void_p(), void_p()
         with torch.cuda.device(device):  # nvJPEG works on the current device
-            self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0,
+            self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKENDS[kind], None, None, 0,
                                                                   ctypes.byref(self._handle)))
             self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
                                                                                 ctypes.byref(self._state)))
@@ -159,25 +165,29 @@ class HardwareDecoder:
 
     @classmethod
     def open(cls, device: torch.device) -> "HardwareDecoder | None":
-        """The decoder for ``device`` where ``GPUACCEL_NVJPEG=direct`` is set, the GPU has a
-        hardware decoder (A100 and later) and an nvJPEG library is found; otherwise None."""
-        if device.type != "cuda" or os.environ.get("GPUACCEL_NVJPEG", "").lower() != "direct":
+        """The decoder for ``device`` that ``GPUACCEL_NVJPEG`` names: ``direct`` (the default:
+        the JPEG engines, found on an A100 or later) or ``hybrid`` (CUDA kernels); None where
+        it names ``torchvision``, the device is not a GPU or no nvJPEG library loads."""
+        kind = os.environ.get("GPUACCEL_NVJPEG", "direct").lower()
+        if kind != "torchvision" and kind not in _BACKENDS:
+            raise GpuaccelError(f"GPUACCEL_NVJPEG must be one of direct, hybrid, torchvision; got {kind!r}")
+        if device.type != "cuda" or kind not in _BACKENDS:
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         with _shared_lock:
-            if index not in _shared:
-                _shared[index] = cls._first_that_loads(torch.device("cuda", index))
-            return _shared[index]
+            if (index, kind) not in _shared:
+                _shared[index, kind] = cls._first_that_loads(torch.device("cuda", index), kind)
+            return _shared[index, kind]
 
     @classmethod
-    def _first_that_loads(cls, device: torch.device) -> "HardwareDecoder | None":
+    def _first_that_loads(cls, device: torch.device, kind: str) -> "HardwareDecoder | None":
         try:
             import torchvision.io.image  # noqa: F401  (loads torchvision's libnvjpeg, the first candidate)
         except ImportError:
             pass
         for path in _library_candidates():
             try:
-                return cls(ctypes.CDLL(path), device)
+                return cls(ctypes.CDLL(path), device, kind)
             except (OSError, AttributeError, RuntimeError):
                 continue
         return None

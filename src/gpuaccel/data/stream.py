@@ -408,9 +408,10 @@ class StreamLoader:
 
     ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
     ``cpu_decode`` of its images with Pillow (by default none on a GPU with nvJPEG, all
-    otherwise); nvJPEG decodes the rest on the GPU (through torchvision, or with
-    ``GPUACCEL_NVJPEG=direct`` through :mod:`nvjpeg`, experimental), or without it Pillow on
-    the loader's thread. ``workers=0`` reads in the loader's thread."""
+    otherwise); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
+    one call per batch; through torchvision the images the JPEG engines cannot take, and all
+    of them with ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the
+    loader's thread. ``workers=0`` reads in the loader's thread."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
@@ -453,7 +454,7 @@ class StreamLoader:
     def decoder(self) -> str:
         if not self.on_gpu or self.cpu_decode >= 1:
             return "pillow"
-        return f"nvjpeg ({'direct' if self.hardware else 'torchvision'}), {self.cpu_decode:.0%} pillow"
+        return f"nvjpeg ({self.hardware.kind if self.hardware else 'torchvision'}), {self.cpu_decode:.0%} pillow"
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
