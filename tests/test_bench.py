@@ -166,20 +166,23 @@ def test_report_renders_in_headless_chromium(which, request, tmp_path):
 
 
 def test_the_multi_gpu_rung_launches_a_valid_recipe_and_reports_a_failed_launch(monkeypatch, tmp_path):
-    """The rung hands the previous rung's settings to `gpuaccel train --gpus N` as a recipe; on
-    this CPU machine the launcher refuses (no GPUs), and the rung is skipped with its reason."""
+    """The rung hands the previous rung's settings to `gpuaccel train --gpus N` as a recipe; with
+    fewer than two GPUs the launcher refuses, and the rung is skipped with its reason."""
     from gpuaccel.bench import ladder
     from gpuaccel.train import TrainConfig
     from gpuaccel.train.recipes import load_recipe
 
-    monkeypatch.setattr(ladder.torch.cuda, "device_count", lambda: 2)
+    visible = torch.cuda.device_count()
+    if visible >= 2:
+        pytest.skip("two GPUs are here: the launch would run")
+    monkeypatch.setattr(ladder.torch.cuda, "device_count", lambda: 2)  # the ladder sees two, the launcher does not
     rung = next(r for r in ladder.RUNGS if r.name == "multi-gpu")
     config = TrainConfig(data="digits", model="lenet5", batch_size=256, lr=0.2, compile=True,
                          compile_mode="reduce-overhead", device="cuda:0")
     row = ladder._measure_data_parallel(rung, config, ladder.BenchOptions(quick=True), 1.0, None, tmp_path,
                                         lambda line: None)
     assert row["skipped"] == "gpuaccel train --gpus 2 failed: --gpus 2 asks for more GPUs than present " \
-                             "(0 visible to PyTorch)"
+                             f"({visible} visible to PyTorch)"
     settings = TrainConfig.from_dict(load_recipe(str(tmp_path / "rungs" / "multi-gpu-2.yaml"))).validate()
     assert (settings.batch_size, settings.lr, settings.compile_mode, settings.device) == \
         (256, 0.2, "reduce-overhead", "auto")  # per GPU, as the rung before; each process takes its own GPU

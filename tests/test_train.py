@@ -39,7 +39,9 @@ def test_short_run_really_learns_and_writes_its_run_dir(tmp_path, digits):
     assert json.loads((run / "config.json").read_text())["model"] == "lenet5"
     final = checkpoint.load(run / "model.pt")
     assert final["model_name"] == "lenet5" and final["classes"] == digits.classes
-    assert s["stopped_by"] == "epochs" and s["device"] == "cpu" and s["precision"] == "fp32"
+    chosen = ("cuda:0", "bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() \
+        else ("cpu", "fp32")
+    assert s["stopped_by"] == "epochs" and (s["device"], s["precision"]) == chosen
 
 
 def test_learns_from_generated_image_folder(tmp_path, image_folder):
@@ -106,7 +108,8 @@ def test_checkpoint_files_are_replaced_atomically(tmp_path):
 
 def _train_command(run_dir, epochs=3):
     return [sys.executable, "-m", "gpuaccel", "train", "--data", "digits", "--model", "lenet5", "--batch-size", "8",
-            "--epochs", str(epochs), "--checkpoint-every", "10", "--run-dir", str(run_dir), "--quiet"]
+            "--epochs", str(epochs), "--checkpoint-every", "10", "--run-dir", str(run_dir), "--quiet",
+            "--deterministic"]  # on a GPU, cuDNN's autotuner may pick other kernels after the restart
 
 
 def _final_weights(run_dir):
@@ -194,7 +197,7 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
 
     cfg = TrainConfig(data="digits", epochs=1, batch_size=64, lr=0.2, momentum=0.9, nesterov=True,
                       bias_lr_scale=4.0, label_smoothing=0.1, grad_clip=0.5, ema=0.9, monitor=False,
-                      cache_dir=None, optimizer=optimizer, muon_lr=0.1)
+                      cache_dir=None, optimizer=optimizer, muon_lr=0.1, device="cpu")
     usual = Trainer(cfg.replace(run_dir=str(tmp_path / "a")), dataset=digits, quiet=True)
     graphed = Trainer(cfg.replace(run_dir=str(tmp_path / "b")), dataset=digits, quiet=True)
     assert usual.step_graph is None  # on the CPU the trainer never captures

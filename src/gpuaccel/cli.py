@@ -116,6 +116,10 @@ def _train_parser(sub) -> None:
     m.add_argument("--split-points", metavar="A,B", type=_comma_list,
                    help="with --pipeline-stages: the modules each new stage starts at (default: chosen to even "
                         "out the stages' FLOPs)")
+    m.add_argument("--deterministic", action="store_true", default=None,
+                   help="deterministic GPU kernels (cuDNN without autotuning, deterministic cuBLAS): the same "
+                        "seed gives the same weights, and a resumed run those of an uninterrupted one, on a "
+                        "GPU as on the CPU; slower")
     m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
                    help="several processes: gradient all-reduce bucket size (default 25)")
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

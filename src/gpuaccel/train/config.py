@@ -38,6 +38,7 @@ class TrainConfig:
     compile: bool = False
     compile_mode: str = "default"
     step_graph: bool = True  # with compile mode reduce-overhead: the whole step as one CUDA graph where possible
+    deterministic: bool = False  # deterministic kernels (process-wide): the same weights from the same seed on GPUs
     sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
     ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass

@@ -97,7 +97,13 @@ class Trainer:
         # a pipeline stage or FSDP with CPU offload puts the parameters where they belong, part by part
         self.on_host = config.pipeline_stages > 1 or config.offload == "cpu"
         self.model.to(torch.device("cpu") if self.on_host else self.device, memory_format=layout)
-        if self.device.type == "cuda":
+        if config.deterministic:
+            # cuDNN's autotuner times its candidates, so which kernel wins, and its rounding, varies
+            # from process to process; cuBLAS needs a fixed workspace before its first call
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+        elif self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
 
         self.mean, self.std = ds.channel_stats()
