@@ -81,8 +81,8 @@ class StageClock:
     def __init__(self, loader):
         self.times = {"nvjpeg": [], "decode": [], "resample": []}
         stream._decode_on_gpu = self._timed("nvjpeg", stream._decode_on_gpu)
-        if loader.hardware is not None:
-            loader.hardware.decode = self._timed("nvjpeg", loader.hardware.decode)
+        if loader.batch_decoder is not None:
+            loader.batch_decoder.decode = self._timed("nvjpeg", loader.batch_decoder.decode)
         loader._decoded = self._timed("decode", loader._decoded)
         stream.resample_boxes = self._timed("resample", stream.resample_boxes)
 
@@ -168,15 +168,15 @@ def under_load(loader) -> dict:
             step(x, y)
             yield x, y
     # windows taken in turn with each decoder, so that drift of the machine affects both alike
-    hardware = loader.hardware
-    decoders = {"direct": hardware, "torchvision": None} if hardware is not None else {"torchvision": None}
+    own = loader.batch_decoder
+    decoders = {"direct": own, "torchvision": None} if own is not None else {"torchvision": None}
     for _ in range(3):
         for name, decoder in decoders.items():
-            loader.hardware = decoder
+            loader.batch_decoder = decoder
             marks = clock.marks()
             window = {"img_s": images_per_second(trained(served), warmup=4, count=40), **clock.since(marks)}
             results.setdefault(f"training_from_the_pipeline_{name}", []).append(window)
-    loader.hardware = hardware
+    loader.batch_decoder = own
     return results
 
 
@@ -224,10 +224,10 @@ def main():
     host, synced = timed(decode, 24)
     report("decode_host", stats(host))
     report("decode_until_gpu_done", stats(synced))
-    if loader.hardware is not None:  # the loader's own call: nvJPEG's hardware decoder without torchvision
+    if loader.batch_decoder is not None:  # the loader's own call: nvJPEG's hardware decoder without torchvision
         def direct(i):
             data, frames, lengths = hosts[i % len(hosts)]
-            loader.hardware.decode(data, frames[:, 0], lengths, frames[:, 1], frames[:, 2])
+            loader.batch_decoder.decode(data, frames[:, 0], lengths, frames[:, 1], frames[:, 2])
         host, synced = timed(direct, 24)
         report("decode_direct_host", stats(host))
         report("decode_direct_until_gpu_done", stats(synced))

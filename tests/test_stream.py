@@ -342,21 +342,21 @@ def test_jpeg_frame_headers_give_the_size_and_what_the_hardware_decoder_takes():
 
 def test_the_gpu_decoder_is_chosen_by_GPUACCEL_NVJPEG(monkeypatch):
     monkeypatch.delenv("GPUACCEL_NVJPEG", raising=False)
-    assert nvjpeg.HardwareDecoder.open(torch.device("cpu")) is None  # nvJPEG only decodes on a GPU
+    assert nvjpeg.BatchDecoder.open(torch.device("cpu")) is None  # nvJPEG only decodes on a GPU
     monkeypatch.setenv("GPUACCEL_NVJPEG", "torchvison")
     with pytest.raises(GpuaccelError, match="direct, hybrid, torchvision; got 'torchvison'"):
-        nvjpeg.HardwareDecoder.open(torch.device("cpu"))
+        nvjpeg.BatchDecoder.open(torch.device("cpu"))
 
 
-def direct_decoder(monkeypatch, kind: str = "direct") -> nvjpeg.HardwareDecoder:
+def direct_decoder(monkeypatch, kind: str = "direct") -> nvjpeg.BatchDecoder:
     monkeypatch.setenv("GPUACCEL_NVJPEG", kind)
-    decoder = nvjpeg.HardwareDecoder.open(torch.device("cuda"))
+    decoder = nvjpeg.BatchDecoder.open(torch.device("cuda"))
     if decoder is None:
         pytest.skip(f"no nvJPEG {kind} decoder here")
     return decoder
 
 
-def decode_directly(decoder: nvjpeg.HardwareDecoder, blobs: list[bytes]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+def decode_directly(decoder: nvjpeg.BatchDecoder, blobs: list[bytes]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """The planes, starts and (height, width) of ``blobs`` decoded in one call, from pinned memory."""
     frames = [nvjpeg.frame(b) for b in blobs]
     data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).pin_memory()

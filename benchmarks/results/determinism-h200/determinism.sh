@@ -1,4 +1,4 @@
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh"  # environment, $R
 cat > /tmp/diag.py <<'PY'
 import subprocess, sys, torch, json
 from gpuaccel.train import checkpoint

@@ -1,4 +1,4 @@
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh"  # environment, $R
 mkdir -p /tmp/det && cat > /tmp/det/sitecustomize.py <<'PY'
 import os, torch
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

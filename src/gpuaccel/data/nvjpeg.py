@@ -136,14 +136,15 @@ def _library_candidates() -> list[str]:
 
 
 # one decoder per device, kind and process, as torchvision keeps one per device
-_shared: dict[tuple[int, str], "HardwareDecoder | None"] = {}
+_shared: dict[tuple[int, str], "BatchDecoder | None"] = {}
 _shared_lock = threading.Lock()
 
 
-class HardwareDecoder:
-    """Baseline JPEGs -> planar RGB uint8 on the GPU, one call per batch. One per device is
-    shared by every loader of the process (:meth:`open`, as torchvision keeps one), and its
-    calls are serialised."""
+class BatchDecoder:
+    """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch,
+    on the JPEG engines (``kind`` "direct") or in CUDA kernels ("hybrid"). One per device and
+    kind is shared by every loader of the process (:meth:`open`, as torchvision keeps one),
+    and its calls are serialised."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
         self.device = device
@@ -164,7 +165,7 @@ class HardwareDecoder:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, device: torch.device) -> "HardwareDecoder | None":
+    def open(cls, device: torch.device) -> "BatchDecoder | None":
         """The decoder for ``device`` that ``GPUACCEL_NVJPEG`` names: ``direct`` (the default:
         the JPEG engines, found on an A100 or later) or ``hybrid`` (CUDA kernels); None where
         it names ``torchvision``, the device is not a GPU or no nvJPEG library loads."""
@@ -180,7 +181,7 @@ class HardwareDecoder:
             return _shared[index, kind]
 
     @classmethod
-    def _first_that_loads(cls, device: torch.device, kind: str) -> "HardwareDecoder | None":
+    def _first_that_loads(cls, device: torch.device, kind: str) -> "BatchDecoder | None":
         try:
             import torchvision.io.image  # noqa: F401  (loads torchvision's libnvjpeg, the first candidate)
         except ImportError:

@@ -430,7 +430,7 @@ class StreamLoader:
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
         self.on_gpu = gpu_jpeg_decoder_available(device)
-        self.hardware = nvjpeg.HardwareDecoder.open(device) if self.on_gpu else None
+        self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu else None
         if cpu_decode is not None and not 0.0 <= cpu_decode <= 1.0:
             raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {cpu_decode}")
         if cpu_decode is None:
@@ -454,7 +454,8 @@ class StreamLoader:
     def decoder(self) -> str:
         if not self.on_gpu or self.cpu_decode >= 1:
             return "pillow"
-        return f"nvjpeg ({self.hardware.kind if self.hardware else 'torchvision'}), {self.cpu_decode:.0%} pillow"
+        route = self.batch_decoder.kind if self.batch_decoder else "torchvision"
+        return f"nvjpeg ({route}), {self.cpu_decode:.0%} pillow"
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
@@ -489,11 +490,11 @@ class StreamLoader:
         if len(host.shapes):
             tables.append(ImageTable.interleaved(host.pixels.to(self.device, non_blocking=True), host.shapes.numpy()))
         frames, lengths = host.frames.numpy(), host.lengths.numpy()
-        direct = frames[:, 3] == 1 if self.hardware is not None else np.zeros(len(frames), dtype=bool)
+        direct = frames[:, 3] == 1 if self.batch_decoder is not None else np.zeros(len(frames), dtype=bool)
         order = np.concatenate([np.flatnonzero(direct), np.flatnonzero(~direct)])
         if direct.any():
             try:
-                planes, starts = self.hardware.decode(host.compressed, frames[direct, 0], lengths[direct],
+                planes, starts = self.batch_decoder.decode(host.compressed, frames[direct, 0], lengths[direct],
                                                       frames[direct, 1], frames[direct, 2])
                 tables.append(ImageTable.planar(planes, frames[direct, 1:3], starts))
             except RuntimeError:  # nvJPEG refused the batch: decode it again below, image by image
