@@ -451,6 +451,7 @@ def test_stream_errors(capsys, tmp_path):
     assert_user_error(capsys, ["train", "--data", str(root)], "no validation shards")
     write_shards(root, "val", 1, 4)
     assert_user_error(capsys, ["train", "--data", str(root), "--cutout", "4"], "--cutout")
+    assert_user_error(capsys, ["train", "--data", str(root), "--cpu-decode", "1.5"], "--cpu-decode must be a fraction")
 
 
 def test_a_corrupt_jpeg_in_a_shard_from_the_cli(capsys, tmp_path):

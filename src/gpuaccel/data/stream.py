@@ -49,6 +49,12 @@ SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
 DEFAULT_CPU_DECODE = 0.0  # share of each batch the reader processes decode when nvJPEG can do it all
 
 
+def check_cpu_decode(share) -> None:
+    """``share`` (of each batch decoded by the reader processes) is None or from 0 to 1."""
+    if share is not None and not (isinstance(share, (int, float)) and 0 <= share <= 1):
+        raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {share}")
+
+
 # --- the index: where each image's bytes are -------------------------------------------------------
 
 @dataclass
@@ -431,8 +437,7 @@ class StreamLoader:
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
         self.on_gpu = gpu_jpeg_decoder_available(device)
         self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu else None
-        if cpu_decode is not None and not 0.0 <= cpu_decode <= 1.0:
-            raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {cpu_decode}")
+        check_cpu_decode(cpu_decode)
         if cpu_decode is None:
             cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
         self.cpu_decode = cpu_decode

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..data.augment import FLIP_MODES
 from ..data.loader import PLACEMENTS
+from ..data.stream import check_cpu_decode
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
@@ -144,9 +145,7 @@ class TrainConfig:
             raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
-        if self.cpu_decode is not None and not (isinstance(self.cpu_decode, (int, float))
-                                                and 0 <= self.cpu_decode <= 1):
-            raise GpuaccelError(f"--cpu-decode must be a fraction from 0 to 1, got {self.cpu_decode}")
+        check_cpu_decode(self.cpu_decode)
         for name in ("eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
