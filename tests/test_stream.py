@@ -437,6 +437,7 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["train_images"] == 48 and summary["test_images"] == 12 and summary["test_accuracy"] > 0.5
+    assert summary["jpeg_decoder"].startswith("nvjpeg" if torch.cuda.is_available() else "pillow")
 
     folder = make_image_folder(tmp_path / "img", per_class=(12, 4), size=20, ext="jpg")
     code, out, err = run(capsys, "train", "--data", str(folder), "--loader", "stream", "--run-dir",

@@ -42,6 +42,7 @@ def test_short_run_really_learns_and_writes_its_run_dir(tmp_path, digits):
     chosen = ("cuda:0", "bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() \
         else ("cpu", "fp32")
     assert s["stopped_by"] == "epochs" and (s["device"], s["precision"]) == chosen
+    assert s["jpeg_decoder"] is None  # in-memory data
 
 
 def test_learns_from_generated_image_folder(tmp_path, image_folder):

@@ -207,6 +207,11 @@ class Trainer:
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
         return torch.compile(module, mode=self._compile_mode, dynamic=False)
 
+    @property
+    def jpeg_decoder(self) -> str | None:
+        """How a streaming loader decodes (e.g. "nvjpeg (direct), 0% pillow"); None for other loaders."""
+        return getattr(self.train_loader, "decoder", None)
+
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> dict:
@@ -222,7 +227,8 @@ class Trainer:
                      + (f"; {self.dist.world_size} processes, {self.config.batch_size} images each per step"
                         if self.dist.active and self.pipeline is None else "")
                      + (f"; {self.pipeline.describe()}" if self.pipeline is not None else "")
-                     + ("; each training step one CUDA graph" if self.step_graph is not None else ""))
+                     + ("; each training step one CUDA graph" if self.step_graph is not None else "")
+                     + (f"; JPEG decoding: {self.jpeg_decoder}" if self.jpeg_decoder else ""))
 
         # (a pipeline's first steps also infer the shapes that pass between stages)
         if self.config.compile or self.device.type == "cuda" or self.pipeline is not None:
@@ -677,6 +683,7 @@ class Trainer:
             "run_dir": str(self.run_dir), "torch": torch.__version__, "gpuaccel": __version__,
             "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
             if self.device.type == "cuda" else None,
+            "jpeg_decoder": self.jpeg_decoder,
             "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.data_ranks *
             self.config.grad_accum, "images_seen": self.images_seen, "restarts": self.dist.restart,
         }
