@@ -500,7 +500,7 @@ class StreamLoader:
         if direct.any():
             try:
                 planes, starts = self.batch_decoder.decode(host.compressed, frames[direct, 0], lengths[direct],
-                                                      frames[direct, 1], frames[direct, 2])
+                                                           frames[direct, 1], frames[direct, 2])
                 tables.append(ImageTable.planar(planes, frames[direct, 1:3], starts))
             except RuntimeError:  # nvJPEG refused the batch: decode it again below, image by image
                 order, direct = np.arange(len(frames)), np.zeros(len(frames), dtype=bool)
