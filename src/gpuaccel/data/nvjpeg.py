@@ -8,7 +8,7 @@ directly, a batch of 256 ImageNet-sized JPEGs blocks the calling thread 6.9 ms i
 10.9 ms, and the images land in one buffer that the resampler reads through a table
 (:class:`crops.ImageTable`), with no tensor per image. On an H200 the streaming pipeline
 alone went from 12,579 to 17,660 img/s on shards, and ``gpuaccel train`` of a compiled
-ResNet-50 from the JPEG folder gained 2-4% (docs/results.md).
+ResNet-50 from the JPEG folder gained 2-3% (docs/results.md).
 
 nvJPEG's hardware path writes its output when it is called, not in stream order, so every
 decode first waits for the stream's queued work (:func:`drain_before_decoding`). Before
