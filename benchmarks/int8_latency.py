@@ -5,9 +5,14 @@ thread counts and int8 formats, in one process (so the ratios compare like with 
 
 RUN_DIR is a gpuaccel run; its model is exported to ONNX and quantised (static, per
 channel, calibrated on 512 training images) in QDQ and QOperator formats.
+
+``--profile-ops`` adds, for each model and thread count, where a call's time goes: ONNX
+Runtime's profiler's kernel time per operator type (microseconds per call, summed over the
+nodes of that type), from a separate profiled session so the latencies stay unprofiled.
 """
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -39,10 +44,28 @@ def latency_ms(path: Path, threads: int, x: np.ndarray, calls: int = 400) -> flo
     return 1000 * statistics.median(times)
 
 
+def op_times_us(path: Path, threads: int, x: np.ndarray, calls: int = 200) -> dict:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.enable_profiling = True
+    options.profile_file_prefix = str(path.with_suffix("")) + f"-t{threads}"
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for _ in range(calls):
+        session.run(None, {name: x})
+    per_op = collections.Counter()
+    for event in json.loads(Path(session.end_profiling()).read_text()):
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            per_op[event["args"]["op_name"]] += event["dur"]
+    # the profile also holds the session's first run (graph set-up), so divide by calls + 1
+    return {op: round(us / (calls + 1), 1) for op, us in per_op.most_common()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--profile-ops", action="store_true", help="also record kernel time per operator type")
     args = ap.parse_args()
     trained = load_trained(args.run_dir)
     data = trained.load_data(None, "no data")
@@ -77,6 +100,8 @@ def main():
         for label in models:
             if label != "fp32":
                 row[f"ratio_{label}"] = row["fp32"] / row[label]
+        if args.profile_ops:
+            row["op_us_per_call"] = {label: op_times_us(path, threads, x) for label, path in models.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
     Path(args.out).write_text(json.dumps({"cpu_count": os.cpu_count(), "onnxruntime": ort.__version__,

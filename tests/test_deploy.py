@@ -14,7 +14,8 @@ from PIL import Image
 
 from gpuaccel import TrainConfig, Trainer
 from gpuaccel.cli import main
-from gpuaccel.deploy import export, load_runner, load_trained, verify
+from gpuaccel.deploy import export, load_runner, load_trained, runners, verify
+from gpuaccel.deploy.runners import onnx_has_cuda
 
 FORMATS = ["onnx", "pt2", "torchscript"]
 
@@ -139,6 +140,55 @@ def test_fp16_conversion_halves_the_file_and_keeps_accuracy(run_dir, tmp_path, c
     assert json.loads((tmp_path / "m.fp16.onnx.json").read_text())["format"] == "onnx-fp16"
     probs = load_runner(out)(np.random.rand(3, 1, 8, 8).astype(np.float32))
     assert probs.dtype == np.float32 and probs.shape == (3, 10)  # float32 in and out
+
+
+ORT_ON_GPU = torch.cuda.is_available() and onnx_has_cuda()
+
+
+@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+def test_fp16_artefact_is_evaluated_and_timed_on_the_gpu(run_dir, tmp_path, capsys):
+    out = tmp_path / "m.fp16.onnx"
+    assert main(["quantize", str(run_dir), "--fp16", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "cuda"
+    assert abs(report["fp16"]["test_accuracy"] - report["fp32"]["test_accuracy"]) <= 0.01
+    x = np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32)
+    on_gpu, on_cpu = load_runner(out, "cuda")(x), load_runner(out)(x)
+    np.testing.assert_allclose(on_gpu, on_cpu, atol=0.05)  # the same artefact, two runtimes
+
+
+@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+def test_bench_infer_times_onnx_runtime_on_the_gpu(run_dir, capsys):
+    assert main(["bench-infer", str(run_dir), "--repeats", "20", "--json"]) == 0
+    rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for name in ("onnxruntime-cuda-fp32", "onnxruntime-cuda-fp16", "onnxruntime-cuda-fp16-cuda-graphs"):
+        assert rows[name]["latency_p50_ms"] > 0 and rows[name]["best_images_per_second"] > 0, rows[name]
+
+
+@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_bound_onnx_calls_see_each_new_input(run_dir, tmp_path, cuda_graph):
+    from gpuaccel.deploy.bench import onnx_cuda_call
+
+    onnx_file = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx", dynamic_batch=True)
+    call = onnx_cuda_call(onnx_file, torch.device("cuda"), cuda_graph=cuda_graph)
+    reference = load_runner(onnx_file)
+    for seed in range(3):  # a replayed graph must read each call's input, not the first one's
+        x = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(seed)).cuda()
+        np.testing.assert_allclose(call(x).cpu().numpy(), reference(x.cpu().numpy()), rtol=1e-2, atol=1e-2)
+
+
+def test_onnx_on_a_gpu_without_onnxruntime_gpu_is_a_clear_error(run_dir, tmp_path, capsys, monkeypatch):
+    onnx_file = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU side of the check is not under test
+    monkeypatch.setattr(runners, "onnx_has_cuda", lambda: False)
+    _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--device", "cuda:0"],
+                    "needs onnxruntime-gpu", "--device cpu")
+    # a build that lists the CUDA provider but cannot start it falls back to the CPU; that is an error too
+    monkeypatch.setattr(runners, "onnx_has_cuda", lambda: True)
+    if not onnx_has_cuda():  # a CPU-only onnxruntime really does fall back
+        _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--device", "cuda:0"],
+                        "could not start its CUDA provider")
 
 
 def test_int8_quantisation_keeps_digits_accuracy(run_dir, tmp_path, capsys):

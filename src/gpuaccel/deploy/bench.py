@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from ..bench.timing import host_times_ms
+from ..errors import GpuaccelError
 from .artifact import TrainedModel
 from .export import export
-from .quantize import quantize_int8
-from .runners import load_runner
+from .quantize import convert_fp16, quantize_int8
+from .runners import cuda_provider, load_runner, metadata_path, onnx_has_cuda
 
 
 def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
@@ -46,6 +47,49 @@ def torch_call(module, device, dtype=None):
     return call
 
 
+def onnx_cuda_call(path: Path, device: torch.device, cuda_graph: bool = False):
+    """``call(x)`` for an ONNX file in onnxruntime-gpu, ``x`` a contiguous float32 CUDA tensor.
+
+    Inputs and outputs are bound to GPU memory, so a call costs what the PyTorch GPU rows' calls
+    cost: no copies through the host. onnxruntime runs on its own stream, so torch's is
+    synchronised first. Each input shape gets its own session; with ``cuda_graph`` its captured
+    graph reads a fixed input buffer that each call copies ``x`` into.
+    """
+    import onnxruntime as ort
+
+    provider = cuda_provider(device, cuda_graph)
+    bound = {}  # shape -> (session, binding, bound input, output)
+
+    def bind_input(binding, name, x):
+        binding.bind_input(name, "cuda", x.device.index, np.float32, list(x.shape), x.data_ptr())
+
+    def new_session(x):
+        # no run before binding: a CUDA-graph session captures its first run, buffers included
+        session = ort.InferenceSession(str(path), providers=[provider])
+        name, out_name = session.get_inputs()[0].name, session.get_outputs()[0].name
+        classes = session.get_outputs()[0].shape[1]  # gpuaccel's exports fix the class count
+        x_bound = torch.empty_like(x) if cuda_graph else x
+        y = torch.empty(len(x), classes, device=x.device)
+        binding = session.io_binding()
+        bind_input(binding, name, x_bound)
+        binding.bind_output(out_name, "cuda", y.device.index, np.float32, list(y.shape), y.data_ptr())
+        return [session, binding, x_bound, y]
+
+    def call(x):
+        entry = bound.get(tuple(x.shape)) or bound.setdefault(tuple(x.shape), new_session(x))
+        session, binding, x_bound, y = entry
+        if cuda_graph:
+            x_bound.copy_(x)
+        elif x.data_ptr() != x_bound.data_ptr():
+            bind_input(binding, session.get_inputs()[0].name, x)
+            entry[2] = x  # the binding holds a raw pointer: keep the tensor alive
+        torch.cuda.current_stream(device).synchronize()
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return y
+    return call
+
+
 def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Path, threads: int | None = None):
     """Yields (name, call, input maker) for every backend this machine has."""
     c, s = trained.in_channels, trained.image_size
@@ -56,13 +100,24 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         onnx_path = export(trained, "onnx", workdir / "model.onnx", dynamic_batch=True)
     except Exception as exc:  # noqa: BLE001 -- report and carry on with the other backends
         yield "onnxruntime-cpu-fp32", exc, None
+        onnx_path = None
     else:
         np_input = lambda b: np.random.rand(b, c, s, s).astype(np.float32)  # noqa: E731
         yield "onnxruntime-cpu-fp32", load_runner(onnx_path, threads=threads), np_input
         if calibration is not None:
-            int8 = quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration)
-            (workdir / "model.int8.onnx.json").write_text((workdir / "model.onnx.json").read_text())
+            int8 = _sibling(onnx_path, quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration))
             yield "onnxruntime-cpu-int8", load_runner(int8, threads=threads), np_input
+    if onnx_path is not None and torch.cuda.is_available():
+        if onnx_has_cuda():
+            device = torch.device("cuda")
+            nchw_input = lambda b: torch.rand(b, c, s, s, device=device)  # noqa: E731
+            fp16 = convert_fp16(onnx_path, workdir / "model.fp16.onnx")
+            yield "onnxruntime-cuda-fp32", onnx_cuda_call(onnx_path, device), nchw_input
+            yield "onnxruntime-cuda-fp16", onnx_cuda_call(fp16, device), nchw_input
+            yield "onnxruntime-cuda-fp16-cuda-graphs", onnx_cuda_call(fp16, device, cuda_graph=True), nchw_input
+        else:
+            yield "onnxruntime-cuda", GpuaccelError("this onnxruntime has no CUDA provider (pip install "
+                                                    "onnxruntime-gpu)"), None
     if torch.cuda.is_available():
         device = torch.device("cuda")
         gpu = trained.module.to(device).to(memory_format=torch.channels_last)
@@ -78,6 +133,12 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         bf16_graphs = torch.compile(bf16, mode="reduce-overhead")
         bf16_input = lambda b: gpu_input(b).to(torch.bfloat16)  # noqa: E731
         yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", torch_call(bf16_graphs, device), bf16_input
+
+
+def _sibling(source: Path, artifact: Path) -> Path:
+    """``artifact`` with a copy of ``source``'s metadata (class names, input size) beside it."""
+    metadata_path(artifact).write_text(metadata_path(source).read_text())
+    return artifact
 
 
 def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200,
