@@ -76,7 +76,9 @@ def onnx_cuda_call(path: Path, device: torch.device, cuda_graph: bool = False):
         return [session, binding, x_bound, y]
 
     def call(x):
-        entry = bound.get(tuple(x.shape)) or bound.setdefault(tuple(x.shape), new_session(x))
+        if tuple(x.shape) not in bound:
+            bound[tuple(x.shape)] = new_session(x)
+        entry = bound[tuple(x.shape)]
         session, binding, x_bound, y = entry
         if cuda_graph:
             x_bound.copy_(x)
@@ -117,7 +119,7 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
             yield "onnxruntime-cuda-fp16-cuda-graphs", onnx_cuda_call(fp16, device, cuda_graph=True), nchw_input
         else:
             yield "onnxruntime-cuda", GpuaccelError("this onnxruntime has no CUDA provider (pip install "
-                                                    "onnxruntime-gpu)"), None
+                                                    "'gpuaccel[deploy-gpu]')"), None
     if torch.cuda.is_available():
         device = torch.device("cuda")
         gpu = trained.module.to(device).to(memory_format=torch.channels_last)

@@ -90,10 +90,10 @@ def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray, devi
 def evaluation_device(kind: str, asked: str | None) -> str:
     """Where ``quantize`` evaluates and times its artefacts: what was asked for, else the GPU for
     fp16 when ONNX Runtime can use one here (fp16 is for GPUs), else the CPU."""
+    import torch
+
     from .runners import onnx_has_cuda
 
     if asked:
         return asked
-    import torch
-
     return "cuda" if kind == "fp16" and torch.cuda.is_available() and onnx_has_cuda() else "cpu"

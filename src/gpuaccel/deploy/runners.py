@@ -126,7 +126,7 @@ def _onnx_runner(path: Path, device: torch.device, threads: int | None = None):
     if device.type == "cuda":
         if not onnx_has_cuda():
             raise GpuaccelError(f"running {path.name} on {device} needs onnxruntime-gpu (the installed onnxruntime "
-                                f"has only its CPU provider): pip install onnxruntime-gpu, or use --device cpu")
+                                f"has only its CPU provider): pip install 'gpuaccel[deploy-gpu]', or use --device cpu")
         providers.insert(0, cuda_provider(device))
     options = ort.SessionOptions()
     if threads:
