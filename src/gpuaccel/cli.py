@@ -464,12 +464,13 @@ def _run_bench_infer(args) -> int:
         return 0
     print(f"{trained.model_name}, {trained.image_size} px; CPU {result['cpu']} ({result['cpu_threads']} threads)"
           + (f"; GPU {result['gpu']}" if result["gpu"] else ""))
-    print(f"{'backend':42s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'best img/s':>12s}")
+    width = max(len(r["backend"]) for r in result["rows"])
+    print(f"{'backend':{width}s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'best img/s':>12s}")
     for r in result["rows"]:
         if "error" in r:
-            print(f"{r['backend']:42s} failed: {r['error']}")
+            print(f"{r['backend']:{width}s} failed: {r['error']}")
         else:
-            print(f"{r['backend']:42s} {r['latency_p50_ms']:8.3f} {r['latency_p90_ms']:8.3f} "
+            print(f"{r['backend']:{width}s} {r['latency_p50_ms']:8.3f} {r['latency_p90_ms']:8.3f} "
                   f"{r['latency_p99_ms']:8.3f} {r['best_images_per_second']:12,.0f}")
     return 0
 
