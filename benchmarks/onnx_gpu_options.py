@@ -1,6 +1,6 @@
 """ONNX Runtime on a GPU: which CUDA-provider settings make an exported model fastest?
 
-    python benchmarks/onnx_gpu_options.py MODEL.onnx [MODEL.fp16.onnx ...] --out onnx_gpu_options.json
+    PYTHONPATH=src python benchmarks/onnx_gpu_options.py MODEL.onnx [MODEL.fp16.onnx ...] --out onnx_gpu_options.json
 
 Needs onnxruntime-gpu. For each model and each setting, in one process: batch-1 latency
 (median and p90 of 300 calls after 50 warm-ups; every call ends with its output ready) and
@@ -13,18 +13,19 @@ the throughput at batch 256. Settings:
 - ``io-binding+cuda-graph``: the provider's ``enable_cuda_graph`` (one graph replay a call);
 - ``io-binding+nhwc+cuda-graph``: both.
 
-The model's input must take any batch size (``gpuaccel export --dynamic-batch``); each
+The model takes 3-channel images and any batch size (``gpuaccel export --dynamic-batch``); each
 CUDA-graph session is captured at one batch size.
 """
 
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 import torch  # noqa: F401 -- loads the CUDA 13 and cuDNN libraries that onnxruntime-gpu links against
 import onnxruntime as ort  # noqa: E402, I001
+
+from gpuaccel.bench.timing import host_times_ms
 
 SETTINGS = {
     "numpy": ({}, False),
@@ -55,17 +56,6 @@ def make_call(path: str, options: dict, bound: bool, x: np.ndarray):
     return call
 
 
-def timed(call, calls: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(1000 * (time.perf_counter() - start))
-    return times
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
@@ -80,11 +70,11 @@ def main():
             row = {"model": path, "setting": setting}
             try:
                 one = make_call(path, options, bound, rng.random((1, 3, s, s), dtype=np.float32))
-                single = timed(one, 300, 50)
+                single = host_times_ms(one, 300, warmup=50)
                 row["batch1_p50_ms"] = statistics.median(single)
                 row["batch1_p90_ms"] = float(np.percentile(single, 90))
                 big = make_call(path, options, bound, rng.random((256, 3, s, s), dtype=np.float32))
-                row["batch256_images_per_second"] = 256 / (statistics.median(timed(big, 30, 5)) / 1000)
+                row["batch256_images_per_second"] = 256 / (statistics.median(host_times_ms(big, 30, warmup=5)) / 1000)
             except Exception as exc:  # noqa: BLE001 -- a setting this build lacks is a result, not a crash
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             print(json.dumps(row), flush=True)

@@ -19,7 +19,7 @@ from ..errors import GpuaccelError
 from .artifact import TrainedModel
 from .export import export
 from .quantize import convert_fp16, quantize_int8
-from .runners import cuda_provider, load_runner, metadata_path, onnx_has_cuda
+from .runners import cuda_provider, load_runner, onnx_has_cuda
 
 
 def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
@@ -107,7 +107,8 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         np_input = lambda b: np.random.rand(b, c, s, s).astype(np.float32)  # noqa: E731
         yield "onnxruntime-cpu-fp32", load_runner(onnx_path, threads=threads), np_input
         if calibration is not None:
-            int8 = _sibling(onnx_path, quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration))
+            int8 = quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration)
+            (workdir / "model.int8.onnx.json").write_text((workdir / "model.onnx.json").read_text())
             yield "onnxruntime-cpu-int8", load_runner(int8, threads=threads), np_input
     if onnx_path is not None and torch.cuda.is_available():
         if onnx_has_cuda():
@@ -135,12 +136,6 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         bf16_graphs = torch.compile(bf16, mode="reduce-overhead")
         bf16_input = lambda b: gpu_input(b).to(torch.bfloat16)  # noqa: E731
         yield "pytorch-cuda-bf16-weights-compiled-cuda-graphs", torch_call(bf16_graphs, device), bf16_input
-
-
-def _sibling(source: Path, artifact: Path) -> Path:
-    """``artifact`` with a copy of ``source``'s metadata (class names, input size) beside it."""
-    metadata_path(artifact).write_text(metadata_path(source).read_text())
-    return artifact
 
 
 def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repeats: int = 200,
