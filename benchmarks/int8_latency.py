@@ -6,6 +6,9 @@ thread counts and int8 formats, in one process (so the ratios compare like with 
 RUN_DIR is a gpuaccel run; its model is exported to ONNX and quantised (static, per
 channel, calibrated on 512 training images) in QDQ and QOperator formats.
 
+``--openvino`` adds the fp32 and QDQ int8 files run by OpenVINO (gpuaccel's ``--runtime
+openvino``: f32 precision hint, LATENCY hint), at the same thread counts.
+
 ``--profile-ops`` adds, for each model and thread count, where a call's time goes: ONNX
 Runtime's profiler's kernel time per operator type (microseconds per call, summed over the
 nodes of that type), from a separate profiled session so the latencies stay unprofiled.
@@ -17,7 +20,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,23 +27,22 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from gpuaccel.bench.timing import host_times_ms
 from gpuaccel.deploy import export, load_trained
 from gpuaccel.deploy.quantize import calibration_sample
+from gpuaccel.deploy.runners import openvino_runner, openvino_version
 
 
-def latency_ms(path: Path, threads: int, x: np.ndarray, calls: int = 400) -> float:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    for _ in range(50):
-        session.run(None, {name: x})
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        session.run(None, {name: x})
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+def latency_ms(path: Path, threads: int, x: np.ndarray, calls: int = 400, runtime: str = "onnxruntime") -> float:
+    if runtime == "openvino":
+        call = openvino_runner(path, threads=threads)
+    else:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        call = lambda x: session.run(None, {name: x})  # noqa: E731
+    return statistics.median(host_times_ms(lambda: call(x), calls, warmup=50))
 
 
 def op_times_us(path: Path, threads: int, x: np.ndarray, calls: int = 200) -> dict:
@@ -66,6 +67,7 @@ def main():
     ap.add_argument("run_dir")
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile-ops", action="store_true", help="also record kernel time per operator type")
+    ap.add_argument("--openvino", action="store_true", help="also time the fp32 and QDQ int8 files in OpenVINO")
     args = ap.parse_args()
     trained = load_trained(args.run_dir)
     data = trained.load_data(None, "no data")
@@ -100,11 +102,17 @@ def main():
         for label in models:
             if label != "fp32":
                 row[f"ratio_{label}"] = row["fp32"] / row[label]
+        if args.openvino:
+            row["openvino-fp32"] = latency_ms(fp32, threads, x, runtime="openvino")
+            row["openvino-int8-QDQ"] = latency_ms(models["int8-QDQ"], threads, x, runtime="openvino")
+            row["ratio_openvino-int8-QDQ"] = row["openvino-fp32"] / row["openvino-int8-QDQ"]
+            row["ratio_onnxruntime-fp32_to_openvino-int8-QDQ"] = row["fp32"] / row["openvino-int8-QDQ"]
         if args.profile_ops:
             row["op_us_per_call"] = {label: op_times_us(path, threads, x) for label, path in models.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
     Path(args.out).write_text(json.dumps({"cpu_count": os.cpu_count(), "onnxruntime": ort.__version__,
+                                          "openvino": openvino_version() if args.openvino else None,
                                           "model": trained.model_name, "rows": rows}, indent=2) + "\n")
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from gpuaccel import TrainConfig, Trainer
 from gpuaccel.cli import main
 from gpuaccel.deploy import export, load_runner, load_trained, runners, verify
-from gpuaccel.deploy.runners import onnx_has_cuda
+from gpuaccel.deploy.runners import onnx_has_cuda, openvino_version
 
 FORMATS = ["onnx", "pt2", "torchscript"]
 
@@ -220,6 +220,62 @@ def test_bench_infer_covers_the_cpu_backends(run_dir, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["cpu_threads"] == 1 and result["onnxruntime_threads"] == 1
     names = [r["backend"] for r in result["rows"]]
-    assert names[:3] == ["pytorch-cpu-fp32", "onnxruntime-cpu-fp32", "onnxruntime-cpu-int8"]
-    for row in result["rows"][:3]:
+    cpu_rows = ["pytorch-cpu-fp32", "onnxruntime-cpu-fp32", "onnxruntime-cpu-int8"]
+    if openvino_version():
+        cpu_rows += ["openvino-cpu-fp32", "openvino-cpu-int8"]
+    assert names[:len(cpu_rows)] == cpu_rows
+    for row in result["rows"][:len(cpu_rows)]:
         assert 0 < row["latency_p50_ms"] <= row["latency_p99_ms"] and row["best_images_per_second"] > 0
+
+
+needs_openvino = pytest.mark.skipif(openvino_version() is None, reason="needs OpenVINO (gpuaccel[openvino])")
+
+
+@needs_openvino
+def test_openvino_runs_fp32_and_int8_onnx_like_onnx_runtime(run_dir, tmp_path, capsys):
+    from gpuaccel.data import load_dataset
+    from gpuaccel.deploy.quantize import calibration_sample, quantize_int8
+
+    data = load_dataset("digits")
+    fp32 = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx", dynamic_batch=True)
+    int8 = quantize_int8(fp32, tmp_path / "m.int8.onnx", calibration_sample(data.train_images, 256))
+    (tmp_path / "m.int8.onnx.json").write_text((tmp_path / "m.onnx.json").read_text())
+    images = data.test_images.astype(np.float32) / 255
+    for path, tolerance, min_agreement in ((fp32, 1e-4, 1.0), (int8, None, 0.97)):
+        reference = load_runner(path)(images)
+        openvino = load_runner(path, threads=1, runtime="openvino")
+        assert openvino.kind == "openvino"
+        logits = openvino(images)
+        assert logits.shape == reference.shape
+        agreement = np.mean(logits.argmax(1) == reference.argmax(1))
+        assert agreement >= min_agreement, (path.name, agreement)
+        if tolerance is not None:
+            np.testing.assert_allclose(logits, reference, atol=tolerance)
+    assert main(["infer", str(int8), "digits", "--runtime", "openvino", "--out", str(tmp_path / "p.csv")]) == 0
+    err = capsys.readouterr().err
+    assert "with openvino on cpu" in err and float(err.split("accuracy ")[1].rstrip("%\n")) > 80
+
+
+@needs_openvino
+def test_quantize_reports_openvino_latency_and_accuracy(run_dir, tmp_path, capsys):
+    out = tmp_path / "m.int8.onnx"
+    code = main(["quantize", str(run_dir), "--int8", "--calib", "256", "--out", str(out), "--runtime", "openvino",
+                 "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["runtime"] == "openvino" and report["device"] == "cpu"
+    assert report["int8"]["test_accuracy"] >= report["fp32"]["test_accuracy"] - 0.02
+    assert report["int8"]["latency_p50_ms"] > 0 and report["fp32"]["best_images_per_second"] > 0
+
+
+def test_runtime_errors(run_dir, tmp_path, capsys, monkeypatch):
+    onnx_file = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx")
+    _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "tvm"], "unknown runtime 'tvm'",
+                    "openvino")
+    _one_line_error(capsys, ["quantize", str(run_dir), "--int8", "--runtime", "tvm"], "unknown runtime 'tvm'")
+    _one_line_error(capsys, ["infer", str(run_dir), "digits", "--runtime", "openvino"], "runs .onnx files")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "openvino", "--device", "cuda"],
+                    "on the CPU")
+    monkeypatch.setitem(__import__("sys").modules, "openvino", None)  # as if not installed
+    _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "openvino"],
+                    "pip install 'gpuaccel[openvino]'")

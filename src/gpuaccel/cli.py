@@ -314,6 +314,8 @@ def _deploy_parsers(sub) -> None:
     i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
     i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
     i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
+    i.add_argument("--runtime", default="onnxruntime",
+                   help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
     i.set_defaults(handler=_run_infer)
 
     q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
@@ -331,6 +333,8 @@ def _deploy_parsers(sub) -> None:
     q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx or model.fp16.onnx beside the checkpoint")
     q.add_argument("--device", metavar="DEV", help="where to evaluate and time the models: cpu or cuda[:N] (default: "
                                                    "cuda for --fp16 where onnxruntime-gpu and a GPU are present, else cpu)")
+    q.add_argument("--runtime", default="onnxruntime",
+                   help="what evaluates and times the models: onnxruntime (default) or openvino (CPU only)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=_run_quantize)
 
@@ -353,7 +357,8 @@ def _deploy_parsers(sub) -> None:
 
     b = sub.add_parser("bench-infer", help="inference latency and throughput on every backend available",
                        description="Batch-1 latency (p50/p90/p99) and best-batch throughput of a trained model: "
-                                   "PyTorch eager on the CPU, ONNX Runtime fp32 and int8 on the CPU, and on a GPU "
+                                   "PyTorch eager on the CPU, ONNX Runtime (and, where installed, OpenVINO) fp32 and "
+                                   "int8 on the CPU, and on a GPU "
                                    "PyTorch fp32, bf16 and bf16 compiled with CUDA graphs, and (with onnxruntime-gpu) "
                                    "ONNX Runtime fp32, fp16 and fp16 with CUDA graphs.")
     b.add_argument("model", metavar="CKPT")
@@ -372,11 +377,12 @@ def _run_quantize(args) -> int:
     from .deploy.artifact import load_trained
     from .deploy.export import export
     from .deploy.quantize import calibration_sample, compare, convert_fp16, evaluation_device, quantize_int8
-    from .deploy.runners import load_runner, metadata_path
+    from .deploy.runners import check_runtime, load_runner, metadata_path
 
     if args.int8 == args.fp16:
         raise GpuaccelError("say what to quantise to: --int8 (CPU) or --fp16 (GPU runtimes), one of them")
     kind = "int8" if args.int8 else "fp16"
+    check_runtime(args.runtime)
     source = Path(args.model)
     tmp = tempfile.TemporaryDirectory()
     if source.suffix == ".onnx":
@@ -404,9 +410,9 @@ def _run_quantize(args) -> int:
         convert_fp16(fp32, out)
     metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()),
                                               "format": f"onnx-{kind}", **extra}, indent=2) + "\n")
-    device = evaluation_device(kind, args.device)
-    report = {"artifact": str(out), "device": device, **extra,
-              **compare({"fp32": fp32, kind: out}, data.test_images, data.test_labels, device)}
+    device = evaluation_device(kind, args.device, args.runtime)
+    report = {"artifact": str(out), "device": device, "runtime": args.runtime, **extra,
+              **compare({"fp32": fp32, kind: out}, data.test_images, data.test_labels, device, args.runtime)}
     tmp.cleanup()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -414,8 +420,8 @@ def _run_quantize(args) -> int:
         for name in ("fp32", kind):
             r = report[name]
             print(f"{name}: {r['size_bytes'] / 1e6:.2f} MB, test accuracy {100 * r['test_accuracy']:.2f}%, "
-                  f"batch-1 latency on {device} {r['latency_p50_ms']:.3f} ms, {r['best_images_per_second']:,.0f} "
-                  f"images/s")
+                  f"batch-1 latency in {args.runtime} on {device} {r['latency_p50_ms']:.3f} ms, "
+                  f"{r['best_images_per_second']:,.0f} images/s")
         if kind == "fp16" and device == "cpu":
             print("fp16 is for GPU runtimes (onnxruntime-gpu, TensorRT); ONNX Runtime's CPU kernels are fp32 at heart")
         print(f"saved {out}")
@@ -513,7 +519,7 @@ def _run_infer(args) -> int:
         if args.threads < 1:
             raise GpuaccelError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    runner = load_runner(args.model, args.device, threads=args.threads)
+    runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     names, images, labels = gather_inputs(args.inputs)
     images = fit_to_model(images, runner.in_channels, runner.image_size)
     probs, stats = predict(runner, images, args.batch)

@@ -19,7 +19,7 @@ from ..errors import GpuaccelError
 from .artifact import TrainedModel
 from .export import export
 from .quantize import convert_fp16, quantize_int8
-from .runners import cuda_provider, load_runner, onnx_has_cuda
+from .runners import cuda_provider, load_runner, onnx_has_cuda, openvino_version
 
 
 def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
@@ -105,11 +105,14 @@ def backends(trained: TrainedModel, calibration: np.ndarray | None, workdir: Pat
         onnx_path = None
     else:
         np_input = lambda b: np.random.rand(b, c, s, s).astype(np.float32)  # noqa: E731
-        yield "onnxruntime-cpu-fp32", load_runner(onnx_path, threads=threads), np_input
+        int8 = None
         if calibration is not None:
             int8 = quantize_int8(onnx_path, workdir / "model.int8.onnx", calibration)
             (workdir / "model.int8.onnx.json").write_text((workdir / "model.onnx.json").read_text())
-            yield "onnxruntime-cpu-int8", load_runner(int8, threads=threads), np_input
+        for runtime in ("onnxruntime", "openvino") if openvino_version() else ("onnxruntime",):
+            yield f"{runtime}-cpu-fp32", load_runner(onnx_path, threads=threads, runtime=runtime), np_input
+            if int8 is not None:
+                yield f"{runtime}-cpu-int8", load_runner(int8, threads=threads, runtime=runtime), np_input
     if onnx_path is not None and torch.cuda.is_available():
         if onnx_has_cuda():
             device = torch.device("cuda")
@@ -148,6 +151,7 @@ def bench_inference(trained: TrainedModel, calibration: np.ndarray | None, repea
         torch.set_num_threads(threads)
     return {"model": trained.model_name, "image_size": trained.image_size, "cpu": cpu_name(),
             "cpu_threads": torch.get_num_threads(), "onnxruntime_threads": threads or "default (all cores)",
+            "openvino": openvino_version(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "rows": _rows(trained, calibration, repeats, threads)}
 

@@ -68,15 +68,17 @@ def calibration_sample(train_images: np.ndarray, count: int) -> np.ndarray:
     return train_images[np.sort(picks)]
 
 
-def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray, device: str = "cpu") -> dict:
-    """Size, held-out accuracy and speed on ``device`` of each ONNX file in ``models`` (name -> path)."""
+def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray, device: str = "cpu",
+            runtime: str = "onnxruntime") -> dict:
+    """Size, held-out accuracy and speed in ``runtime`` on ``device`` of each ONNX file in
+    ``models`` (name -> path)."""
     from .bench import measure
     from .infer import predict, top1_accuracy
     from .runners import load_runner
 
     report = {}
     for name, path in models.items():
-        runner = load_runner(path, device)
+        runner = load_runner(path, device, runtime=runtime)
         probs, _ = predict(runner, test_images)
         c, s = runner.in_channels, runner.image_size
         speed = measure(runner, lambda b: np.random.rand(b, c, s, s).astype(np.float32), repeats=100)
@@ -87,7 +89,7 @@ def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray, devi
     return report
 
 
-def evaluation_device(kind: str, asked: str | None) -> str:
+def evaluation_device(kind: str, asked: str | None, runtime: str = "onnxruntime") -> str:
     """Where ``quantize`` evaluates and times its artefacts: what was asked for, else the GPU for
     fp16 when ONNX Runtime can use one here (fp16 is for GPUs), else the CPU."""
     import torch
@@ -96,4 +98,5 @@ def evaluation_device(kind: str, asked: str | None) -> str:
 
     if asked:
         return asked
-    return "cuda" if kind == "fp16" and torch.cuda.is_available() and onnx_has_cuda() else "cpu"
+    gpu = runtime == "onnxruntime" and torch.cuda.is_available() and onnx_has_cuda()
+    return "cuda" if kind == "fp16" and gpu else "cpu"

@@ -1,9 +1,10 @@
 """One interface over every form a model can take: ``runner(images) -> logits``.
 
 ``images`` are float32 arrays (N, C, H, W) in [0, 1]; logits come back as float32 numpy.
-A gpuaccel checkpoint runs in PyTorch; ``.onnx`` in ONNX Runtime; ``.pt2`` through
-torch.export; ``.ts`` / ``.torchscript`` through TorchScript. On a GPU, ``.onnx`` needs
-onnxruntime-gpu, which uses the CUDA and cuDNN libraries PyTorch has already loaded.
+A gpuaccel checkpoint runs in PyTorch; ``.onnx`` in ONNX Runtime, or in OpenVINO on the CPU;
+``.pt2`` through torch.export; ``.ts`` / ``.torchscript`` through TorchScript. On a GPU,
+``.onnx`` needs onnxruntime-gpu, which uses the CUDA and cuDNN libraries PyTorch has already
+loaded.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import GpuaccelError
+from ..errors import GpuaccelError, choice_error
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
+ONNX_RUNTIMES = ("onnxruntime", "openvino")
 
 
 @dataclass
@@ -49,10 +51,20 @@ def torch_runner(module, device: torch.device, set_eval: bool = True):
     return run
 
 
-def load_runner(path, device: str = "cpu", threads: int | None = None) -> Runner:
-    """``threads``: CPU threads of ONNX Runtime's intra-op pool (default: its own choice, every
-    core); PyTorch's CPU threads are set with ``torch.set_num_threads``."""
+def check_runtime(runtime: str) -> None:
+    if runtime not in ONNX_RUNTIMES:
+        raise choice_error("runtime", runtime, ONNX_RUNTIMES)
+
+
+def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: str = "onnxruntime") -> Runner:
+    """``threads``: CPU threads of the ONNX runtime (default: its own choice, every core);
+    PyTorch's CPU threads are set with ``torch.set_num_threads``. ``runtime``: what runs
+    ``.onnx`` files, one of ``ONNX_RUNTIMES``."""
     path = Path(path)
+    check_runtime(runtime)
+    if runtime != "onnxruntime" and path.suffix != ".onnx":
+        raise GpuaccelError(f"--runtime {runtime} runs .onnx files; {path.name} is not one "
+                            f"(make one with 'gpuaccel export --format onnx')")
     if not path.exists():
         raise GpuaccelError(f"model file {path} does not exist")
     dev = torch.device(device)
@@ -70,8 +82,8 @@ def load_runner(path, device: str = "cpu", threads: int | None = None) -> Runner
                             f"export models with 'gpuaccel export'")
     meta = json.loads(meta_file.read_text())
     if path.suffix == ".onnx":
-        run = _onnx_runner(path, dev, threads)
-        kind = "onnxruntime"
+        run = openvino_runner(path, dev, threads) if runtime == "openvino" else _onnx_runner(path, dev, threads)
+        kind = runtime
     elif path.suffix == ".pt2":
         try:
             program = torch.export.load(str(path))
@@ -142,3 +154,42 @@ def _onnx_runner(path: Path, device: torch.device, threads: int | None = None):
                             f"says why; usually CUDA or cuDNN libraries it cannot find); use --device cpu")
     name = session.get_inputs()[0].name
     return lambda images: session.run(None, {name: images})[0]
+
+
+def openvino_version() -> str | None:
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino.__version__.split("-")[0]
+
+
+def openvino_runner(path: Path, device: torch.device = torch.device("cpu"), threads: int | None = None):
+    """OpenVINO on the CPU. int8 QDQ models run with int8 kernels (VNNI / AMX where the CPU has
+    them). The precision hint is f32: by default OpenVINO computes fp32 models in bf16 on CPUs
+    with bf16 instructions, which is not the model that was exported and verified."""
+    if device.type != "cpu":
+        raise GpuaccelError("--runtime openvino runs on the CPU here (its GPU plugin is for Intel GPUs); "
+                            "use --device cpu, or --runtime onnxruntime on NVIDIA GPUs")
+    try:
+        import openvino as ov
+    except ImportError:
+        raise GpuaccelError("--runtime openvino needs OpenVINO: pip install 'gpuaccel[openvino]'") from None
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    try:
+        compiled = ov.Core().compile_model(str(path), "CPU", config)
+    except Exception as exc:  # a multi-line report: where it was raised, then, last, what went wrong
+        lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("Exception from")]
+        reason = lines[-1].strip()[:200] if lines else type(exc).__name__
+        raise GpuaccelError(f"OpenVINO cannot read {path} as an ONNX model ({reason})") from None
+    request = compiled.create_infer_request()
+
+    def run(images):
+        # the tensor API, not request.infer([images]): that builds a result dict on every call,
+        # about 0.1 ms, which is most of a small model's batch-1 time
+        request.set_input_tensor(ov.Tensor(images, shared_memory=True))
+        request.infer()
+        return request.get_output_tensor().data.copy()  # the request reuses its output buffer
+    return run
