@@ -254,6 +254,10 @@ def test_openvino_runs_fp32_and_int8_onnx_like_onnx_runtime(run_dir, tmp_path, c
     assert main(["infer", str(int8), "digits", "--runtime", "openvino", "--out", str(tmp_path / "p.csv")]) == 0
     err = capsys.readouterr().err
     assert "with openvino on cpu" in err and float(err.split("accuracy ")[1].rstrip("%\n")) > 80
+    bad_onnx = tmp_path / "bad.onnx"
+    bad_onnx.write_bytes(b"\x08\x01garbage")
+    (tmp_path / "bad.onnx.json").write_text((tmp_path / "m.onnx.json").read_text())
+    _one_line_error(capsys, ["infer", str(bad_onnx), "digits", "--runtime", "openvino"], "OpenVINO cannot read")
 
 
 @needs_openvino
