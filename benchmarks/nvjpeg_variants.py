@@ -6,6 +6,12 @@ hardware decoder (A100 and later).
     python benchmarks/nvjpeg_variants.py --out variants.json
     CUDA_DEVICE_MAX_CONNECTIONS=32 python benchmarks/nvjpeg_variants.py --backends 3 --flags 0 2 \
         --formats 3 --out connections32.json
+    python benchmarks/nvjpeg_variants.py --backends 3 --flags 0 --formats 3 --load-stream own \
+        --out load_on_own_stream.json
+
+``--load-stream``: where the load's graph is replayed: PyTorch's default stream (``default``,
+the legacy NULL stream, where a training loop's kernels go unless it picks a stream) or a
+stream of its own (``own``, created non-blocking like every stream PyTorch makes).
 
 Per variant: the nvjpegDecodeBatched status, the largest pixel difference from torchvision
 (RGB and interleaved RGB), the calling thread's time and the time until the GPU is done
@@ -26,6 +32,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--backends", nargs="+", type=int, default=[3, 5])
 ap.add_argument("--flags", nargs="+", type=int, default=[0, 1, 2])
 ap.add_argument("--formats", nargs="+", type=int, default=[3, 5, 1])
+ap.add_argument("--load-stream", choices=["default", "own"], default="default")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 rng = np.random.default_rng(0)
@@ -86,7 +93,8 @@ with torch.cuda.stream(ls):
     with torch.cuda.graph(g):
         c = a
         for _ in range(8): c = c @ a
-results = {}
+load_stream = ls if args.load_stream == "own" else torch.cuda.default_stream(dev)
+results = {"load_stream": args.load_stream}
 for backend in args.backends:
     for flags in args.flags:
         hs, st = make(backend, flags)
@@ -118,8 +126,9 @@ for backend in args.backends:
                     r["gpu_ops"] = dict(collections.Counter(e.name[:45] for e in ev if e.device_type.name == "CUDA"))
                     stop = threading.Event()
                     def load():
-                        while not stop.is_set():
-                            g.replay(); time.sleep(0)
+                        with torch.cuda.stream(load_stream):
+                            while not stop.is_set():
+                                g.replay(); time.sleep(0)
                     th = threading.Thread(target=load); th.start(); time.sleep(0.3)
                     ws = []
                     for _ in range(3):
@@ -133,8 +142,9 @@ for backend in args.backends:
 # torchvision under the same load
 stop = threading.Event()
 def load():
-    while not stop.is_set():
-        g.replay(); time.sleep(0)
+    with torch.cuda.stream(load_stream):
+        while not stop.is_set():
+            g.replay(); time.sleep(0)
 tvin = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
 th = threading.Thread(target=load); th.start(); time.sleep(0.3)
 ws = []

@@ -28,7 +28,7 @@ from .. import __version__
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
-from ..device import device_name, resolve_device, resolve_precision, synchronize
+from ..device import device_name, own_stream, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..deploy.prune import apply_structure
@@ -216,6 +216,10 @@ class Trainer:
 
     def fit(self) -> dict:
         """Trains until a stop condition; returns the summary (also written to summary.json)."""
+        with own_stream(self.device):
+            return self._fit()
+
+    def _fit(self) -> dict:
         cfg = self.config
         main = self.dist.is_main
         self.run_dir = self.run_dir or Path(self.dist.broadcast(str(self._make_run_dir()) if main else None))
