@@ -12,6 +12,9 @@ hardware decoder (A100 and later).
 ``--load-stream``: where the load's graph is replayed: PyTorch's default stream (``default``,
 the legacy NULL stream, where a training loop's kernels go unless it picks a stream) or a
 stream of its own (``own``, created non-blocking like every stream PyTorch makes).
+``--decode-stream``: the stream the direct call is given: a high-priority stream of its own
+(``side``, as the streaming loader does) or the default stream (``default``). torchvision's
+decode_jpeg always runs on the default stream here.
 
 Per variant: the nvjpegDecodeBatched status, the largest pixel difference from torchvision
 (RGB and interleaved RGB), the calling thread's time and the time until the GPU is done
@@ -33,6 +36,7 @@ ap.add_argument("--backends", nargs="+", type=int, default=[3, 5])
 ap.add_argument("--flags", nargs="+", type=int, default=[0, 1, 2])
 ap.add_argument("--formats", nargs="+", type=int, default=[3, 5, 1])
 ap.add_argument("--load-stream", choices=["default", "own"], default="default")
+ap.add_argument("--decode-stream", choices=["side", "default"], default="side")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 rng = np.random.default_rng(0)
@@ -55,7 +59,7 @@ offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 host = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).pin_memory()
 ondev = host.to(dev)
 H = np.array([f.height for f in frames], dtype=np.int64); W = np.array([f.width for f in frames], dtype=np.int64)
-side = torch.cuda.Stream(dev, priority=-1)
+side = torch.cuda.Stream(dev, priority=-1) if args.decode_stream == "side" else torch.cuda.default_stream(dev)
 tv = decode_jpeg([torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs], mode=ImageReadMode.RGB, device=dev)
 
 def make(backend, flags):
@@ -94,7 +98,7 @@ with torch.cuda.stream(ls):
         c = a
         for _ in range(8): c = c @ a
 load_stream = ls if args.load_stream == "own" else torch.cuda.default_stream(dev)
-results = {"load_stream": args.load_stream}
+results = {"load_stream": args.load_stream, "decode_stream": args.decode_stream}
 for backend in args.backends:
     for flags in args.flags:
         hs, st = make(backend, flags)
