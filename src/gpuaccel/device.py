@@ -106,6 +106,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def trains_on_own_stream(device: torch.device) -> bool:
+    """Whether :func:`own_stream` moves the work off the default stream on ``device``."""
+    return device.type == "cuda" and os.environ.get("GPUACCEL_TRAIN_STREAM", "own") != "default"
+
+
 @contextlib.contextmanager
 def own_stream(device: torch.device):
     """Runs the block's GPU work on a CUDA stream of its own rather than PyTorch's default.
@@ -115,7 +120,7 @@ def own_stream(device: torch.device):
     theirs without the non-blocking flag; streams PyTorch makes are non-blocking.
     ``GPUACCEL_TRAIN_STREAM=default`` keeps the default stream (to compare).
     """
-    if device.type != "cuda" or os.environ.get("GPUACCEL_TRAIN_STREAM", "own") == "default":
+    if not trains_on_own_stream(device):
         yield
         return
     before = torch.cuda.current_stream(device)

@@ -28,7 +28,8 @@ from .. import __version__
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
-from ..device import device_name, own_stream, resolve_device, resolve_precision, synchronize
+from ..device import (device_name, own_stream, resolve_device, resolve_precision, synchronize,
+                      trains_on_own_stream)
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..deploy.prune import apply_structure
@@ -117,7 +118,8 @@ class Trainer:
             if config.crop_padding or config.cutout:
                 raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
                                     "random-resized crops with random flips")
-            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
+            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode,
+                               decode_on_default_stream=trains_on_own_stream(self.device))
             self.train_loader = ds.loader(train=True, batch_size=config.batch_size, **loader_args)
             self.eval_loader = ds.loader(train=False, batch_size=config.eval_batch_size, **loader_args)
         else:
