@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 import torch
@@ -104,30 +103,3 @@ def cpu_name() -> str:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def trains_on_own_stream(device: torch.device) -> bool:
-    """Whether :func:`own_stream` moves the work off the default stream on ``device``."""
-    return device.type == "cuda" and os.environ.get("GPUACCEL_TRAIN_STREAM", "own") != "default"
-
-
-@contextlib.contextmanager
-def own_stream(device: torch.device):
-    """Runs the block's GPU work on a CUDA stream of its own rather than PyTorch's default.
-
-    PyTorch's default stream is CUDA's legacy NULL stream, which synchronises with every
-    blocking stream in the process, such as the internal streams of libraries that create
-    theirs without the non-blocking flag; streams PyTorch makes are non-blocking.
-    ``GPUACCEL_TRAIN_STREAM=default`` keeps the default stream (to compare).
-    """
-    if not trains_on_own_stream(device):
-        yield
-        return
-    before = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(before)
-    try:
-        with torch.cuda.stream(stream):
-            yield
-    finally:
-        before.wait_stream(stream)

@@ -198,12 +198,11 @@ class BatchDecoder:
             raise RuntimeError(f"{name} failed with nvjpegStatus {status}")
 
     def decode(self, data: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray, heights: np.ndarray,
-               widths: np.ndarray, stream: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, np.ndarray]:
+               widths: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Decodes image k of ``data`` (host uint8; pinned, so the copy is asynchronous), its
-        ``lengths[k]`` bytes from ``offsets[k]``, on ``stream`` (default: the current stream,
-        which then waits for it). Returns the planes, one image after another, and each image's
-        offset in them. ``data`` must stay alive until the current stream is past this work; a
-        RuntimeError means nothing usable was decoded."""
+        ``lengths[k]`` bytes from ``offsets[k]``, on the current stream. Returns the planes,
+        one image after another, and each image's offset in them. ``data`` must stay alive
+        until the stream is past this work; a RuntimeError means nothing usable was decoded."""
         n = len(offsets)
         planes = 3 * heights.astype(np.int64) * widths
         starts = np.concatenate([[0], np.cumsum(planes)[:-1]]).astype(np.int64)
@@ -215,8 +214,7 @@ class BatchDecoder:
             images[:, _MAX_COMPONENTS + c] = widths
         sources = (data.data_ptr() + offsets).astype(np.uint64)
         sizes = lengths.astype(np.uint64)
-        current = torch.cuda.current_stream(self.device)
-        stream = stream or current
+        stream = torch.cuda.current_stream(self.device).cuda_stream
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
         with self._lock:
             if self._batch_size != n:
@@ -224,10 +222,8 @@ class BatchDecoder:
                             self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
                 self._batch_size = n
             status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data,
-                                                   sizes.ctypes.data, images.ctypes.data, stream.cuda_stream)
+                                                   sizes.ctypes.data, images.ctypes.data, stream)
             if status != 0:
                 self._batch_size = None  # initialise again before the next batch
                 self._check("nvjpegDecodeBatched", status)
-        if stream != current:
-            current.wait_stream(stream)
         return out, starts

@@ -417,21 +417,14 @@ class StreamLoader:
     otherwise); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
     one call per batch; through torchvision the images the JPEG engines cannot take, and all
     of them with ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the
-    loader's thread. ``workers=0`` reads in the loader's thread.
-
-    ``decode_on_default_stream``: give the direct nvJPEG call PyTorch's default stream rather
-    than the loader's. Only when the training step runs on a stream of its own
-    (:func:`device.own_stream`, as the Trainer does): beside a busy GPU, a batch then decoded
-    in 9 ms instead of 1,067 ms (H200, benchmarks/nvjpeg_variants.py --decode-stream).
-    With training on the default stream it would wait for training's queued work."""
+    loader's thread. ``workers=0`` reads in the loader's thread."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
                  skip_bad: bool = False, workers: int | None = None, cpu_decode: float | None = None,
-                 skipped: dict | None = None, decode_on_default_stream: bool = False):
+                 skipped: dict | None = None):
         self.records, self.device, self.train, self.image_size = records, device, train, image_size
-        self.decode_on_default_stream = decode_on_default_stream and device.type == "cuda"
         self.batch_size, self.seed, self.skip_bad = batch_size, seed, skip_bad
         if records.sharded:
             self.order = ShardOrder(records.shard_sizes(), batch_size=batch_size, train=train, seed=seed,
@@ -506,9 +499,8 @@ class StreamLoader:
         order = np.concatenate([np.flatnonzero(direct), np.flatnonzero(~direct)])
         if direct.any():
             try:
-                stream = torch.cuda.default_stream(self.device) if self.decode_on_default_stream else None
                 planes, starts = self.batch_decoder.decode(host.compressed, frames[direct, 0], lengths[direct],
-                                                           frames[direct, 1], frames[direct, 2], stream)
+                                                           frames[direct, 1], frames[direct, 2])
                 tables.append(ImageTable.planar(planes, frames[direct, 1:3], starts))
             except RuntimeError:  # nvJPEG refused the batch: decode it again below, image by image
                 order, direct = np.arange(len(frames)), np.zeros(len(frames), dtype=bool)

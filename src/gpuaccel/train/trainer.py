@@ -28,8 +28,7 @@ from .. import __version__
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
-from ..device import (device_name, own_stream, resolve_device, resolve_precision, synchronize,
-                      trains_on_own_stream)
+from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..deploy.prune import apply_structure
@@ -118,8 +117,7 @@ class Trainer:
             if config.crop_padding or config.cutout:
                 raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
                                     "random-resized crops with random flips")
-            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode,
-                               decode_on_default_stream=trains_on_own_stream(self.device))
+            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
             self.train_loader = ds.loader(train=True, batch_size=config.batch_size, **loader_args)
             self.eval_loader = ds.loader(train=False, batch_size=config.eval_batch_size, **loader_args)
         else:
@@ -218,10 +216,6 @@ class Trainer:
 
     def fit(self) -> dict:
         """Trains until a stop condition; returns the summary (also written to summary.json)."""
-        with own_stream(self.device):
-            return self._fit()
-
-    def _fit(self) -> dict:
         cfg = self.config
         main = self.dist.is_main
         self.run_dir = self.run_dir or Path(self.dist.broadcast(str(self._make_run_dir()) if main else None))
