@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -280,6 +281,6 @@ def test_runtime_errors(run_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "openvino", "--device", "cuda"],
                     "on the CPU")
-    monkeypatch.setitem(__import__("sys").modules, "openvino", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if not installed
     _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "openvino"],
                     "pip install 'gpuaccel[openvino]'")
