@@ -1,0 +1,302 @@
+"""Where gpuaccel's compiled ResNet-50 training step (224 px, batch 256, bf16, channels_last)
+spends its GPU time, kernel by kernel, and what single changes to it are worth (issue 7 (b)).
+
+Parts (each runs in a child process of its own, because cuDNN's and inductor's settings are
+global):
+
+  kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
+             convolutions' time by input shape (kernels-aten-max-pool: the same with max
+             pooling through ATen)
+  bandwidth  inductor's own per-kernel report (``profile_bandwidth``): ms, GB moved and GB/s of
+             every Triton kernel, to find the ones far below the memory bandwidth
+  convs      each distinct convolution of the model alone: forward, input gradient and weight
+             gradient, TFLOP/s, with cuDNN trying its default 10 algorithms or all of them
+  variants   the whole step under single changes (see VARIANTS)
+
+    python benchmarks/resnet50_kernels.py --parts kernels bandwidth convs variants --out kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+BATCH = 256
+CLASSES = 1000
+
+
+def aten_max_pool(module: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
+    """Max pooling through ATen's CUDA kernels, opaque to inductor (which otherwise lowers the
+    backward pass to a Triton kernel of its own)."""
+    return torch.ops.gpuaccel_bench.max_pool2d(x, module.kernel_size, module.stride, module.padding)[0]
+
+
+def _register_max_pool_op():
+    @torch.library.custom_op("gpuaccel_bench::max_pool2d", mutates_args=())
+    def max_pool2d(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tensor, Tensor]:
+        out, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding)
+        return out, indices
+
+    @max_pool2d.register_fake
+    def _(x, kernel, stride, padding):
+        return torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding)
+
+    @torch.library.custom_op("gpuaccel_bench::max_pool2d_backward", mutates_args=())
+    def max_pool2d_backward(grad: Tensor, x: Tensor, indices: Tensor, kernel: int, stride: int,
+                            padding: int) -> Tensor:
+        return torch.ops.aten.max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, 1, False, indices)
+
+    @max_pool2d_backward.register_fake
+    def _(grad, x, indices, kernel, stride, padding):
+        return torch.empty_like(x)
+
+    def setup_context(ctx, inputs, output):
+        x, kernel, stride, padding = inputs
+        ctx.save_for_backward(x, output[1])
+        ctx.args = (kernel, stride, padding)
+
+    def backward(ctx, grad, _grad_indices):
+        x, indices = ctx.saved_tensors
+        return max_pool2d_backward(grad.contiguous(memory_format=torch.channels_last), x, indices, *ctx.args), \
+            None, None, None
+
+    max_pool2d.register_autograd(backward, setup_context=setup_context)
+
+
+VARIANTS = {
+    "default": {},
+    "cudnn-all-algorithms": {"cudnn_benchmark_limit": 0},
+    "max-pool-aten": {"max_pool": "aten"},
+    "max-pool-aten+cudnn-all": {"max_pool": "aten", "cudnn_benchmark_limit": 0},
+}
+
+
+def build_step(mode: str = "default", max_pool: str = "inductor"):
+    """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
+    memory phase; returns a function of no arguments that runs one training step."""
+    from gpuaccel.data.dataset import ImageDataset
+    from gpuaccel.train import TrainConfig, Trainer
+
+    if max_pool == "aten":
+        _register_max_pool_op()
+        nn.MaxPool2d.forward = aten_max_pool
+    rng = np.random.default_rng(0)
+    fake = ImageDataset("synthetic", rng.integers(0, 256, (BATCH, 3, 224, 224), dtype=np.uint8),
+                        np.arange(BATCH) % CLASSES, rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8),
+                        np.arange(16) % CLASSES, [str(c) for c in range(CLASSES)])
+    config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=True, compile_mode=mode,
+                         batch_size=BATCH, lr=0.1, weight_decay=5e-5, monitor=False)
+    trainer = Trainer(config, dataset=fake, quiet=True)
+    x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    x = x.to(trainer.precision.input_dtype)
+    y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
+
+    def step():
+        trainer.train_step(x, y)
+    return step
+
+
+def timed(step, steps: int = 10, repeats: int = 7) -> dict:
+    from gpuaccel.bench.timing import cuda_times_ms
+
+    times = cuda_times_ms(lambda: [step() for _ in range(steps)], repeats=repeats, warmup=2)
+    rates = [steps * BATCH / (t / 1000) for t in times]
+    return {"images_per_second": round(statistics.median(rates), 1), "min": round(min(rates), 1),
+            "max": round(max(rates), 1), "ms_per_step": round(statistics.median(times) / steps, 3)}
+
+
+def warm(step) -> float:
+    start = time.perf_counter()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return round(time.perf_counter() - start, 1)
+
+
+def part_kernels(max_pool: str = "inductor", steps: int = 5) -> dict:
+    """Every kernel's GPU ms per step, and the convolutions' by input shape."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.backends.cudnn.benchmark = True
+    step = build_step(max_pool=max_pool)
+    compile_seconds = warm(step)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels: dict[str, list] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            row = kernels.setdefault(event.name, [0, 0.0])
+            row[0] += 1
+            row[1] += event.device_time
+    table = sorted(([name, calls / steps, us / 1000 / steps] for name, (calls, us) in kernels.items()),
+                   key=lambda r: -r[2])
+    by_shape = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key in ("aten::convolution", "aten::convolution_backward", "aten::mm", "aten::addmm",
+                         "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"):
+            device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            by_shape.append({"op": event.key, "shapes": str(event.input_shapes)[:200], "calls_per_step": event.count / steps,
+                             "ms_per_step": round(device_us / 1000 / steps, 4)})
+    by_shape.sort(key=lambda r: -r["ms_per_step"])
+    return {"compile_seconds": compile_seconds, "gpu_ms_per_step": round(sum(r[2] for r in table), 3),
+            "kernels": [{"name": n[:160], "calls_per_step": c, "ms_per_step": round(ms, 4)} for n, c, ms in table],
+            "ops_by_shape": by_shape}
+
+
+def part_bandwidth(out_dir: str) -> dict:
+    """Inductor's per-kernel bandwidth report for one step's kernels."""
+    import torch._inductor.config as inductor_config
+
+    report = os.path.join(out_dir, "profile_bandwidth.txt")
+    inductor_config.profile_bandwidth = True
+    inductor_config.profile_bandwidth_output = report
+    torch.backends.cudnn.benchmark = True
+    step = build_step()
+    warm(step)
+    step()
+    torch.cuda.synchronize()
+    text = open(report).read() if os.path.exists(report) else ""
+    return {"report": report, "lines": text.splitlines()[-400:]}
+
+
+def conv_shapes() -> list[dict]:
+    """Each distinct convolution of gpuaccel's ResNet-50 at 224 px, with how often it occurs."""
+    import gpuaccel
+
+    model = gpuaccel.create_model("resnet50", num_classes=CLASSES, image_size=224).cuda()
+    seen: dict[tuple, dict] = {}
+
+    def hook(module, inputs, _output):
+        shape = tuple(inputs[0].shape)
+        key = (shape, module.out_channels, module.kernel_size[0], module.stride[0], module.padding[0])
+        seen.setdefault(key, {"input": list(shape), "out_channels": module.out_channels,
+                              "kernel": module.kernel_size[0], "stride": module.stride[0],
+                              "padding": module.padding[0], "count": 0})["count"] += 1
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.zeros(2, 3, 224, 224, device="cuda"))
+    rows = list(seen.values())
+    for row in rows:
+        row["input"][0] = BATCH
+    return rows
+
+
+def part_convs(benchmark_limit: int) -> dict:
+    """Forward, input-gradient and weight-gradient time of each distinct convolution."""
+    from gpuaccel.bench.timing import cuda_times_ms
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark_limit = benchmark_limit
+    rows = []
+    for conv in conv_shapes():
+        n, c, h, w = conv["input"]
+        k, s, p = conv["kernel"], conv["stride"], conv["padding"]
+        x = torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+        weight = torch.randn(conv["out_channels"], c, k, k, device="cuda", dtype=torch.bfloat16).to(
+            memory_format=torch.channels_last) * 0.05
+        out = F.conv2d(x, weight, None, s, p)
+        grad = torch.randn_like(out)
+        flop = 2 * out.numel() * c * k * k
+        passes = {
+            "forward": lambda: F.conv2d(x, weight, None, s, p),
+            "input_grad": lambda: torch.ops.aten.convolution_backward(
+                grad, x, weight, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, [True, False, False]),
+            "weight_grad": lambda: torch.ops.aten.convolution_backward(
+                grad, x, weight, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, [False, True, False]),
+        }
+        if c == 3:  # the stem: its input needs no gradient
+            del passes["input_grad"]
+        for name, fn in passes.items():
+            ms = statistics.median(cuda_times_ms(fn, repeats=20, warmup=3))
+            rows.append({**conv, "pass": name, "ms": round(ms, 4), "tflops": round(flop / ms / 1e9, 1),
+                         "ms_in_model": round(ms * conv["count"], 4)})
+    total = sum(r["ms_in_model"] for r in rows)
+    return {"benchmark_limit": benchmark_limit, "total_ms": round(total, 3), "rows": rows}
+
+
+def part_variant(name: str) -> dict:
+    settings = VARIANTS[name]
+    step = build_step(max_pool=settings.get("max_pool", "inductor"))
+    if "cudnn_benchmark_limit" in settings:
+        torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
+    compile_seconds = warm(step)
+    return {"variant": name, **settings, **timed(step), "compile_seconds": compile_seconds,
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+
+
+def child(args) -> dict:
+    part, _, arg = args.child.partition(":")
+    if part == "kernels":
+        return part_kernels(max_pool=arg or "inductor")
+    if part == "bandwidth":
+        return part_bandwidth(args.work)
+    if part == "convs":
+        return part_convs(int(arg))
+    return part_variant(arg)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", nargs="+", default=["kernels", "bandwidth", "convs", "variants"])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--work", default="/tmp/resnet50_kernels")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args)))
+        return
+    os.makedirs(args.work, exist_ok=True)
+    jobs = []
+    for part in args.parts:
+        if part == "kernels":
+            jobs.append("kernels:inductor")
+        elif part == "kernels-aten-max-pool":
+            jobs.append("kernels:aten")
+        elif part == "bandwidth":
+            jobs.append("bandwidth")
+        elif part == "convs":
+            jobs += ["convs:10", "convs:0"]
+        elif part == "variants":
+            jobs += [f"variant:{v}" for v in args.variants]
+    results = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
+               "cudnn": torch.backends.cudnn.version(), "batch": BATCH, "parts": {}}
+    for job in jobs:
+        start = time.perf_counter()
+        command = [sys.executable, __file__, "--child", job, "--work", args.work, "--out", args.out]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+            lines = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            row = json.loads(lines[-1]) if done.returncode == 0 and lines else \
+                {"error": (done.stderr or done.stdout).strip().splitlines()[-5:]}
+        except subprocess.TimeoutExpired:
+            row = {"error": f"did not finish in {args.timeout:.0f} s"}
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        if "done" in locals():
+            with open(os.path.join(args.work, job.replace(":", "_") + ".log"), "w") as f:
+                f.write(done.stdout[-200000:] + "\n--- stderr ---\n" + done.stderr[-50000:])
+        results["parts"][job] = row
+        brief = {k: v for k, v in row.items() if k not in ("kernels", "ops_by_shape", "lines", "rows")}
+        print(job, json.dumps(brief), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
