@@ -5,15 +5,16 @@ Parts (each runs in a child process of its own, because cuDNN's and inductor's s
 global):
 
   kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
-             convolutions' time by input shape (kernels-aten-max-pool: the same with max
-             pooling through ATen)
+             convolutions' time by input shape (kernels-plain: the same with PyTorch's stem
+             convolution and max pooling)
   bandwidth  inductor's own per-kernel report (``profile_bandwidth``): ms, GB moved and GB/s of
              every Triton kernel, to find the ones far below the memory bandwidth
   convs      each distinct convolution of the model alone: forward, input gradient and weight
              gradient, TFLOP/s, with cuDNN trying its default 10 algorithms or all of them
+  layers     the stem convolution and the max pooling alone, each way
   variants   the whole step under single changes (see VARIANTS)
 
-    python benchmarks/resnet50_kernels.py --parts kernels bandwidth convs variants --out kernels.json
+    python benchmarks/resnet50_kernels.py --parts layers variants kernels bandwidth --out kernels.json
 """
 
 from __future__ import annotations
@@ -30,67 +31,32 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch import Tensor
 
 BATCH = 256
 CLASSES = 1000
 
 
-def aten_max_pool(module: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
-    """Max pooling through ATen's CUDA kernels, opaque to inductor (which otherwise lowers the
-    backward pass to a Triton kernel of its own)."""
-    return torch.ops.gpuaccel_bench.max_pool2d(x, module.kernel_size, module.stride, module.padding)[0]
-
-
-def _register_max_pool_op():
-    @torch.library.custom_op("gpuaccel_bench::max_pool2d", mutates_args=())
-    def max_pool2d(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tensor, Tensor]:
-        out, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding)
-        return out, indices
-
-    @max_pool2d.register_fake
-    def _(x, kernel, stride, padding):
-        return torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding)
-
-    @torch.library.custom_op("gpuaccel_bench::max_pool2d_backward", mutates_args=())
-    def max_pool2d_backward(grad: Tensor, x: Tensor, indices: Tensor, kernel: int, stride: int,
-                            padding: int) -> Tensor:
-        return torch.ops.aten.max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, 1, False, indices)
-
-    @max_pool2d_backward.register_fake
-    def _(grad, x, indices, kernel, stride, padding):
-        return torch.empty_like(x)
-
-    def setup_context(ctx, inputs, output):
-        x, kernel, stride, padding = inputs
-        ctx.save_for_backward(x, output[1])
-        ctx.args = (kernel, stride, padding)
-
-    def backward(ctx, grad, _grad_indices):
-        x, indices = ctx.saved_tensors
-        return max_pool2d_backward(grad.contiguous(memory_format=torch.channels_last), x, indices, *ctx.args), \
-            None, None, None
-
-    max_pool2d.register_autograd(backward, setup_context=setup_context)
-
-
-VARIANTS = {
+VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "default": {},
+    "plain-stem": {"plain_stem": True},
+    "plain-max-pool": {"plain_max_pool": True},
+    "plain-stem-and-max-pool": {"plain_stem": True, "plain_max_pool": True},
     "cudnn-all-algorithms": {"cudnn_benchmark_limit": 0},
-    "max-pool-aten": {"max_pool": "aten"},
-    "max-pool-aten+cudnn-all": {"max_pool": "aten", "cudnn_benchmark_limit": 0},
 }
 
 
-def build_step(mode: str = "default", max_pool: str = "inductor"):
+def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
-    memory phase; returns a function of no arguments that runs one training step."""
+    memory phase; returns a function of no arguments that runs one training step. ``plain_*``
+    put back the stem convolution and max pooling of PyTorch."""
     from gpuaccel.data.dataset import ImageDataset
+    from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
     from gpuaccel.train import TrainConfig, Trainer
 
-    if max_pool == "aten":
-        _register_max_pool_op()
-        nn.MaxPool2d.forward = aten_max_pool
+    if plain_stem:
+        SpaceToDepthConv2d.forward = nn.Conv2d.forward
+    if plain_max_pool:
+        TritonMaxPool2d.forward = nn.MaxPool2d.forward
     rng = np.random.default_rng(0)
     fake = ImageDataset("synthetic", rng.integers(0, 256, (BATCH, 3, 224, 224), dtype=np.uint8),
                         np.arange(BATCH) % CLASSES, rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8),
@@ -124,12 +90,12 @@ def warm(step) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def part_kernels(max_pool: str = "inductor", steps: int = 5) -> dict:
+def part_kernels(plain: bool, steps: int = 5) -> dict:
     """Every kernel's GPU ms per step, and the convolutions' by input shape."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.backends.cudnn.benchmark = True
-    step = build_step(max_pool=max_pool)
+    step = build_step(plain_stem=plain, plain_max_pool=plain)
     compile_seconds = warm(step)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(steps):
@@ -156,20 +122,20 @@ def part_kernels(max_pool: str = "inductor", steps: int = 5) -> dict:
             "ops_by_shape": by_shape}
 
 
-def part_bandwidth(out_dir: str) -> dict:
-    """Inductor's per-kernel bandwidth report for one step's kernels."""
+def part_bandwidth() -> dict:
+    """Inductor's per-kernel bandwidth report (each Triton kernel timed alone) for one step."""
     import torch._inductor.config as inductor_config
+    from torch._inductor.runtime import triton_heuristics
 
-    report = os.path.join(out_dir, "profile_bandwidth.txt")
     inductor_config.profile_bandwidth = True
-    inductor_config.profile_bandwidth_output = report
-    torch.backends.cudnn.benchmark = True
     step = build_step()
     warm(step)
+    triton_heuristics.collected_calls.clear()
     step()
     torch.cuda.synchronize()
-    text = open(report).read() if os.path.exists(report) else ""
-    return {"report": report, "lines": text.splitlines()[-400:]}
+    calls = [{"name": name, "ms": round(float(ms), 4), "gb": round(float(gb), 4), "gb_per_s": round(float(rate), 1)}
+             for ms, gb, rate, name in triton_heuristics.collected_calls]
+    return {"kernel_ms": round(sum(c["ms"] for c in calls), 3), "calls": sorted(calls, key=lambda c: -c["ms"])}
 
 
 def conv_shapes() -> list[dict]:
@@ -229,9 +195,65 @@ def part_convs(benchmark_limit: int) -> dict:
     return {"benchmark_limit": benchmark_limit, "total_ms": round(total, 3), "rows": rows}
 
 
+def part_layers() -> dict:
+    """The stem convolution (forward and weight gradient) and the max pooling after it (forward
+    and backward), each way, compiled alone at the shapes of ResNet-50 at 224 px."""
+    from gpuaccel.bench.timing import cuda_times_ms
+    from gpuaccel.models import max_pool_kernel
+    from gpuaccel.models.layers import space_to_depth_conv2d
+
+    torch.backends.cudnn.benchmark = True
+    rows = []
+
+    def time_it(name, fn, inputs, flop=None):
+        grad = torch.randn_like(fn(*inputs))
+
+        def run():
+            fn(*inputs).backward(grad)
+        ms = statistics.median(cuda_times_ms(run, repeats=20, warmup=3))
+        rows.append({"name": name, "ms_forward_and_backward": round(ms, 4),
+                     **({"tflops": round(flop / ms / 1e9, 1)} if flop else {})})
+        print(rows[-1], flush=True)
+
+    x = torch.randn(BATCH, 3, 224, 224, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    weight = (torch.randn(64, 3, 7, 7, device="cuda") * 0.05).requires_grad_()
+    flop = 2 * 2 * BATCH * 112 * 112 * 64 * 3 * 49  # forward and weight gradient
+
+    def direct(x, w, channels=3):
+        if channels > 3:
+            x, w = F.pad(x, (0, 0, 0, 0, 0, channels - 3)), F.pad(w, (0, 0, 0, 0, 0, channels - 3))
+        return F.conv2d(x.contiguous(memory_format=torch.channels_last), w.to(x.dtype), None, 2, 3)
+    reference = direct(x, weight).float()
+    for name, fn in [("stem: direct, 3 channels", direct),
+                     ("stem: direct, padded to 4 channels", lambda x, w: direct(x, w, 4)),
+                     ("stem: direct, padded to 8 channels", lambda x, w: direct(x, w, 8)),
+                     ("stem: space-to-depth, 12 channels",
+                      lambda x, w: space_to_depth_conv2d(x, w.to(x.dtype), None, 2, (3, 3), 1)),
+                     ("stem: space-to-depth, padded to 16 channels",
+                      lambda x, w: space_to_depth_conv2d(x, w.to(x.dtype), None, 2, (3, 3), 8))]:
+        compiled = torch.compile(fn)
+        error = (compiled(x, weight).float() - reference).abs().max().item()
+        time_it(name, compiled, (x, weight), flop)
+        rows[-1]["max_abs_difference_from_direct"] = error
+
+    pooled_input = torch.relu(torch.randn(BATCH, 64, 112, 112, device="cuda", dtype=torch.bfloat16)).to(
+        memory_format=torch.channels_last).requires_grad_()
+    time_it("max pool: inductor", torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1)), (pooled_input,))
+    time_it("max pool: ATen", lambda t: F.max_pool2d(t, 3, 2, 1), (pooled_input,))
+    time_it("max pool: gpuaccel's Triton kernels", lambda t: max_pool_kernel.max_pool2d(t, 3, 2, 1)[0], (pooled_input,))
+    ref_out = F.max_pool2d(pooled_input, 3, 2, 1)
+    grad = torch.randn_like(ref_out)
+    ref_grad, = torch.autograd.grad(ref_out, pooled_input, grad)
+    out = max_pool_kernel.max_pool2d(pooled_input, 3, 2, 1)[0]
+    got_grad, = torch.autograd.grad(out, pooled_input, grad)
+    rows[-1]["same_as_aten"] = bool(torch.equal(out, ref_out)) and bool(torch.equal(got_grad, ref_grad))
+    return {"rows": rows}
+
+
 def part_variant(name: str) -> dict:
     settings = VARIANTS[name]
-    step = build_step(max_pool=settings.get("max_pool", "inductor"))
+    step = build_step(plain_stem=settings.get("plain_stem", False),
+                      plain_max_pool=settings.get("plain_max_pool", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)
@@ -242,9 +264,11 @@ def part_variant(name: str) -> dict:
 def child(args) -> dict:
     part, _, arg = args.child.partition(":")
     if part == "kernels":
-        return part_kernels(max_pool=arg or "inductor")
+        return part_kernels(plain=arg == "plain")
     if part == "bandwidth":
-        return part_bandwidth(args.work)
+        return part_bandwidth()
+    if part == "layers":
+        return part_layers()
     if part == "convs":
         return part_convs(int(arg))
     return part_variant(arg)
@@ -252,7 +276,7 @@ def child(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", default=["kernels", "bandwidth", "convs", "variants"])
+    ap.add_argument("--parts", nargs="+", default=["layers", "variants", "kernels", "bandwidth", "convs"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--work", default="/tmp/resnet50_kernels")
@@ -265,12 +289,10 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     jobs = []
     for part in args.parts:
-        if part == "kernels":
-            jobs.append("kernels:inductor")
-        elif part == "kernels-aten-max-pool":
-            jobs.append("kernels:aten")
-        elif part == "bandwidth":
-            jobs.append("bandwidth")
+        if part in ("kernels", "layers", "bandwidth"):
+            jobs.append(part)
+        elif part == "kernels-plain":
+            jobs.append("kernels:plain")
         elif part == "convs":
             jobs += ["convs:10", "convs:0"]
         elif part == "variants":
@@ -292,7 +314,7 @@ def main():
             with open(os.path.join(args.work, job.replace(":", "_") + ".log"), "w") as f:
                 f.write(done.stdout[-200000:] + "\n--- stderr ---\n" + done.stderr[-50000:])
         results["parts"][job] = row
-        brief = {k: v for k, v in row.items() if k not in ("kernels", "ops_by_shape", "lines", "rows")}
+        brief = {k: v for k, v in row.items() if k not in ("kernels", "ops_by_shape", "calls", "rows")}
         print(job, json.dumps(brief), flush=True)
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .layers import conv_bn_act, init_weights
+from .layers import SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, init_weights
 from .registry import register_model
 
 SMALL_IMAGE_LIMIT = 64
@@ -58,7 +58,8 @@ class ResNet(nn.Module):
         if image_size < SMALL_IMAGE_LIMIT:
             self.stem = conv_bn_act(in_channels, width, 3, 1)
         else:
-            self.stem = nn.Sequential(conv_bn_act(in_channels, width, 7, 2), nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(conv_bn_act(in_channels, width, 7, 2, conv=SpaceToDepthConv2d),
+                                      TritonMaxPool2d(3, 2, 1))
         stages, in_ch = [], width
         for i, depth in enumerate(depths):
             ch = width * 2 ** i
