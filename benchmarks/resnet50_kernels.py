@@ -7,8 +7,8 @@ global):
   kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
              convolutions' time by input shape (kernels-plain: the same with PyTorch's stem
              convolution and max pooling)
-  bandwidth  inductor's own per-kernel report (``profile_bandwidth``): ms, GB moved and GB/s of
-             every Triton kernel, to find the ones far below the memory bandwidth
+  bandwidth  the kernels part, with the GB each inductor kernel must move by inductor's own
+             reckoning, and so its GB/s: which ones run far below the memory bandwidth
   convs      each distinct convolution of the model alone: forward, input gradient and weight
              gradient, TFLOP/s, with cuDNN trying its default 10 algorithms or all of them
   layers     the stem convolution and the max pooling alone, each way
@@ -42,6 +42,8 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "plain-max-pool": {"plain_max_pool": True},
     "plain-stem-and-max-pool": {"plain_stem": True, "plain_max_pool": True},
     "cudnn-all-algorithms": {"cudnn_benchmark_limit": 0},
+    "autotune-pointwise": {"inductor": {"max_autotune_pointwise": True}},
+    "coordinate-descent": {"inductor": {"coordinate_descent_tuning": True}},
 }
 
 
@@ -90,10 +92,18 @@ def warm(step) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def part_kernels(plain: bool, steps: int = 5) -> dict:
-    """Every kernel's GPU ms per step, and the convolutions' by input shape."""
+def part_kernels(plain: bool, steps: int = 5, bandwidth: bool = False) -> dict:
+    """Every kernel's GPU ms per step, and the convolutions' by input shape. With ``bandwidth``,
+    also the bytes inductor reckons each of its kernels must move (``kernel_num_gb``, written
+    into the kernels' source when ``benchmark_kernel`` is set) and so each one's GB/s."""
+    import glob
+    import re
+
+    import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile
 
+    if bandwidth:
+        inductor_config.benchmark_kernel = True
     torch.backends.cudnn.benchmark = True
     step = build_step(plain_stem=plain, plain_max_pool=plain)
     compile_seconds = warm(step)
@@ -103,39 +113,35 @@ def part_kernels(plain: bool, steps: int = 5) -> dict:
         torch.cuda.synchronize()
     kernels: dict[str, list] = {}
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        # "## Call CompiledFxGraph ##" ranges are annotations over other kernels, not kernels
+        if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("##"):
             row = kernels.setdefault(event.name, [0, 0.0])
             row[0] += 1
             row[1] += event.device_time
     table = sorted(([name, calls / steps, us / 1000 / steps] for name, (calls, us) in kernels.items()),
                    key=lambda r: -r[2])
+    gigabytes = {}
+    if bandwidth:
+        pattern = re.compile(r"'kernel_name': '(\w+)'.*?'kernel_num_gb': ([0-9.e+-]+)", re.S)
+        for path in glob.glob(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "**", "*.py"), recursive=True):
+            for name, gb in pattern.findall(open(path).read()):
+                gigabytes[name] = float(gb)
+    rows = []
+    for name, calls, ms in table:
+        row = {"name": name[:160], "calls_per_step": calls, "ms_per_step": round(ms, 4)}
+        if name in gigabytes:  # inductor reckons bytes per call
+            row["gb_per_call"] = round(gigabytes[name], 4)
+            row["gb_per_s"] = round(gigabytes[name] * calls / (ms / 1000), 1)
+        rows.append(row)
     by_shape = []
     for event in prof.key_averages(group_by_input_shape=True):
-        if event.key in ("aten::convolution", "aten::convolution_backward", "aten::mm", "aten::addmm",
-                         "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"):
+        if event.key in ("aten::convolution", "aten::convolution_backward", "aten::mm", "aten::addmm"):
             device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
             by_shape.append({"op": event.key, "shapes": str(event.input_shapes)[:200], "calls_per_step": event.count / steps,
                              "ms_per_step": round(device_us / 1000 / steps, 4)})
     by_shape.sort(key=lambda r: -r["ms_per_step"])
     return {"compile_seconds": compile_seconds, "gpu_ms_per_step": round(sum(r[2] for r in table), 3),
-            "kernels": [{"name": n[:160], "calls_per_step": c, "ms_per_step": round(ms, 4)} for n, c, ms in table],
-            "ops_by_shape": by_shape}
-
-
-def part_bandwidth() -> dict:
-    """Inductor's per-kernel bandwidth report (each Triton kernel timed alone) for one step."""
-    import torch._inductor.config as inductor_config
-    from torch._inductor.runtime import triton_heuristics
-
-    inductor_config.profile_bandwidth = True
-    step = build_step()
-    warm(step)
-    triton_heuristics.collected_calls.clear()
-    step()
-    torch.cuda.synchronize()
-    calls = [{"name": name, "ms": round(float(ms), 4), "gb": round(float(gb), 4), "gb_per_s": round(float(rate), 1)}
-             for ms, gb, rate, name in triton_heuristics.collected_calls]
-    return {"kernel_ms": round(sum(c["ms"] for c in calls), 3), "calls": sorted(calls, key=lambda c: -c["ms"])}
+            "kernels": rows, "ops_by_shape": by_shape}
 
 
 def conv_shapes() -> list[dict]:
@@ -240,7 +246,11 @@ def part_layers() -> dict:
         memory_format=torch.channels_last).requires_grad_()
     time_it("max pool: inductor", torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1)), (pooled_input,))
     time_it("max pool: ATen", lambda t: F.max_pool2d(t, 3, 2, 1), (pooled_input,))
-    time_it("max pool: gpuaccel's Triton kernels", lambda t: max_pool_kernel.max_pool2d(t, 3, 2, 1)[0], (pooled_input,))
+    chosen = (max_pool_kernel._BLOCK_PIXELS, max_pool_kernel._NUM_WARPS)
+    for block, warps in [(32, 4), (128, 4), (128, 8), (256, 8), (512, 8), chosen]:
+        max_pool_kernel._BLOCK_PIXELS, max_pool_kernel._NUM_WARPS = block, warps
+        time_it(f"max pool: gpuaccel's Triton kernels, {block} pixels x 64 channels, {warps} warps per program",
+                lambda t: max_pool_kernel.max_pool2d(t, 3, 2, 1)[0], (pooled_input,))
     ref_out = F.max_pool2d(pooled_input, 3, 2, 1)
     grad = torch.randn_like(ref_out)
     ref_grad, = torch.autograd.grad(ref_out, pooled_input, grad)
@@ -251,7 +261,11 @@ def part_layers() -> dict:
 
 
 def part_variant(name: str) -> dict:
+    import torch._inductor.config as inductor_config
+
     settings = VARIANTS[name]
+    for key, value in settings.get("inductor", {}).items():
+        setattr(inductor_config, key, value)
     step = build_step(plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False))
     if "cudnn_benchmark_limit" in settings:
@@ -266,7 +280,8 @@ def child(args) -> dict:
     if part == "kernels":
         return part_kernels(plain=arg == "plain")
     if part == "bandwidth":
-        return part_bandwidth()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(args.work, "inductor-bandwidth")
+        return part_kernels(plain=False, bandwidth=True)
     if part == "layers":
         return part_layers()
     if part == "convs":

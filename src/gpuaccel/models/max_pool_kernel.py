@@ -27,7 +27,8 @@ except ImportError:  # CPU builds of PyTorch come without Triton
     triton = None
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-_BLOCK_PIXELS = 64
+_BLOCK_PIXELS = 64  # output (forward) or input (backward) pixels per program, by all channels up to 64
+_NUM_WARPS = 4
 
 
 def usable(x: Tensor) -> bool:
@@ -130,7 +131,8 @@ def max_pool2d(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tenso
     if pixels and c:
         grid, block_c = _grid(pixels, c)
         _forward_kernel[grid](x, out, winner, pixels, c, h, w, out_h, out_w, *x.stride(), *out.stride(),
-                              KERNEL=kernel, STRIDE=stride, PAD=padding, BLOCK_P=_BLOCK_PIXELS, BLOCK_C=block_c)
+                              KERNEL=kernel, STRIDE=stride, PAD=padding, BLOCK_P=_BLOCK_PIXELS, BLOCK_C=block_c,
+                              num_warps=_NUM_WARPS)
     return out, winner
 
 
@@ -152,7 +154,8 @@ def max_pool2d_backward(grad: Tensor, winner: Tensor, height: int, width: int, c
         grid, block_c = _grid(pixels, c)
         _backward_kernel[grid](grad, winner, grad_input, pixels, c, height, width, grad.shape[2], grad.shape[3],
                                *grad.stride(), *winner.stride(), *grad_input.stride(),
-                               KERNEL=kernel, STRIDE=stride, PAD=padding, BLOCK_P=_BLOCK_PIXELS, BLOCK_C=block_c)
+                               KERNEL=kernel, STRIDE=stride, PAD=padding, BLOCK_P=_BLOCK_PIXELS, BLOCK_C=block_c,
+                               num_warps=_NUM_WARPS)
     return grad_input
 
 
