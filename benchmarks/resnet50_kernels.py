@@ -42,6 +42,7 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "plain-max-pool": {"plain_max_pool": True},
     "plain-stem-and-max-pool": {"plain_stem": True, "plain_max_pool": True},
     "cudnn-all-algorithms": {"cudnn_benchmark_limit": 0},
+    "reduce-overhead": {"mode": "reduce-overhead"},
     "autotune-pointwise": {"inductor": {"max_autotune_pointwise": True}},
     "coordinate-descent": {"inductor": {"coordinate_descent_tuning": True}},
 }
@@ -266,7 +267,7 @@ def part_variant(name: str) -> dict:
     settings = VARIANTS[name]
     for key, value in settings.get("inductor", {}).items():
         setattr(inductor_config, key, value)
-    step = build_step(plain_stem=settings.get("plain_stem", False),
+    step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
