@@ -126,7 +126,8 @@ def _train_parser(sub) -> None:
                    help="torch.compile the model (slower start, faster steps; compiled kernels are cached on disk)")
     m.add_argument("--compile-mode", metavar="MODE",
                    help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
-                        "max-autotune-no-cudagraphs")
+                        "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: "
+                        "minutes more compiling once per machine, about 8%% faster ResNet-50 steps on an H200)")
     m.add_argument("--step-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="with --compile-mode reduce-overhead on GPUs: capture the whole training step "
                         "(forward, backward, gradient all-reduce with --gpus, optimizer, weight average) as one "

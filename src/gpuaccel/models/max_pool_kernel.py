@@ -27,7 +27,7 @@ except ImportError:  # CPU builds of PyTorch come without Triton
     triton = None
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-_BLOCK_PIXELS = 64  # output (forward) or input (backward) pixels per program, by all channels up to 64
+_BLOCK_PIXELS = 32  # output (forward) or input (backward) pixels per program, by all channels up to 64
 _NUM_WARPS = 4
 
 

@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..compiling import compile_arguments
 from ..errors import GpuaccelError
 from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
 
@@ -227,8 +228,8 @@ class Pipeline:
         train_module = _Stage(train_traced, channels_last)
         eval_module = _Stage(eval_traced, channels_last)
         if compile_mode is not None:
-            train_module.compile(mode=compile_mode, dynamic=False)
-            eval_module.compile(mode=compile_mode, dynamic=False)
+            train_module.compile(dynamic=False, **compile_arguments(compile_mode))
+            eval_module.compile(dynamic=False, **compile_arguments(compile_mode))
         self.replica_group = mesh["replica"].get_group() if self.replicas > 1 else None
         # the stages' shapes and dtypes (under autocast) are inferred on the first step
         kind = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..compiling import COMPILE_MODES
 from ..data.augment import FLIP_MODES
 from ..data.loader import PLACEMENTS
 from ..data.stream import check_cpu_decode
@@ -19,7 +20,6 @@ from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LOADERS = PLACEMENTS + ("stream",)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OFFLOADS = ("none", "cpu")
 
 

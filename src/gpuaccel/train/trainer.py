@@ -29,6 +29,7 @@ from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
+from ..compiling import compile_arguments
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..deploy.prune import apply_structure
@@ -205,7 +206,7 @@ class Trainer:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
         # Static shapes: a short last evaluation batch gets a graph of its own rather than making
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
-        return torch.compile(module, mode=self._compile_mode, dynamic=False)
+        return torch.compile(module, dynamic=False, **compile_arguments(self._compile_mode))
 
     @property
     def jpeg_decoder(self) -> str | None:
