@@ -38,17 +38,18 @@ def usable(x: Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
+    def _tile(pixels, channels, rows, cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """This program's pixels (image, row, column) and channels, and which of them exist."""
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        return p // (rows * cols), (p // cols) % rows, p % cols, p < pixels, c, c < channels
+
+    @triton.jit
     def _forward_kernel(x_ptr, out_ptr, win_ptr, pixels, channels, height, width, out_h, out_w,
                         x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw,
                         KERNEL: tl.constexpr, STRIDE: tl.constexpr, PAD: tl.constexpr,
                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_ok = p < pixels
-        c_ok = c < channels
-        ow = p % out_w
-        oh = (p // out_w) % out_h
-        n = p // (out_w * out_h)
+        n, oh, ow, p_ok, c, c_ok = _tile(pixels, channels, out_h, out_w, BLOCK_P, BLOCK_C)
         best = tl.full([BLOCK_P, BLOCK_C], float("-inf"), tl.float32)
         won = tl.zeros([BLOCK_P, BLOCK_C], tl.int32)
         seen = tl.zeros([BLOCK_P, BLOCK_C], tl.int1)
@@ -74,13 +75,7 @@ if triton is not None:
                          g_sn, g_sc, g_sh, g_sw, w_sn, w_sc, w_sh, w_sw, x_sn, x_sc, x_sh, x_sw,
                          KERNEL: tl.constexpr, STRIDE: tl.constexpr, PAD: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_ok = p < pixels
-        c_ok = c < channels
-        w = p % width
-        h = (p // width) % height
-        n = p // (width * height)
+        n, h, w, p_ok, c, c_ok = _tile(pixels, channels, height, width, BLOCK_P, BLOCK_C)
         SPAN: tl.constexpr = (KERNEL + STRIDE - 1) // STRIDE  # windows per axis that hold an element
         acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
         for a in tl.static_range(SPAN):
