@@ -81,8 +81,9 @@ def space_to_depth_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 class TritonMaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d`` whose forward and backward passes run as the Triton kernels of
-    :mod:`max_pool_kernel` on a GPU (same results, about a tenth of the memory traffic of
-    inductor's backward kernel), and as PyTorch's elsewhere."""
+    :mod:`max_pool_kernel` on a GPU, and as PyTorch's elsewhere: the same results, in 1.1-1.2 ms
+    instead of 2.2-2.3 ms (inductor's) at ResNet-50's stem on an H200 (batch 256,
+    benchmarks/resnet50_kernels.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = (self.kernel_size, self.stride, self.padding)
