@@ -87,7 +87,8 @@ class TritonMaxPool2d(nn.MaxPool2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = (self.kernel_size, self.stride, self.padding)
-        if not (x.is_cuda and max_pool_kernel.usable(x)) or self.dilation not in (1, (1, 1)) or self.ceil_mode \
-                or self.return_indices or not all(isinstance(v, int) for v in params):
+        square = all(isinstance(v, int) for v in params)
+        if not (square and x.is_cuda and max_pool_kernel.usable(x)) or self.dilation not in (1, (1, 1)) \
+                or self.ceil_mode or self.return_indices or self.kernel_size > max_pool_kernel.LARGEST_KERNEL:
             return super().forward(x)
         return max_pool_kernel.max_pool2d(x, *params)[0]

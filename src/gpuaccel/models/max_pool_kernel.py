@@ -29,6 +29,7 @@ except ImportError:  # CPU builds of PyTorch come without Triton
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _BLOCK_PIXELS = 32  # output (forward) or input (backward) pixels per program, by all channels up to 64
 _NUM_WARPS = 4
+LARGEST_KERNEL = 11  # a window's winner is stored as int8: at most 127 positions
 
 
 def usable(x: Tensor) -> bool:
