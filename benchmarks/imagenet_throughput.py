@@ -198,10 +198,29 @@ def pipeline(work: Path, workers: int, cpu_decode: list, baseline: bool = True) 
     return results
 
 
-def memory(classes: int, modes: list[str]) -> dict:
-    from gpuaccel.bench.timing import cuda_times_ms
+def gpuaccel_step(mode: str, classes: int, x: torch.Tensor, y: torch.Tensor):
+    """gpuaccel's Trainer (ResNet-50, bf16, compile mode ``mode``, or 'eager') on the in-memory
+    batch (x, y): a function of no arguments that runs one training step."""
     from gpuaccel.data.dataset import ImageDataset
     from gpuaccel.train import TrainConfig, Trainer
+
+    rng = np.random.default_rng(0)  # the Trainer needs a data set; the steps read only (x, y)
+    fake = ImageDataset("synthetic", rng.integers(0, 256, (BATCH, 3, 224, 224), dtype=np.uint8),
+                        np.arange(BATCH) % classes, rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8),
+                        np.arange(16) % classes, [str(c) for c in range(classes)])
+    config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=mode != "eager",
+                         compile_mode=mode if mode != "eager" else "default", batch_size=BATCH, lr=0.1,
+                         weight_decay=5e-5, monitor=False)
+    trainer = Trainer(config, dataset=fake, quiet=True)
+    x = x.to(trainer.precision.input_dtype)
+
+    def step():
+        trainer.train_step(x, y)
+    return step
+
+
+def memory(classes: int, modes: list[str]) -> dict:
+    from gpuaccel.bench.timing import cuda_times_ms
 
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (BATCH,), device="cuda")
@@ -222,26 +241,15 @@ def memory(classes: int, modes: list[str]) -> dict:
     del base
     torch.cuda.empty_cache()
 
-    rng = np.random.default_rng(0)
-    fake = ImageDataset("synthetic", rng.integers(0, 256, (BATCH, 3, 224, 224), dtype=np.uint8),
-                        np.arange(BATCH) % classes, rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8),
-                        np.arange(16) % classes, [str(c) for c in range(classes)])
     for mode in modes:
-        config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=mode != "eager",
-                             compile_mode=mode if mode != "eager" else "default", batch_size=BATCH, lr=0.1,
-                             weight_decay=5e-5, monitor=False)
         start = time.perf_counter()
-        trainer = Trainer(config, dataset=fake, quiet=True)
-        xb, yb = x.to(trainer.precision.input_dtype), y
-
-        def step():
-            trainer.train_step(xb, yb)
+        step = gpuaccel_step(mode, classes, x, y)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
         results[f"gpuaccel_{mode}"] = {**measure(step), "compile_seconds": round(time.perf_counter() - start, 1)}
         print(mode, results[f"gpuaccel_{mode}"], flush=True)
-        del trainer
+        del step
         torch.cuda.empty_cache()
     return results
 

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -52,28 +51,16 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
     put back the stem convolution and max pooling of PyTorch."""
-    from gpuaccel.data.dataset import ImageDataset
     from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
-    from gpuaccel.train import TrainConfig, Trainer
+    from imagenet_throughput import gpuaccel_step
 
     if plain_stem:
         SpaceToDepthConv2d.forward = nn.Conv2d.forward
     if plain_max_pool:
         TritonMaxPool2d.forward = nn.MaxPool2d.forward
-    rng = np.random.default_rng(0)
-    fake = ImageDataset("synthetic", rng.integers(0, 256, (BATCH, 3, 224, 224), dtype=np.uint8),
-                        np.arange(BATCH) % CLASSES, rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8),
-                        np.arange(16) % CLASSES, [str(c) for c in range(CLASSES)])
-    config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=True, compile_mode=mode,
-                         batch_size=BATCH, lr=0.1, weight_decay=5e-5, monitor=False)
-    trainer = Trainer(config, dataset=fake, quiet=True)
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    x = x.to(trainer.precision.input_dtype)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
-
-    def step():
-        trainer.train_step(x, y)
-    return step
+    return gpuaccel_step(mode, CLASSES, x, y)
 
 
 def timed(step, steps: int = 10, repeats: int = 7) -> dict:

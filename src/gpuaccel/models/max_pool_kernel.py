@@ -105,9 +105,17 @@ def _is_channels_last(x: Tensor) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
-def _empty_like_layout(x: Tensor, shape) -> Tensor:
-    return torch.empty(shape, dtype=x.dtype, device=x.device,
-                       memory_format=torch.channels_last if _is_channels_last(x) else torch.contiguous_format)
+def _empty(shape, like: Tensor, channels_last: bool) -> Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device,
+                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def _pooled_outputs(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tensor, Tensor]:
+    """Empty (pooled, winner) tensors for ``x``, in its layout."""
+    n, c, h, w = x.shape
+    shape = (n, c, _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding))
+    out = _empty(shape, x, _is_channels_last(x))
+    return out, torch.empty_like(out, dtype=torch.int8)
 
 
 def _grid(pixels: int, channels: int):
@@ -120,9 +128,8 @@ def max_pool2d(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tenso
     """(pooled, winner): winner holds, per output, the row-major position in its window of the
     element that won (int8)."""
     n, c, h, w = x.shape
-    out_h, out_w = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
-    out = _empty_like_layout(x, (n, c, out_h, out_w))
-    winner = torch.empty_like(out, dtype=torch.int8)
+    out, winner = _pooled_outputs(x, kernel, stride, padding)
+    out_h, out_w = out.shape[2:]
     pixels = n * out_h * out_w
     if pixels and c:
         grid, block_c = _grid(pixels, c)
@@ -134,17 +141,15 @@ def max_pool2d(x: Tensor, kernel: int, stride: int, padding: int) -> tuple[Tenso
 
 @max_pool2d.register_fake
 def _(x, kernel, stride, padding):
-    n, c, h, w = x.shape
-    out = _empty_like_layout(x, (n, c, _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)))
-    return out, torch.empty_like(out, dtype=torch.int8)
+    return _pooled_outputs(x, kernel, stride, padding)
 
 
 @torch.library.custom_op("gpuaccel::max_pool2d_backward", mutates_args=())
 def max_pool2d_backward(grad: Tensor, winner: Tensor, height: int, width: int, channels_last: bool, kernel: int,
                         stride: int, padding: int) -> Tensor:
     """The gradient of an input of ``height`` x ``width`` pixels (in channels-last layout or not)."""
-    grad_input = _empty_input_grad(grad, height, width, channels_last)
     n, c = grad.shape[:2]
+    grad_input = _empty((n, c, height, width), grad, channels_last)
     pixels = n * height * width
     if pixels and c:
         grid, block_c = _grid(pixels, c)
@@ -157,12 +162,7 @@ def max_pool2d_backward(grad: Tensor, winner: Tensor, height: int, width: int, c
 
 @max_pool2d_backward.register_fake
 def _(grad, winner, height, width, channels_last, kernel, stride, padding):
-    return _empty_input_grad(grad, height, width, channels_last)
-
-
-def _empty_input_grad(grad: Tensor, height: int, width: int, channels_last: bool) -> Tensor:
-    return torch.empty((grad.shape[0], grad.shape[1], height, width), dtype=grad.dtype, device=grad.device,
-                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return _empty((grad.shape[0], grad.shape[1], height, width), grad, channels_last)
 
 
 def _setup_context(ctx, inputs, output):

@@ -25,11 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import __version__
+from ..compiling import compile_arguments
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
-from ..compiling import compile_arguments
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..deploy.prune import apply_structure
