@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch.nn.functional as F
 
 from gpuaccel.data import augment as aug
 from gpuaccel.data.augment import AugmentConfig
-from gpuaccel.data.loader import DeviceLoader, WorkerLoader, build_loader
+from gpuaccel.data.loader import DeviceLoader, PassReader, WorkerLoader, build_loader
 
 CPU = torch.device("cpu")
 
@@ -181,6 +183,47 @@ def test_worker_loader_resumes_mid_epoch_and_shards():
     labels = [torch.cat([y for _, y in s.batches(4)]) for s in shards]
     assert set(labels[0].tolist()) | set(labels[1].tolist()) == set(range(101))
     assert len(set(labels[0].tolist()) & set(labels[1].tolist())) <= 1  # only the wrap-around pad
+
+
+class _LoggedKeys(torch.utils.data.Dataset):
+    """Item ``key`` is ``key``; each one made is appended to a file, where the test sees what
+    the worker processes made and when."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __getitem__(self, key):
+        with open(self.path, "a") as log:
+            log.write(f"{key}\n")
+        return key
+
+
+def _made(path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pass_reader_reads_on_into_the_next_pass_and_restarts_where_asked(tmp_path, workers):
+    log = tmp_path / "made.txt"
+    reader = PassReader(_LoggedKeys(log), lambda epoch: [10 * epoch + s for s in range(4)], lambda epoch: epoch + 1,
+                        workers=workers, pin_memory=False, prefetch_factor=2)
+    assert list(reader.read(0)) == [0, 1, 2, 3]
+    if workers:  # the processes go on with pass 1 before it is asked for
+        deadline = time.monotonic() + 20
+        while not {10, 11} <= set(_made(log)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert {10, 11} <= set(_made(log))
+    assert list(reader.read(1)) == [10, 11, 12, 13]
+    assert _made(log).count(10) == 1  # taken over, not made again
+
+    left = reader.read(2)
+    assert [next(left), next(left)] == [20, 21]
+    left.close()  # a pass left unfinished: the next one that starts where it stopped goes on
+    assert list(reader.read(2, start=2)) == [22, 23]
+    assert _made(log).count(22) == 1
+    assert list(reader.read(5, start=1)) == [51, 52, 53]  # elsewhere: the processes start there
+    assert list(reader.read(1, start=3)) == [13]
+    assert list(reader.read(2)) == [20, 21, 22, 23]
 
 
 def test_build_loader_keeps_cpu_data_in_process_unless_told():

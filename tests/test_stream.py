@@ -285,13 +285,17 @@ def test_stream_batches_are_deterministic_and_resume_mid_epoch(tmp_path):
     root = write_shards(tmp_path / "shards", "train", 2, 16)
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
-    full = list(stream_loader(ds, True, seed=1).batches(epoch=2))
+    loader = stream_loader(ds, True, seed=1, workers=2)
+    full = list(loader.batches(epoch=2))
+    following = list(loader.batches(epoch=3))  # its reader processes went on into epoch 3
     rest = list(stream_loader(ds, True, seed=1).batches(epoch=2, start=1))
     assert len(rest) == len(full) - 1
     for (xa, ya), (xb, yb) in zip(full[1:], rest):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     other = list(stream_loader(ds, True, seed=1).batches(epoch=3))
     assert not torch.equal(full[0][0], other[0][0])
+    for (xa, ya), (xb, yb) in zip(following, other, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 def test_any_share_of_a_batch_decoded_by_any_number_of_reader_processes_gives_the_same_batches(tmp_path):

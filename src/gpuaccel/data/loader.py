@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -142,17 +142,55 @@ class _HostBatches(torch.utils.data.Dataset):
         return x, self.labels[idx]
 
 
-class _EpochSteps(torch.utils.data.Sampler):
-    """The (epoch, step) keys of one pass; set ``epoch`` and ``start`` before iterating."""
+class _Passes(torch.utils.data.Sampler):
+    """The keys of the steps of pass ``start[0]`` from step ``start[1]`` on, then of every
+    following pass, without end (see :class:`PassReader`)."""
 
-    def __init__(self, steps: int):
-        self.steps, self.epoch, self.start = steps, 0, 0
+    def __init__(self, keys: Callable[[int], list], following: Callable[[int], int]):
+        self.keys, self.following = keys, following
+        self.start = (0, 0)
 
     def __iter__(self):
-        return ((self.epoch, step) for step in range(self.start, self.steps))
+        epoch, step = self.start
+        while True:
+            keys = self.keys(epoch)
+            if not keys:
+                return
+            yield from keys[step:]
+            epoch, step = self.following(epoch), 0
 
-    def __len__(self) -> int:
-        return self.steps - self.start
+
+class PassReader:
+    """The items of a map-style ``dataset`` for the steps of one pass after another, made by
+    ``workers`` persistent processes (a PyTorch DataLoader) that read on into the next pass
+    while one ends, so an epoch starts with its first batches made rather than with every
+    process starting on one.
+
+    ``keys(epoch)`` lists the dataset keys of a pass's steps; ``following(epoch)`` is the
+    pass made after ``epoch``: the next epoch in training, the same pass in evaluation. A
+    pass asked for elsewhere than where the processes stand (a resumed run, a pass left
+    unfinished) drops what they made ahead and starts them there."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, keys: Callable[[int], list],
+                 following: Callable[[int], int], *, workers: int, pin_memory: bool, prefetch_factor: int):
+        self._passes = _Passes(keys, following)
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=None, sampler=self._passes, num_workers=workers, pin_memory=pin_memory,
+            persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None)
+        self._items: Iterator | None = None
+        self._next: tuple[int, int] | None = None  # the (epoch, step) _items hands over next, if known
+
+    def read(self, epoch: int, start: int = 0) -> Iterator:
+        """The items of steps ``start``.. of pass ``epoch``; one pass at a time."""
+        steps = len(self._passes.keys(epoch))
+        if self._items is None or self._next != (epoch, start):
+            self._passes.start = (epoch, start)
+            self._items = iter(self.loader)  # persistent workers: drops what they made ahead
+        for step in range(start, steps):
+            self._next = None  # unknown if the DataLoader raises
+            item = next(self._items)
+            self._next = (epoch, step + 1) if step + 1 < steps else (self._passes.following(epoch), 0)
+            yield item
 
 
 class WorkerLoader(_ShardedOrder):
@@ -175,15 +213,14 @@ class WorkerLoader(_ShardedOrder):
         # shared memory: workers started by fork or spawn read the images without a copy
         self.host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
-        self._steps = _EpochSteps(len(self))
         on_gpu = device.type == "cuda"
         # the workers get a plain copy of the ordering, not this object with its stream and loader
         order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
                               world_size=world_size, drop_last=self.drop_last)
-        self._loader = torch.utils.data.DataLoader(
-            _HostBatches(order, self.host_images, host_labels, augment, fill), batch_size=None,
-            sampler=self._steps, num_workers=self.workers, pin_memory=on_gpu,
-            persistent_workers=self.workers > 0, prefetch_factor=4 if self.workers > 0 else None)
+        self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
+                                  lambda epoch: [(epoch, step) for step in range(len(self))],
+                                  lambda epoch: epoch + 1 if train else epoch,
+                                  workers=self.workers, pin_memory=on_gpu, prefetch_factor=4)
         self._stream = torch.cuda.Stream(device) if on_gpu else None
 
     def normalised_sample(self, count: int) -> torch.Tensor:
@@ -192,8 +229,7 @@ class WorkerLoader(_ShardedOrder):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if start >= len(self):
             return
-        self._steps.epoch, self._steps.start = epoch, start
-        host_batches = iter(self._loader)
+        host_batches = self._reader.read(epoch, start)
         pending = self._to_device(next(host_batches))
         while pending is not None:
             x, y = pending

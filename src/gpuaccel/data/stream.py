@@ -41,7 +41,7 @@ from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxe
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
-from .loader import _Normaliser, _ShardedOrder, default_workers
+from .loader import PassReader, _Normaliser, _ShardedOrder, default_workers
 from .prefetch import in_thread, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
@@ -359,19 +359,6 @@ def _shared_bytes(count: int) -> torch.Tensor:
     return torch.empty(count, dtype=torch.uint8).share_memory_()
 
 
-class _StepIds(torch.utils.data.Sampler):
-    """The image ids of each step of one pass; ``steps`` is set before each pass."""
-
-    def __init__(self):
-        self.steps: list[list[int]] = []
-
-    def __iter__(self):
-        return iter(self.steps)
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-
 def _decode_with_pil(data):
     """(3, H, W) uint8 tensor (grayscale repeated over RGB), or the reason it cannot be decoded."""
     array, reason = _decode_one(ImageSource("", data=data.numpy() if isinstance(data, torch.Tensor) else data), None)
@@ -443,11 +430,9 @@ class StreamLoader:
         self.cpu_decode = cpu_decode
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
-        self._steps = _StepIds()
-        self._loader = torch.utils.data.DataLoader(
-            _FileBatches(records, self.cpu_decode), batch_size=None, sampler=self._steps,
-            num_workers=self.workers, pin_memory=device.type == "cuda", persistent_workers=self.workers > 0,
-            prefetch_factor=2 if self.workers > 0 else None)
+        self._reader = PassReader(_FileBatches(records, self.cpu_decode), self._step_ids,
+                                  lambda epoch: epoch + 1 if train else epoch, workers=self.workers,
+                                  pin_memory=device.type == "cuda", prefetch_factor=2)
         self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
         self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
         self.prepare_stream = side_stream(device)
@@ -464,7 +449,11 @@ class StreamLoader:
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
-        return self.normaliser.scale(self._images(ids, None, self._loader.dataset[ids]))
+        return self.normaliser.scale(self._images(ids, None, self._reader.loader.dataset[ids]))
+
+    def _step_ids(self, epoch: int) -> list[list[int]]:
+        order = self.order.epoch_indices(epoch)
+        return [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(len(self))]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
@@ -476,11 +465,9 @@ class StreamLoader:
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
         reader processes work ahead)."""
-        order = self.order.epoch_indices(epoch)
-        steps = [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(start, len(self))]
+        steps = self._step_ids(epoch)[start:]
         with self._lock:
-            self._steps.steps = steps
-            for number, (ids, host) in enumerate(zip(steps, self._loader)):
+            for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
                 generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
                 x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, host)))
                 labels = torch.from_numpy(self.records.labels[ids])
