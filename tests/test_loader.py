@@ -223,7 +223,18 @@ def test_pass_reader_reads_on_into_the_next_pass_and_restarts_where_asked(tmp_pa
     assert _made(log).count(22) == 1
     assert list(reader.read(5, start=1)) == [51, 52, 53]  # elsewhere: the processes start there
     assert list(reader.read(1, start=3)) == [13]
+    reader.close()
     assert list(reader.read(2)) == [20, 21, 22, 23]
+
+
+def test_a_pass_reader_without_a_following_pass_stops_after_each(tmp_path):
+    log = tmp_path / "made.txt"
+    reader = PassReader(_LoggedKeys(log), lambda epoch: [1, 2, 3], lambda epoch: None, workers=2,
+                        pin_memory=False, prefetch_factor=2)
+    assert list(reader.read(0)) == [1, 2, 3]
+    time.sleep(0.5)
+    assert sorted(_made(log)) == [1, 2, 3]  # nothing made ahead
+    assert list(reader.read(0)) == [1, 2, 3]
 
 
 def test_build_loader_keeps_cpu_data_in_process_unless_told():

@@ -17,8 +17,10 @@ disjoint shard of every epoch's permutation. ``build_loader`` picks one of the t
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
@@ -143,16 +145,16 @@ class _HostBatches(torch.utils.data.Dataset):
 
 
 class _Passes(torch.utils.data.Sampler):
-    """The keys of the steps of pass ``start[0]`` from step ``start[1]`` on, then of every
-    following pass, without end (see :class:`PassReader`)."""
+    """The keys of the steps of pass ``start[0]`` from step ``start[1]`` on, then of each
+    following pass while there is one (see :class:`PassReader`)."""
 
-    def __init__(self, keys: Callable[[int], list], following: Callable[[int], int]):
+    def __init__(self, keys: Callable[[int], list], following: Callable[[int], int | None]):
         self.keys, self.following = keys, following
         self.start = (0, 0)
 
     def __iter__(self):
         epoch, step = self.start
-        while True:
+        while epoch is not None:
             keys = self.keys(epoch)
             if not keys:
                 return
@@ -167,12 +169,14 @@ class PassReader:
     process starting on one.
 
     ``keys(epoch)`` lists the dataset keys of a pass's steps; ``following(epoch)`` is the
-    pass made after ``epoch``: the next epoch in training, the same pass in evaluation. A
-    pass asked for elsewhere than where the processes stand (a resumed run, a pass left
-    unfinished) drops what they made ahead and starts them there."""
+    pass made after ``epoch`` (the next epoch in training), or None to stop after it. A pass
+    asked for elsewhere than where the processes stand (a resumed run, a pass left
+    unfinished) drops what they made ahead and starts them there. ``keys`` and ``following``
+    should not hold the object that owns the reader: the workers stop when it is freed.
+    """
 
     def __init__(self, dataset: torch.utils.data.Dataset, keys: Callable[[int], list],
-                 following: Callable[[int], int], *, workers: int, pin_memory: bool, prefetch_factor: int):
+                 following: Callable[[int], int | None], *, workers: int, pin_memory: bool, prefetch_factor: int):
         self._passes = _Passes(keys, following)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_size=None, sampler=self._passes, num_workers=workers, pin_memory=pin_memory,
@@ -185,12 +189,32 @@ class PassReader:
         steps = len(self._passes.keys(epoch))
         if self._items is None or self._next != (epoch, start):
             self._passes.start = (epoch, start)
+            first = self._items is None
             self._items = iter(self.loader)  # persistent workers: drops what they made ahead
+            if first and self.loader.num_workers:
+                # after the exit handlers that PyTorch registered with the workers, so before
+                # them at exit (last in, first out): torch 2.11's wait 5 s for each worker
+                # that nobody told to stop
+                atexit.register(_close, weakref.ref(self))
         for step in range(start, steps):
             self._next = None  # unknown if the DataLoader raises
             item = next(self._items)
-            self._next = (epoch, step + 1) if step + 1 < steps else (self._passes.following(epoch), 0)
+            if step + 1 < steps:
+                self._next = (epoch, step + 1)
+            else:
+                following = self._passes.following(epoch)
+                self._next = None if following is None else (following, 0)
             yield item
+
+    def close(self) -> None:
+        """Stops the worker processes; the next read starts them again."""
+        self._items = self._next = None
+        self.loader._iterator = None  # the DataLoader holds the iterator of persistent workers; freeing it stops them
+
+
+def _close(reader: "weakref.ref[PassReader]") -> None:
+    if (alive := reader()) is not None:
+        alive.close()
 
 
 class WorkerLoader(_ShardedOrder):
@@ -217,9 +241,9 @@ class WorkerLoader(_ShardedOrder):
         # the workers get a plain copy of the ordering, not this object with its stream and loader
         order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
                               world_size=world_size, drop_last=self.drop_last)
+        steps = len(self)
         self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
-                                  lambda epoch: [(epoch, step) for step in range(len(self))],
-                                  lambda epoch: epoch + 1 if train else epoch,
+                                  lambda epoch: [(epoch, step) for step in range(steps)], _next_epoch(train),
                                   workers=self.workers, pin_memory=on_gpu, prefetch_factor=4)
         self._stream = torch.cuda.Stream(device) if on_gpu else None
 
@@ -248,6 +272,12 @@ class WorkerLoader(_ShardedOrder):
             return x.to(self.device), y.to(self.device)
         with torch.cuda.stream(self._stream):
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+
+def _next_epoch(train: bool) -> Callable[[int], int | None]:
+    """What a :class:`PassReader` reads after a pass: the next epoch in training; nothing
+    after an evaluation pass (its processes would hold the next one's batches until then)."""
+    return (lambda epoch: epoch + 1) if train else (lambda epoch: None)
 
 
 def default_workers(reserved: int = 1, limit: int | None = 8) -> int:

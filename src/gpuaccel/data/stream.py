@@ -22,6 +22,7 @@ images that epoch are left out (a different rest every epoch).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import tarfile
@@ -41,7 +42,7 @@ from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxe
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
-from .loader import PassReader, _Normaliser, _ShardedOrder, default_workers
+from .loader import PassReader, _next_epoch, _Normaliser, _ShardedOrder, default_workers
 from .prefetch import in_thread, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
@@ -390,6 +391,12 @@ def _decode_on_gpu(blobs: list[torch.Tensor], device: torch.device) -> list[torc
 
 # --- the loader -------------------------------------------------------------------------------------------
 
+def _step_ids(order, batch_size: int, epoch: int) -> list[list[int]]:
+    """The image ids of each step of ``epoch`` in ``order``."""
+    ids = order.epoch_indices(epoch)
+    return [ids[s * batch_size:(s + 1) * batch_size].tolist() for s in range(len(order))]
+
+
 class StreamLoader:
     """Batches of ``image_size`` x ``image_size`` normalised images streamed from JPEG files.
 
@@ -430,9 +437,9 @@ class StreamLoader:
         self.cpu_decode = cpu_decode
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
-        self._reader = PassReader(_FileBatches(records, self.cpu_decode), self._step_ids,
-                                  lambda epoch: epoch + 1 if train else epoch, workers=self.workers,
-                                  pin_memory=device.type == "cuda", prefetch_factor=2)
+        self._step_ids = functools.partial(_step_ids, self.order, batch_size)
+        self._reader = PassReader(_FileBatches(records, self.cpu_decode), self._step_ids, _next_epoch(train),
+                                  workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
         self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
         self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
         self.prepare_stream = side_stream(device)
@@ -450,10 +457,6 @@ class StreamLoader:
     def normalised_sample(self, count: int) -> torch.Tensor:
         ids = self.order.sample_indices(count).tolist()
         return self.normaliser.scale(self._images(ids, None, self._reader.loader.dataset[ids]))
-
-    def _step_ids(self, epoch: int) -> list[list[int]]:
-        order = self.order.epoch_indices(epoch)
-        return [order[s * self.batch_size:(s + 1) * self.batch_size].tolist() for s in range(len(self))]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
