@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 import math
 import os
@@ -232,8 +233,13 @@ class Trainer:
                      + (f"; JPEG decoding: {self.jpeg_decoder}" if self.jpeg_decoder else ""))
 
         # (a pipeline's first steps also infer the shapes that pass between stages)
+        first_batches = None  # the first epoch's, started before the warm-up: a streaming loader fills meanwhile
         if self.config.compile or self.device.type == "cuda" or self.pipeline is not None:
-            self.warmup_seconds = self.warm_up()
+            first_batches = iter(self.train_loader.batches(self.epoch, start=self.batch_in_epoch))
+            first = next(first_batches, None)
+            if first is not None:
+                first_batches = itertools.chain([first], first_batches)
+            self.warmup_seconds = self.warm_up(batch=first)
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         loss_sum = torch.zeros((), device=self.device)  # summed on the device, read at evaluations
@@ -256,7 +262,9 @@ class Trainer:
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epochs_done < cfg.epochs:
-                batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
+                batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch) \
+                    if first_batches is None else first_batches
+                first_batches = None
                 for images, labels in data_wait.timed(batches):
                     # the gradient all-reduce runs only on the micro-batch that ends an accumulation
                     stepping = (self.batch_in_epoch + 1) % cfg.grad_accum == 0 or \
@@ -400,17 +408,18 @@ class Trainer:
                 self.ema.update(self.model)
         self.scheduler.step()
 
-    def warm_up(self, evaluate: bool = True) -> float:
-        """Runs three training steps and (``evaluate``) a full evaluation, then puts every piece of
-        state back, so that compilation and cuDNN autotuning happen before the clock starts.
-        Returns the seconds it took."""
+    def warm_up(self, evaluate: bool = True, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+        """Runs three training steps on ``batch`` (by default the first of epoch 0) and
+        (``evaluate``) a full evaluation, then puts every piece of state back, so that
+        compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
+        it took."""
         start = time.perf_counter()
         saved = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "ema": copy.deepcopy(self.ema.state_dict()) if self.ema else None,
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
-        images, labels = next(iter(self.train_loader.batches(0)))
+        images, labels = batch if batch is not None else next(iter(self.train_loader.batches(0)))
         if self.step_graph is not None:
             self.step_graph.warm(images, labels)
         else:
