@@ -228,7 +228,7 @@ class BatchDecoder:
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
         # contiguous runs of images, one per lane; each row of the three tables is 8 bytes
         # (sources, sizes) or 64 (images), so a run is a pointer into each table
-        bounds = np.linspace(0, n, min(n, len(self._lanes)) + 1).astype(int)
+        bounds = np.linspace(0, n, min(n, len(self._lanes)) + 1).astype(int).tolist()
         runs = [(lane, a, b) for lane, a, b in zip(self._lanes, bounds[:-1], bounds[1:])]
 
         def decode_run(run) -> None:

@@ -2,13 +2,14 @@
 # Issue 7 (c), third call: the code before this session's changes ("head", commit ec4af69,
 # carried as .carry/src_head/src) against the working tree, which reads on into the next
 # epoch, starts the first epoch's pipeline before the warm-up and splits each nVJPEG batch
-# among DECODE_LANES handles. LANES=n overrides nvjpeg.DECODE_LANES for one run. In-memory
-# references for both compile modes first. Runs alternate.
+# among DECODE_LANES handles (LANES=n overrides nvjpeg.DECODE_LANES for one run). In-memory
+# references for both compile modes first (MEMORY=0: none; the folder is made once per
+# machine). RUNS: key:code:lanes:mode items, run in order.
 set -uo pipefail
 source benchmarks/results/imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh
 { date -u; cat .carry/commit.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee $R/machine.txt
-S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --images 12000 --phases generate --out $R/generate.json > $R/generate.log 2>&1; echo "generate rc $? $(( $(date +%s)-S ))s"
-S=$(date +%s); timeout 240 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --phases memory --modes default reduce-overhead --out $R/memory.json > $R/memory.log 2>&1; echo "memory rc $? $(( $(date +%s)-S ))s"
+[ -d /tmp/imagenet/folder ] || { S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --images 12000 --phases generate --out $R/generate.json > $R/generate.log 2>&1; echo "generate rc $? $(( $(date +%s)-S ))s"; }
+[ "${MEMORY:-1}" = 0 ] || { S=$(date +%s); timeout 240 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --phases memory --modes default reduce-overhead --out $R/memory.json > $R/memory.log 2>&1; echo "memory rc $? $(( $(date +%s)-S ))s"; }
 grep -i "img/s\|images_per" $R/memory.log | tail -3 | cut -c1-200
 NEW=$PWD/src:$PWD/benchmarks
 HEAD=$PWD/.carry/src_head/src:$PWD/benchmarks
@@ -27,11 +28,7 @@ from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/i
 import json; s=json.load(open('$R/summary_$key.json')); m=[json.loads(l) for l in open('$R/metrics_$key.jsonl')]
 print('  ', s['images_per_second'], s['test_loss'], 'epochs', [round(r['images_per_second']) for r in m], 'wait', [r['data_wait'] for r in m])" 2>/dev/null
 }
-run head_r1 $HEAD 0 default
-run new4_r1 $NEW 4 default
-run new1_r1 $NEW 1 default
-run new4ro_r1 $NEW 4 reduce-overhead
-run head_r2 $HEAD 0 default
-run new4_r2 $NEW 4 default
-run new4ro_r2 $NEW 4 reduce-overhead
-run new1_r2 $NEW 1 default
+for spec in ${RUNS:-head_r1:head:0:default new4_r1:new:4:default new1_r1:new:1:default new4ro_r1:new:4:reduce-overhead head_r2:head:0:default new4_r2:new:4:default new4ro_r2:new:4:reduce-overhead new1_r2:new:1:default}; do
+  IFS=: read key code lanes mode <<< "$spec"
+  run $key $([ $code = head ] && echo $HEAD || echo $NEW) $lanes $mode
+done
