@@ -36,7 +36,6 @@ import os
 import site
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -48,7 +47,6 @@ from ..errors import GpuaccelError
 # kernels that run on the caller's stream (whose priority they then take)
 _BACKENDS = {"direct": 3, "hybrid": 2}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
-DECODE_LANES = 4  # nvJPEG handles decoding parts of one batch side by side (see BatchDecoder)
 _MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT: nvjpegImage_t holds 4 channel pointers, then 4 pitches
 
 # start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC)
@@ -143,17 +141,12 @@ _shared_lock = threading.Lock()
 
 
 class BatchDecoder:
-    """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch
-    and lane, on the JPEG engines (``kind`` "direct") or in CUDA kernels ("hybrid"). One per
-    device and kind is shared by every loader of the process (:meth:`open`, as torchvision
-    keeps one), and its calls are serialised.
+    """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch,
+    on the JPEG engines (``kind`` "direct") or in CUDA kernels ("hybrid"). One per device and
+    kind is shared by every loader of the process (:meth:`open`, as torchvision keeps one),
+    and its calls are serialised."""
 
-    A batch is split among ``lanes`` nvJPEG handles decoding side by side, each called from a
-    thread of its own (ctypes lets go of the GIL). Why: the hardware path waits on the host
-    for each image's copy and conversion, which queue behind the training step's kernels, so
-    one call spends most of its time waiting; several calls wait at once."""
-
-    def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct", lanes: int = 0):
+    def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
         self.device = device
         self.kind = kind
         self._lib = library
@@ -162,16 +155,13 @@ class BatchDecoder:
         library.nvjpegJpegStateCreate.argtypes = [void_p, p_void_p]
         library.nvjpegDecodeBatchedInitialize.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.nvjpegDecodeBatched.argtypes = [void_p, void_p, void_p, void_p, void_p, void_p]
-        self._lanes = []  # [handle, state, batch size it was initialised for]
+        self._handle, self._state = void_p(), void_p()
         with torch.cuda.device(device):  # nvJPEG works on the current device
-            for _ in range(lanes or DECODE_LANES):
-                handle, state = void_p(), void_p()
-                self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKENDS[kind], None, None, 0,
-                                                                      ctypes.byref(handle)))
-                self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(handle, ctypes.byref(state)))
-                self._lanes.append([handle, state, None])
-        self._pool = ThreadPoolExecutor(len(self._lanes) - 1, thread_name_prefix="gpuaccel-nvjpeg") \
-            if len(self._lanes) > 1 else None
+            self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKENDS[kind], None, None, 0,
+                                                                  ctypes.byref(self._handle)))
+            self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
+                                                                                ctypes.byref(self._state)))
+        self._batch_size = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -226,32 +216,14 @@ class BatchDecoder:
         sizes = lengths.astype(np.uint64)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
-        # contiguous runs of images, one per lane; each row of the three tables is 8 bytes
-        # (sources, sizes) or 64 (images), so a run is a pointer into each table
-        bounds = np.linspace(0, n, min(n, len(self._lanes)) + 1).astype(int).tolist()
-        runs = [(lane, a, b) for lane, a, b in zip(self._lanes, bounds[:-1], bounds[1:])]
-
-        def decode_run(run) -> None:
-            lane, a, b = run
-            handle, state, initialised = lane
-            if initialised != b - a:
-                self._check("nvjpegDecodeBatchedInitialize",
-                            self._lib.nvjpegDecodeBatchedInitialize(handle, state, b - a, 1, _OUTPUT_RGB))
-                lane[2] = b - a
-            status = self._lib.nvjpegDecodeBatched(handle, state, sources.ctypes.data + 8 * a,
-                                                   sizes.ctypes.data + 8 * a, images.ctypes.data + images.strides[0] * a,
-                                                   stream)
-            if status != 0:
-                lane[2] = None  # initialise again before the next batch
-                self._check("nvjpegDecodeBatched", status)
-
         with self._lock:
-            others = [self._pool.submit(decode_run, run) for run in runs[1:]] if self._pool else []
-            try:
-                decode_run(runs[0])
-            finally:
-                for other in others:  # every lane finishes before ``out`` is handed on or freed
-                    other.exception()
-            for other in others:
-                other.result()
+            if self._batch_size != n:
+                self._check("nvjpegDecodeBatchedInitialize",
+                            self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
+                self._batch_size = n
+            status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data,
+                                                   sizes.ctypes.data, images.ctypes.data, stream)
+            if status != 0:
+                self._batch_size = None  # initialise again before the next batch
+                self._check("nvjpegDecodeBatched", status)
         return out, starts
