@@ -53,13 +53,13 @@ def analyse(events: list[dict]) -> dict:
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     if not gpu:
         raise SystemExit("no GPU work in the trace (was it profiled on a GPU?)")
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launches = {e["args"]["correlation"]: e for e in events  # runtime API, and driver API (Triton's launches)
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     main_tid = steps[0]["tid"] if steps else collections.Counter(e["tid"] for e in launches.values()).most_common(1)[0][0]
     # top-level operators of the training thread: the outermost cpu_op at each moment
     ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                 if e.get("tid") == main_tid and e.get("cat") in ("cpu_op", "cuda_runtime")
+                 if e.get("tid") == main_tid and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")
                  and not e["name"].startswith("ProfilerStep#"))
     op_starts = [o[0] for o in ops]
 

@@ -7,8 +7,9 @@ them with Pillow; the rest are decoded on the GPU in one nvJPEG call
 (``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the A100/H100 hardware
 decoder for baseline JPEGs), and the whole batch is cropped, resized, flipped and
 normalised on the device (``crops.py``). Without a GPU decoder the processes decode it
-all. A background thread turns the processes' batches into device batches on a side CUDA
-stream, so the training step only waits on a CUDA event.
+all. The processes read on into the next epoch while one ends (:class:`loader.PassReader`). A
+background thread turns their batches into device batches on a side CUDA stream, so the
+training step only waits on a CUDA event.
 
 Order: an image folder is served like the in-memory loaders (a per-epoch permutation,
 each rank a disjoint shard, every image once per epoch). Shards are read as wholes,
