@@ -24,7 +24,7 @@ bitstreams on the device. Flags: nvjpegCreateEx's (1: no pipelining in the hardw
 decoder, 2: memory pools). Formats: 3 RGB planes, 5 interleaved RGB, 1 YUV.
 """
 import argparse
-import io, os, sys, time, json, threading, ctypes, collections
+import io, time, json, threading, ctypes, collections
 import numpy as np, torch
 from PIL import Image
 from gpuaccel.data import nvjpeg
@@ -98,6 +98,24 @@ with torch.cuda.stream(ls):
         c = a
         for _ in range(8): c = c @ a
 load_stream = ls if args.load_stream == "own" else torch.cuda.default_stream(dev)
+
+
+def under_load_ms(call) -> float:
+    """Median ms of three ``call()``s while another thread replays the graph of matrix products."""
+    stop = threading.Event()
+
+    def load():
+        with torch.cuda.stream(load_stream):
+            while not stop.is_set():
+                g.replay(); time.sleep(0)
+    th = threading.Thread(target=load); th.start(); time.sleep(0.3)
+    ws = []
+    for _ in range(3):
+        t = time.perf_counter(); call(); ws.append(time.perf_counter() - t)
+    stop.set(); th.join(); torch.cuda.synchronize()
+    return round(np.median(ws) * 1e3, 1)
+
+
 results = {"load_stream": args.load_stream, "decode_stream": args.decode_stream}
 for backend in args.backends:
     for flags in args.flags:
@@ -128,33 +146,13 @@ for backend in args.backends:
                     cnt = collections.Counter(e.name[:45] for e in ev if e.device_type.name == "CPU" and e.name.startswith("cuda"))
                     r["runtime_calls"] = dict(cnt)
                     r["gpu_ops"] = dict(collections.Counter(e.name[:45] for e in ev if e.device_type.name == "CUDA"))
-                    stop = threading.Event()
-                    def load():
-                        with torch.cuda.stream(load_stream):
-                            while not stop.is_set():
-                                g.replay(); time.sleep(0)
-                    th = threading.Thread(target=load); th.start(); time.sleep(0.3)
-                    ws = []
-                    for _ in range(3):
-                        t = time.perf_counter(); run(); side.synchronize(); ws.append(time.perf_counter() - t)
-                    stop.set(); th.join(); torch.cuda.synchronize()
-                    r["under_load_ms"] = round(np.median(ws) * 1e3, 1)
+                    r["under_load_ms"] = under_load_ms(lambda: (run(), side.synchronize()))
             except Exception as e:
                 r["error"] = repr(e)[:300]
             results[key] = r
             print(key, json.dumps(r), flush=True)
 # torchvision under the same load
-stop = threading.Event()
-def load():
-    with torch.cuda.stream(load_stream):
-        while not stop.is_set():
-            g.replay(); time.sleep(0)
 tvin = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
-th = threading.Thread(target=load); th.start(); time.sleep(0.3)
-ws = []
-for _ in range(3):
-    t = time.perf_counter(); decode_jpeg(tvin, mode=ImageReadMode.RGB, device=dev); ws.append(time.perf_counter() - t)
-stop.set(); th.join()
-results["torchvision_under_load_ms"] = round(np.median(ws) * 1e3, 1)
+results["torchvision_under_load_ms"] = under_load_ms(lambda: decode_jpeg(tvin, mode=ImageReadMode.RGB, device=dev))
 print("torchvision under load", results["torchvision_under_load_ms"])
 json.dump(results, open(args.out, "w"), indent=1)

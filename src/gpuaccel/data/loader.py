@@ -149,8 +149,16 @@ class _Passes(torch.utils.data.Sampler):
     following pass while there is one (see :class:`PassReader`)."""
 
     def __init__(self, keys: Callable[[int], list], following: Callable[[int], int | None]):
-        self.keys, self.following = keys, following
+        self._make_keys, self.following = keys, following
+        self._made: dict[int, list] = {}  # the passes of the last two keys() calls: reading, and read ahead
         self.start = (0, 0)
+
+    def keys(self, epoch: int) -> list:
+        if epoch not in self._made:  # (a permutation of the whole data set: made once per pass)
+            while len(self._made) > 1:
+                del self._made[next(iter(self._made))]  # the oldest
+            self._made[epoch] = self._make_keys(epoch)
+        return self._made[epoch]
 
     def __iter__(self):
         epoch, step = self.start
@@ -183,6 +191,10 @@ class PassReader:
             persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None)
         self._items: Iterator | None = None
         self._next: tuple[int, int] | None = None  # the (epoch, step) _items hands over next, if known
+
+    def keys(self, epoch: int) -> list:
+        """The dataset keys of the steps of pass ``epoch``."""
+        return self._passes.keys(epoch)
 
     def read(self, epoch: int, start: int = 0) -> Iterator:
         """The items of steps ``start``.. of pass ``epoch``; one pass at a time."""

@@ -438,8 +438,8 @@ class StreamLoader:
         self.cpu_decode = cpu_decode
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
-        self._step_ids = functools.partial(_step_ids, self.order, batch_size)
-        self._reader = PassReader(_FileBatches(records, self.cpu_decode), self._step_ids, _next_epoch(train),
+        step_ids = functools.partial(_step_ids, self.order, batch_size)
+        self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
         self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
         self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
@@ -469,7 +469,7 @@ class StreamLoader:
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
         reader processes work ahead)."""
-        steps = self._step_ids(epoch)[start:]
+        steps = self._reader.keys(epoch)[start:]
         with self._lock:
             for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
                 generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
