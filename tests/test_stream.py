@@ -40,8 +40,9 @@ def chw(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
-_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import crops; torch.save(crops.resample_boxes("
-                       "*torch.load(sys.argv[1], weights_only=False), method='kernel'), sys.argv[2])")
+_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import crops; args, form = torch.load(sys.argv[1], "
+                       "weights_only=False); torch.save(crops.resample_boxes(*args, method='kernel', **form), "
+                       "sys.argv[2])")
 
 
 @pytest.fixture(params=["matrices", "kernel"])
@@ -58,12 +59,16 @@ def resample(request, tmp_path):
             if isinstance(images, ImageTable):
                 return ImageTable([h.cuda() for h in images.holders], images.layout, images.sizes, images.channels)
             return [im.cuda() for im in images]
-        return lambda images, boxes, size, flip=None: resample_boxes(on_gpu(images), boxes, size, flip,
-                                                                     method="kernel").cpu()
 
-    def interpreted(images, boxes, size, flip=None):
+        def compiled(images, boxes, size, flip=None, **form):
+            if form.get("affine") is not None:
+                form["affine"] = form["affine"].cuda()
+            return resample_boxes(on_gpu(images), boxes, size, flip, method="kernel", **form).cpu()
+        return compiled
+
+    def interpreted(images, boxes, size, flip=None, **form):
         inputs, output = tmp_path / "inputs.pt", tmp_path / "output.pt"
-        torch.save((images, boxes, size, flip), inputs)
+        torch.save(((images, boxes, size, flip), form), inputs)
         subprocess.run([sys.executable, "-c", _INTERPRETED_KERNEL, str(inputs), str(output)],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
         return torch.load(output)
@@ -114,6 +119,29 @@ def test_resampling_matches_pil_antialiased_resize_of_the_box(size, resample):
         difference = np.abs(out[i].permute(1, 2, 0).numpy().round() - reference)
         # PIL rounds to 8 bits between its two passes; the GPU path does not
         assert difference.max() <= 1 and difference.mean() < 0.3, (i, difference.max(), difference.mean())
+
+
+def test_resampling_can_normalise_and_lay_out_the_batch_for_training(resample):
+    """The finished batch (scaled and shifted per channel, bf16, channels_last) made in the
+    resampler's one pass equals the 0..255 batch finished afterwards."""
+    arrays = [photo(h, w, seed) for seed, (h, w) in enumerate([(75, 100), (120, 67), (40, 40)])]
+    images = [chw(a) for a in arrays]
+    boxes = random_resized_boxes(torch.tensor([75, 120, 40]), torch.tensor([100, 67, 40]),
+                                 torch.Generator().manual_seed(7))
+    flip = torch.tensor([True, False, True])
+    affine = torch.tensor([[1 / 58.4, 1 / 57.1, 1 / 57.4], [-2.12, -2.04, -1.8]])
+    raw = resample(images, boxes, 20, flip)
+    finished = resample(images, boxes, 20, flip, affine=affine, dtype=torch.bfloat16, channels_last=True)
+    assert finished.shape == (3, 3, 20, 20) and finished.dtype == torch.bfloat16
+    assert finished.is_contiguous(memory_format=torch.channels_last)
+    expected = raw * affine[0].view(1, -1, 1, 1) + affine[1].view(1, -1, 1, 1)
+    # one conversion to bf16 apart (8 significant bits; compiled Triton rounds to nearest, its
+    # interpreter truncates), and the fp32 sums' few ulps
+    assert ((finished.float() - expected).abs() <= expected.abs() * 2**-7 + 1e-5).all()
+    assert expected.abs().max() > 1 and expected.min() < 0  # the affine did move the values
+    plain = resample(images, boxes, 20, flip, affine=affine)
+    assert plain.dtype == torch.float32 and plain.is_contiguous()
+    assert torch.allclose(plain, expected, atol=1e-5)
 
 
 def test_resampling_reads_images_through_their_strides(resample):

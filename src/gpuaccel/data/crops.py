@@ -171,20 +171,27 @@ class ImageTable:
 
 
 def resample_boxes(images: list[torch.Tensor] | ImageTable, boxes: torch.Tensor, size: int,
-                   flip: torch.Tensor | None = None, method: str = "auto") -> torch.Tensor:
+                   flip: torch.Tensor | None = None, method: str = "auto", *, affine: torch.Tensor | None = None,
+                   dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
     """Resamples box i of image i ((C, H, W) uint8, sizes may differ, all on one device; a
     list or an :class:`ImageTable`) to ``size`` x ``size``; ``flip`` (N,) bool mirrors those
-    outputs. Returns (N, C, size, size) float32 in 0..255.
+    outputs. Returns (N, C, size, size) float32 in 0..255; with ``affine`` ((2, C) float32 on
+    the images' device), ``value * affine[0, c] + affine[1, c]`` instead (a normalisation), in
+    ``dtype`` and, with ``channels_last``, that memory format.
 
-    ``method``: "kernel" (one Triton kernel, :mod:`resample_kernel`), "matrices" (batched
-    matrix products, any device) or "auto" (the kernel where Triton can run it)."""
+    ``method``: "kernel" (one Triton kernel, :mod:`resample_kernel`, which does all of it in
+    one pass), "matrices" (batched matrix products, any device) or "auto" (the kernel where
+    Triton can run it)."""
     table = images if isinstance(images, ImageTable) else ImageTable.of(images)
     if method == "kernel" or (method == "auto" and resample_kernel.usable(table.device)):
         return resample_kernel.resample_layout(table.addresses(), table.sizes, table.channels, table.device,
-                                               boxes, size, flip)
+                                               boxes, size, flip, affine, dtype, channels_last)
     if method not in ("auto", "matrices"):
         raise ValueError(f"unknown resampling method {method!r}")
-    return _resample_with_matrices(table.views() if isinstance(images, ImageTable) else images, boxes, size, flip)
+    out = _resample_with_matrices(table.views() if isinstance(images, ImageTable) else images, boxes, size, flip)
+    if affine is not None:
+        out = out * affine[0].view(1, -1, 1, 1) + affine[1].view(1, -1, 1, 1)
+    return out.to(dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def _resample_with_matrices(images: list[torch.Tensor], boxes: torch.Tensor, size: int,

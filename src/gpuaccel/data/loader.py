@@ -82,6 +82,8 @@ class _Normaliser:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(shape) * 255.0
         self.inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(shape) * 255.0)
         self.dtype, self.channels_last = dtype, channels_last
+        # the same as (2, C) scale and shift, for a producer that normalises as it writes
+        self.affine = torch.stack([self.inv_std.flatten(), -(self.mean * self.inv_std).flatten()])
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         return (x.float() - self.mean) * self.inv_std

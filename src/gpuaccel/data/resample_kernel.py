@@ -13,6 +13,13 @@ Output pixel (y, x) of image n is the sum over taps_y x taps_x source pixels of 
 product of the row and column taps, divided by their sums (as PIL normalises each
 axis), in fp32. A flipped output column reads the taps of its mirror column.
 
+One program makes a block of output pixels in every channel: a tap's weight is computed
+once for all channels, and a row's column taps once for all rows (they are held as a
+block of up to ``_TAP_BLOCK`` taps; wider filters take several). It can also finish the
+batch for training in the same pass: a per-channel scale and shift (the normalisation),
+the output's dtype and memory layout (bf16 channels_last), so no further kernels read the
+batch again.
+
 Needs Triton (it comes with PyTorch's CUDA wheels). With ``TRITON_INTERPRET=1`` set before
 this module is imported, the same kernel runs on CPU tensors through Triton's interpreter:
 that is how the tests check it on machines without a GPU.
@@ -34,7 +41,9 @@ except ImportError:  # CPU builds of PyTorch come without Triton
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # output pixels per program; the interpreter runs programs one by one, so it gets big ones
-_BLOCK = 8192 if _INTERPRETED else 512
+_BLOCK = 4096 if _INTERPRETED else 128
+_WARPS = 4
+_TAP_BLOCK = 8  # column taps held at once (a power of two)
 _FIELDS = 7  # per image: height, width, box top, left, height, width, flip (float32)
 _LAYOUT = 4  # per image: address, channel stride, row stride, column stride (int64, in elements)
 # (a kernel argument must not be called "params": Triton 3.6's argument binder uses that name)
@@ -46,11 +55,14 @@ def usable(device: torch.device) -> bool:
 
 
 def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: torch.Tensor, size: int,
-                    flip: torch.Tensor | None = None) -> torch.Tensor:
+                    flip: torch.Tensor | None = None, affine: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
     """The contract of :func:`gpuaccel.data.crops.resample_boxes`, for images given by
     ``layout`` ((N, 4) int64: address, channel, row and column stride, as
     :meth:`crops.ImageTable.addresses` makes it) and ``sizes`` ((N, 2): height, width):
-    (N, channels, size, size) float32 in 0..255. The caller keeps the images alive."""
+    (N, channels, size, size) in 0..255, or ``value * affine[0, c] + affine[1, c]`` with
+    ``affine`` ((2, channels) float32 on ``device``), in ``dtype`` and, with
+    ``channels_last``, that memory format. The caller keeps the images alive."""
     n = len(sizes)
     if not (usable(device) or (triton is not None and _INTERPRETED)):
         raise RuntimeError(f"the Triton resampler cannot run on {device} here")
@@ -64,13 +76,19 @@ def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: t
     # enough taps for the widest filter of the batch: a footprint of 2 x reach pixels
     reach = (boxes[:, 2:] / size).clamp(min=1.0).amax(dim=0).tolist()
     taps_y, taps_x = (math.ceil(2 * r) + 1 for r in reach)
-    out = torch.empty(n, channels, size, size, device=device)
-    grid = (n, channels, triton.cdiv(size * size, _BLOCK))
+    out = torch.empty(n, channels, size, size, device=device, dtype=dtype,
+                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if affine is not None and affine.shape != (2, channels):
+        raise ValueError(f"affine must be (2, {channels}), got {tuple(affine.shape)}")
+    grid = (n, triton.cdiv(size * size, _BLOCK))
     # Triton launches on the current device, which need not be the images' one
     on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_their_device:
-        _resample[grid](layout, geometry, out, taps_y, taps_x, FIELDS=_FIELDS, LAYOUT=_LAYOUT, SIZE=size,
-                        BLOCK=_BLOCK)
+        _resample[grid](layout, geometry, out, out if affine is None else affine, taps_y, taps_x,
+                        out.stride(0), out.stride(1), out.stride(3), CHANNELS=channels,
+                        CHANNEL_BLOCK=triton.next_power_of_2(channels), AFFINE=affine is not None,
+                        FIELDS=_FIELDS, LAYOUT=_LAYOUT, SIZE=size, BLOCK=_BLOCK,
+                        TAPS=min(_TAP_BLOCK, triton.next_power_of_2(taps_x)), num_warps=_WARPS)
     return out
 
 
@@ -82,12 +100,15 @@ if triton is not None:
         return tl.where((pixel >= 0) & (pixel < extent), weight, 0.0)
 
     @triton.jit
-    def _resample(image_layout, geometry, out, taps_y, taps_x, FIELDS: tl.constexpr, LAYOUT: tl.constexpr,
-                  SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    def _resample(image_layout, geometry, out, affine, taps_y, taps_x, out_image_stride, out_channel_stride,
+                  out_pixel_stride, CHANNELS: tl.constexpr, CHANNEL_BLOCK: tl.constexpr, AFFINE: tl.constexpr,
+                  FIELDS: tl.constexpr, LAYOUT: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr,
+                  TAPS: tl.constexpr):
         n = tl.program_id(0)
-        channel = tl.program_id(1)
-        index = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+        index = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = index < SIZE * SIZE
+        channel = tl.arange(0, CHANNEL_BLOCK)
+        real_channel = channel < CHANNELS
         row = geometry + n * FIELDS
         height = tl.load(row).to(tl.int32)
         width = tl.load(row + 1).to(tl.int32)
@@ -96,7 +117,8 @@ if triton is not None:
         flipped = tl.load(row + 6) > 0.5
         strides = image_layout + n * LAYOUT
         row_stride, column_stride = tl.load(strides + 2), tl.load(strides + 3)
-        image = tl.load(strides).to(tl.pointer_type(tl.uint8)) + channel * tl.load(strides + 1)
+        image = tl.load(strides).to(tl.pointer_type(tl.uint8))
+        channel_offset = channel.to(tl.int64) * tl.load(strides + 1)
 
         out_y = index // SIZE
         out_x = index % SIZE
@@ -112,20 +134,25 @@ if triton is not None:
         total_y = tl.zeros([BLOCK], dtype=tl.float32)
         for k in range(taps_y):
             total_y += _tap(first_y + k, centre_y, reach_y, height)
-        total_x = tl.zeros([BLOCK], dtype=tl.float32)
-        for k in range(taps_x):
-            total_x += _tap(first_x + k, centre_x, reach_x, width)
 
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for ky in range(taps_y):
-            pixel_y = first_y + ky
-            weight_y = _tap(pixel_y, centre_y, reach_y, height)
-            row_start = image + pixel_y.to(tl.int64) * row_stride
-            for kx in range(taps_x):
-                pixel_x = first_x + kx
-                weight = weight_y * _tap(pixel_x, centre_x, reach_x, width)
-                value = tl.load(row_start + pixel_x.to(tl.int64) * column_stride, mask=inside & (weight > 0.0),
-                                other=0)
-                acc += weight * value.to(tl.float32)
-        result = acc / tl.maximum(total_y * total_x, 1e-12)
-        tl.store(out + (n * tl.num_programs(1) + channel) * SIZE * SIZE + index, result, mask=inside)
+        total_x = tl.zeros([BLOCK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK, CHANNEL_BLOCK], dtype=tl.float32)
+        for x0 in range(0, taps_x, TAPS):
+            pixel_x = first_x[:, None] + x0 + tl.arange(0, TAPS)[None, :]
+            weight_x = _tap(pixel_x, centre_x[:, None], reach_x, width)  # taps past the support weigh 0
+            total_x += tl.sum(weight_x, axis=1)
+            columns = pixel_x.to(tl.int64) * column_stride
+            use_x = (weight_x > 0.0)[:, :, None] & real_channel[None, None, :] & inside[:, None, None]
+            for ky in range(taps_y):
+                pixel_y = first_y + ky
+                weight_y = _tap(pixel_y, centre_y, reach_y, height)
+                start = image + pixel_y.to(tl.int64) * row_stride
+                at = start[:, None, None] + columns[:, :, None] + channel_offset[None, None, :]
+                value = tl.load(at, mask=use_x & (weight_y > 0.0)[:, None, None], other=0).to(tl.float32)
+                acc += weight_y[:, None] * tl.sum(value * weight_x[:, :, None], axis=1)
+        result = acc / tl.maximum(total_y * total_x, 1e-12)[:, None]
+        if AFFINE:
+            result = result * tl.load(affine + channel, mask=real_channel, other=1.0)[None, :] \
+                + tl.load(affine + CHANNELS + channel, mask=real_channel, other=0.0)[None, :]
+        target = out + n * out_image_stride + index[:, None] * out_pixel_stride + channel[None, :] * out_channel_stride
+        tl.store(target, result, mask=inside[:, None] & real_channel[None, :])

@@ -473,7 +473,7 @@ class StreamLoader:
         with self._lock:
             for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
                 generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
-                x = self.normaliser.finish(self.normaliser.scale(self._images(ids, generator, host)))
+                x = self._images(ids, generator, host, finished=True)
                 labels = torch.from_numpy(self.records.labels[ids])
                 # pinned: a copy from pageable memory first waits for all of this stream's work
                 yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device,
@@ -518,9 +518,11 @@ class StreamLoader:
                 self._in_use.popleft()[0].synchronize()
         return table, failures
 
-    def _images(self, ids: list[int], generator: torch.Generator | None, host: HostBatch) -> torch.Tensor:
-        """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255.
-        ``generator`` None: evaluation geometry (centre crops, no flips)."""
+    def _images(self, ids: list[int], generator: torch.Generator | None, host: HostBatch,
+                finished: bool = False) -> torch.Tensor:
+        """Decoded, cropped, resized (and flipped) images of one batch: (N, 3, S, S) float, 0..255,
+        or with ``finished`` normalised in the training dtype and layout (made in the same
+        pass). ``generator`` None: evaluation geometry (centre crops, no flips)."""
         table, failures = self._decoded(host)
         if failures:
             bad = sorted(failures)
@@ -537,11 +539,13 @@ class StreamLoader:
             rows[bad] = [good[j % len(good)] for j in range(len(bad))]  # another image takes the bad one's place
             table = table.take(rows)
         heights, widths = torch.from_numpy(table.sizes[:, 0]), torch.from_numpy(table.sizes[:, 1])
+        form = dict(affine=self.normaliser.affine, dtype=self.normaliser.dtype,
+                    channels_last=self.normaliser.channels_last) if finished else {}
         if generator is None:
-            return resample_boxes(table, centre_boxes(heights, widths, self.image_size), self.image_size)
+            return resample_boxes(table, centre_boxes(heights, widths, self.image_size), self.image_size, **form)
         boxes = random_resized_boxes(heights, widths, generator)
         flip = torch.rand(len(table), generator=generator) < 0.5
-        return resample_boxes(table, boxes, self.image_size, flip)
+        return resample_boxes(table, boxes, self.image_size, flip, **form)
 
 
 # --- the data set ----------------------------------------------------------------------------------------
