@@ -157,7 +157,9 @@ def test_resampling_reads_images_through_their_strides(resample):
     flip = torch.tensor([True, False, True])
     out = resample(views, boxes, 32, flip)
     assert torch.allclose(out, resample([v.contiguous() for v in views], boxes, 32, flip), atol=1e-3)
-    assert torch.equal(out[2, 0], out[2, 1]) and torch.equal(out[2, 0], out[2, 2])
+    # the same values; the compiled kernel may sum a channel's taps in another order (one ulp)
+    assert torch.allclose(out[2, 0], out[2, 1], rtol=1e-6) and torch.allclose(out[2, 0], out[2, 2], rtol=1e-6)
+    assert not torch.allclose(out[0, 0], out[0, 1], atol=1)  # a colour image's channels do differ
 
 
 def test_an_image_table_reads_packed_images_in_place(resample):
