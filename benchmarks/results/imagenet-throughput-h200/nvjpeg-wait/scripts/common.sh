@@ -5,7 +5,8 @@ R=$OUT/r; mkdir -p $R
 finish() { tar czf $OUT/r.tgz -C $OUT r; }
 trap finish EXIT
 # e2e KEY SECONDS [extra train args]: gpuaccel train from the JPEG folder; NO_WAIT=1 disables the nvJPEG wait,
-# SWITCH=s sets sys.setswitchinterval, SHARING=file_system torch.multiprocessing's sharing strategy
+# SWITCH=s sets sys.setswitchinterval, SHARING=file_system torch.multiprocessing's sharing strategy, YUV=1 nvJPEG's
+# output format to YUV (a timing probe: wrong colours), DEPTH=n the batches made ahead by the pipeline thread
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
@@ -16,6 +17,10 @@ if os.environ.get('SWITCH'):  # probe: the interpreter's thread switch interval,
     sys.setswitchinterval(float(os.environ['SWITCH']))
 if os.environ.get('SHARING'):  # probe: how reader processes hand tensors over
     import torch.multiprocessing; torch.multiprocessing.set_sharing_strategy(os.environ['SHARING'])
+if os.environ.get('YUV'):  # probe: nvJPEG writes its YUV planes (no conversion kernel; colours then wrong)
+    import gpuaccel.data.nvjpeg as n; n._OUTPUT_RGB = 1
+if os.environ.get('DEPTH'):  # probe: batches the pipeline thread makes ahead (default 3)
+    import gpuaccel.data.prefetch as p; p.in_thread.__defaults__ = (int(os.environ['DEPTH']),)
 if os.environ.get('NO_WAIT'):
     import gpuaccel.data.nvjpeg as n; n.drain_before_decoding = lambda device: None
 from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/imagenet/folder --loader stream --model resnet50 --image-size 224 --precision bf16 --compile --compile-mode default --batch-size 256 --eval-batch-size 256 --lr 0.1 --run-dir /tmp/imagenet/run-$key "$@" > $R/$key.log 2>&1
