@@ -10,7 +10,7 @@ and flips, then normalised to bf16 channels_last (what training receives) by:
 
 - ``baseline``: the ``--baseline`` module's ``resample_layout`` (fp32, NCHW), then the
   normaliser's two further steps (scale, then dtype and layout);
-- ``unfused``: this tree's kernel the same way;
+- ``unfused``: this tree's kernel (at its default tile shape) the same way;
 - ``fused_B{block}_W{warps}_T{taps}``: this tree's kernel finishing the batch in its one
   pass, for each tile shape (output pixels per program, warps, column taps held at once).
 
@@ -85,8 +85,12 @@ def main():
         batches.append((host, table, table.addresses(), boxes, flip))  # the host batch keeps the pixels alive
     torch.cuda.synchronize()
 
+    default = (resample_kernel._BLOCK, resample_kernel._WARPS, resample_kernel._TAP_BLOCK)
+
     def finish_after(module):
         def run(batch):
+            if module is resample_kernel:  # the module's own tile shape, whichever variant ran before
+                resample_kernel._BLOCK, resample_kernel._WARPS, resample_kernel._TAP_BLOCK = default
             _, table, addresses, boxes, flip = batch
             raw = module.resample_layout(addresses, table.sizes, 3, device, boxes, 224, flip)
             return normaliser.finish(normaliser.scale(raw))
@@ -100,7 +104,6 @@ def main():
                                                    normaliser.affine, torch.bfloat16, True)
         return run
 
-    default = (resample_kernel._BLOCK, resample_kernel._WARPS, resample_kernel._TAP_BLOCK)
     variants = {"baseline": finish_after(baseline), "unfused": finish_after(resample_kernel)}
     for block, warps, taps in itertools.product(*(map(int, a.split(",")) for a in (args.blocks, args.warps,
                                                                                       args.taps))):

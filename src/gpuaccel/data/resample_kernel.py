@@ -66,6 +66,8 @@ def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: t
     n = len(sizes)
     if not (usable(device) or (triton is not None and _INTERPRETED)):
         raise RuntimeError(f"the Triton resampler cannot run on {device} here")
+    if affine is not None and affine.shape != (2, channels):
+        raise ValueError(f"affine must be (2, {channels}), got {tuple(affine.shape)}")
     boxes = boxes.detach().to("cpu", torch.float32)
     flip = torch.zeros(n) if flip is None else flip.to("cpu", torch.float32)
     geometry = torch.cat([torch.as_tensor(sizes, dtype=torch.float32), boxes, flip[:, None]], dim=1)
@@ -78,8 +80,6 @@ def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: t
     taps_y, taps_x = (math.ceil(2 * r) + 1 for r in reach)
     out = torch.empty(n, channels, size, size, device=device, dtype=dtype,
                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    if affine is not None and affine.shape != (2, channels):
-        raise ValueError(f"affine must be (2, {channels}), got {tuple(affine.shape)}")
     grid = (n, triton.cdiv(size * size, _BLOCK))
     # Triton launches on the current device, which need not be the images' one
     on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
