@@ -11,13 +11,6 @@ source benchmarks/results/imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh
 S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --images 12000 --phases generate --out $R/generate.json > $R/generate.log 2>&1; echo "generate rc $? $(( $(date +%s)-S ))s"
 S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --phases memory --modes default --out $R/memory.json > $R/memory.log 2>&1; echo "memory rc $? $(( $(date +%s)-S ))s"
 grep -i "img/s\|images_per" $R/memory.log | tail -3 | cut -c1-200
-NEW=$PWD/src:$PWD/benchmarks
-HEAD=$PWD/.carry/src_head/src:$PWD/benchmarks
-report() {
-  python3 -c "
-import json; s=json.load(open('$R/summary_$1.json')); m=[json.loads(l) for l in open('$R/metrics_$1.jsonl')]
-print('  ', s['images_per_second'], s['train_seconds'], s['test_loss'], 'wait', [r['data_wait'] for r in m])" 2>/dev/null
-}
 for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2 gpu_profile new_profile head_r3 new_r3}; do
   S=$(date +%s)
   if [[ $k == head* ]]; then export PYTHONPATH=$HEAD; else export PYTHONPATH=$NEW; fi

@@ -1,29 +1,3 @@
 #!/usr/bin/env bash
-# Call 3, probes of the host side with the fused resampler (this tree): the interpreter's
-# thread switch interval (SWITCH, default 5 ms) and torch.multiprocessing's sharing strategy
-# (file descriptors passed per tensor, the default, or file_system names), then one profiled
-# run summarised by trace_gaps.py. No in-memory phase: ratios to the plain "new" runs.
-set -uo pipefail
-source benchmarks/results/imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh
-{ date -u; cat .carry/commit.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee $R/machine.txt
-S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --images 12000 --phases generate --out $R/generate.json > $R/generate.log 2>&1; echo "generate rc $? $(( $(date +%s)-S ))s"
-report() {
-  python3 -c "
-import json; s=json.load(open('$R/summary_$1.json')); m=[json.loads(l) for l in open('$R/metrics_$1.jsonl')]
-print('  ', s['images_per_second'], s['train_seconds'], s['test_loss'], 'wait', [r['data_wait'] for r in m])" 2>/dev/null
-}
-for k in ${RUNS:-new_r1 switch1ms_r1 files_r1 new_r2 switch1ms_r2 files_r2 both_r1 new_profile}; do
-  S=$(date +%s)
-  case $k in
-    switch1ms*) SWITCH=0.001 e2e $k 150 --epochs 8 --quiet ;;
-    files*) SHARING=file_system e2e $k 150 --epochs 8 --quiet ;;
-    both*) SWITCH=0.001 SHARING=file_system e2e $k 150 --epochs 8 --quiet ;;
-    new_profile) e2e $k 150 --epochs 8 --quiet --profile ;;
-    *) e2e $k 150 --epochs 8 --quiet ;;
-  esac
-  report $k
-  if [[ $k == *profile ]]; then
-    python3 benchmarks/trace_gaps.py /tmp/imagenet/run-$k/profile/trace.json --out $R/gaps_$k.json | head -40
-  fi
-  echo "  $(( $(date +%s)-S ))s"
-done
+# Call 3, host-side probes (switch interval, sharing strategy) and a profiled run; no in-memory phase.
+KERNEL= TESTS= MEMORY_MODES= RUNS="new_r1 switch1ms_r1 files_r1 new_r2 switch1ms_r2 files_r2 both_r1 new_profile" bash benchmarks/results/imagenet-throughput-h200/fused-resample/scripts/run.sh

@@ -29,3 +29,12 @@ from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/i
   cp /tmp/imagenet/run-$key/summary.json $R/summary_$key.json 2>/dev/null
   cp /tmp/imagenet/run-$key/metrics.jsonl $R/metrics_$key.jsonl 2>/dev/null
 }
+# A/B runs: PYTHONPATH of this tree (NEW) and of the code before (HEAD, carried as .carry/src_head);
+# report KEY prints a finished run's img/s, seconds, test loss and per-epoch data wait
+NEW=$PWD/src:$PWD/benchmarks
+HEAD=$PWD/.carry/src_head/src:$PWD/benchmarks
+report() {
+  python3 -c "
+import json; s=json.load(open('$R/summary_$1.json')); m=[json.loads(l) for l in open('$R/metrics_$1.jsonl')]
+print('  ', s['images_per_second'], s['train_seconds'], s['test_loss'], 'wait', [r['data_wait'] for r in m])" 2>/dev/null
+}
