@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import json
 import math
@@ -259,6 +260,11 @@ class Trainer:
         profiler = StepProfiler(self.run_dir, self.device) if cfg.profile and main else None
         scalars = ScalarLog(self.run_dir) if cfg.tensorboard and main else None
         wall_at_eval = 0.0
+        # Compilation leaves millions of long-lived objects behind; the collector's full passes
+        # over them would stall the training and pipeline threads mid-epoch. Frozen, they are
+        # skipped (as long-running servers do); the garbage made before is collected first.
+        gc.collect()
+        gc.freeze()
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epochs_done < cfg.epochs:
@@ -345,6 +351,7 @@ class Trainer:
                 self.step_graph.release()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
+            gc.unfreeze()
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
             if sampler is not None:

@@ -9,7 +9,9 @@
 #     switch1ms_*  SWITCH=0.001, files_* SHARING=file_system, both_* the two,
 #     yuv_*        YUV=1 (nvJPEG's YUV planes: a timing probe, colours wrong), depth6_* DEPTH=6,
 #     ro_rgb_*, ro_yuv_*  --compile-mode reduce-overhead (without, with YUV=1),
-#     new_profile  --profile, summarised by trace_gaps.py.
+#     new_profile  --profile, summarised by trace_gaps.py,
+#     freeze_*, nofreeze_*  this tree with and without the trainer's gc.freeze() (NO_FREEZE=1), each
+#                  logging its full garbage collections (GCLOG) to gc_KEY.json.
 # The probes' hooks are in ../../nvjpeg-wait/scripts/common.sh. The command and folder are those
 # of ../../epoch-start/scripts/ab.sh (default compile mode).
 set -uo pipefail
@@ -38,6 +40,8 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
     ro_yuv*) YUV=1 e2e $k 170 --epochs 8 --quiet --compile-mode reduce-overhead ;;
     ro_rgb*) e2e $k 170 --epochs 8 --quiet --compile-mode reduce-overhead ;;
     new_profile) e2e $k 150 --epochs 8 --quiet --profile ;;
+    nofreeze*) NO_FREEZE=1 GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
+    freeze*) GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
     *) e2e $k 120 --epochs 8 --quiet ;;
   esac
   report $k

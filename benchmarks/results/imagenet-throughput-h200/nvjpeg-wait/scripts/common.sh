@@ -6,7 +6,8 @@ finish() { tar czf $OUT/r.tgz -C $OUT r; }
 trap finish EXIT
 # e2e KEY SECONDS [extra train args]: gpuaccel train from the JPEG folder; NO_WAIT=1 disables the nvJPEG wait,
 # SWITCH=s sets sys.setswitchinterval, SHARING=file_system torch.multiprocessing's sharing strategy, YUV=1 nvJPEG's
-# output format to YUV (a timing probe: wrong colours), DEPTH=n the batches made ahead by the pipeline thread
+# output format to YUV (a timing probe: wrong colours), DEPTH=n the batches made ahead by the pipeline thread,
+# NO_FREEZE=1 disables the trainer's gc.freeze(), GCLOG=path records full garbage collections
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
@@ -21,6 +22,17 @@ if os.environ.get('YUV'):  # probe: nvJPEG writes its YUV planes (no conversion 
     import gpuaccel.data.nvjpeg as n; n._OUTPUT_RGB = 1
 if os.environ.get('DEPTH'):  # probe: batches the pipeline thread makes ahead (default 3)
     import gpuaccel.data.prefetch as p; p.in_thread.__defaults__ = (int(os.environ['DEPTH']),)
+if os.environ.get('NO_FREEZE'):  # probe: the trainer's gc.freeze() after the warm-up made a no-op
+    import gc; gc.freeze = lambda: None
+if os.environ.get('GCLOG'):  # probe: each garbage collection of generation 2, (seconds since start, ms) -> GCLOG
+    import atexit, gc, json, time
+    t0, full, began = time.perf_counter(), [], [0.0]
+    def on_gc(phase, info):
+        if info['generation'] == 2:
+            if phase == 'start': began[0] = time.perf_counter()
+            else: full.append((round(began[0] - t0, 3), round((time.perf_counter() - began[0]) * 1e3, 2)))
+    gc.callbacks.append(on_gc)
+    atexit.register(lambda: json.dump(full, open(os.environ['GCLOG'], 'w')))
 if os.environ.get('NO_WAIT'):
     import gpuaccel.data.nvjpeg as n; n.drain_before_decoding = lambda device: None
 from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/imagenet/folder --loader stream --model resnet50 --image-size 224 --precision bf16 --compile --compile-mode default --batch-size 256 --eval-batch-size 256 --lr 0.1 --run-dir /tmp/imagenet/run-$key "$@" > $R/$key.log 2>&1
