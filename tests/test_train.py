@@ -186,6 +186,23 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
     assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)
 
 
+def test_training_runs_with_the_warm_up_objects_frozen_and_leaves_the_collector_as_it_was(monkeypatch, tmp_path,
+                                                                                           digits):
+    """Objects that exist before training (compilation's, the model's) are frozen out of the
+    garbage collector's full passes during training, and thawed again afterwards."""
+    import gc
+
+    frozen_at_steps = []
+    step = Trainer.forward_backward
+    monkeypatch.setattr(Trainer, "forward_backward",
+                        lambda self, *a, **k: (frozen_at_steps.append(gc.get_freeze_count()), step(self, *a, **k))[1])
+    assert gc.get_freeze_count() == 0
+    fit(tmp_path, digits, epochs=0.2, monitor=False)
+    training_steps = frozen_at_steps[-3:]  # the warm-up's steps come first, before the freeze
+    assert frozen_at_steps and min(training_steps) > 1000
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "muon"])
 def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, optimizer):
     """What the CUDA graph of a whole step records (learning rates and the weight average's
