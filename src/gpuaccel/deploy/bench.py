@@ -58,7 +58,7 @@ def onnx_cuda_call(path: Path, device: torch.device, cuda_graph: bool = False):
     import onnxruntime as ort
 
     provider = cuda_provider(device, cuda_graph)
-    bound = {}  # shape -> (session, binding, bound input, output)
+    bound = {}  # shape -> [session, binding, bound input, output, input name]
 
     def bind_input(binding, name, x):
         binding.bind_input(name, "cuda", x.device.index, np.float32, list(x.shape), x.data_ptr())
@@ -73,17 +73,17 @@ def onnx_cuda_call(path: Path, device: torch.device, cuda_graph: bool = False):
         binding = session.io_binding()
         bind_input(binding, name, x_bound)
         binding.bind_output(out_name, "cuda", y.device.index, np.float32, list(y.shape), y.data_ptr())
-        return [session, binding, x_bound, y]
+        return [session, binding, x_bound, y, name]
 
     def call(x):
         if tuple(x.shape) not in bound:
             bound[tuple(x.shape)] = new_session(x)
         entry = bound[tuple(x.shape)]
-        session, binding, x_bound, y = entry
+        session, binding, x_bound, y, name = entry
         if cuda_graph:
             x_bound.copy_(x)
         elif x.data_ptr() != x_bound.data_ptr():
-            bind_input(binding, session.get_inputs()[0].name, x)
+            bind_input(binding, name, x)
             entry[2] = x  # the binding holds a raw pointer: keep the tensor alive
         torch.cuda.current_stream(device).synchronize()
         session.run_with_iobinding(binding)
