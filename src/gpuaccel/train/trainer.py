@@ -262,9 +262,12 @@ class Trainer:
         wall_at_eval = 0.0
         # Compilation leaves millions of long-lived objects behind; the collector's full passes
         # over them would stall the training and pipeline threads mid-epoch. Frozen, they are
-        # skipped (as long-running servers do); the garbage made before is collected first.
-        gc.collect()
-        gc.freeze()
+        # skipped (as long-running servers do); the garbage made before is collected first. A
+        # caller that froze objects itself keeps them frozen, and this step is left to it.
+        freezing = gc.get_freeze_count() == 0
+        if freezing:
+            gc.collect()
+            gc.freeze()
         try:
             segment_start = time.perf_counter()
             while stopped_by is None and self.epochs_done < cfg.epochs:
@@ -351,7 +354,8 @@ class Trainer:
                 self.step_graph.release()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
-            gc.unfreeze()
+            if freezing:
+                gc.unfreeze()
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
             if sampler is not None:
