@@ -11,7 +11,10 @@ or one grey channel read three times) is read where it was uploaded, without a c
 
 Output pixel (y, x) of image n is the sum over taps_y x taps_x source pixels of the
 product of the row and column taps, divided by their sums (as PIL normalises each
-axis), in fp32. A flipped output column reads the taps of its mirror column.
+axis), in fp32. A flipped output column reads the taps of its mirror column. The tap
+counts are each image's own (its box's downscaling factor), not the batch's widest: a
+random-resized crop spans 8-100% of the image, so most of a batch needs far fewer taps
+than its largest box.
 
 One program makes a block of output pixels in every channel: a tap's weight is computed
 once for all channels, and a row's column taps once for all rows (they are held as a
@@ -43,7 +46,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # output pixels per program; the interpreter runs programs one by one, so it gets big ones
 _BLOCK = 4096 if _INTERPRETED else 128
 _WARPS = 4
-_TAP_BLOCK = 8  # column taps held at once (a power of two)
+_TAP_BLOCK = 4  # column taps held at once (a power of two)
 _FIELDS = 7  # per image: height, width, box top, left, height, width, flip (float32)
 _LAYOUT = 4  # per image: address, channel stride, row stride, column stride (int64, in elements)
 # (a kernel argument must not be called "params": Triton 3.6's argument binder uses that name)
@@ -75,20 +78,19 @@ def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: t
     if device.type == "cuda":
         geometry = geometry.pin_memory().to(device, non_blocking=True)
         layout = layout.pin_memory().to(device, non_blocking=True)
-    # enough taps for the widest filter of the batch: a footprint of 2 x reach pixels
-    reach = (boxes[:, 2:] / size).clamp(min=1.0).amax(dim=0).tolist()
-    taps_y, taps_x = (math.ceil(2 * r) + 1 for r in reach)
+    # the column tile fits the widest filter of the batch (a footprint of 2 x reach pixels)
+    # up to _TAP_BLOCK; each image loops over its own taps
+    widest_x = math.ceil(2 * (boxes[:, 3] / size).clamp(min=1.0).max().item()) + 1
     out = torch.empty(n, channels, size, size, device=device, dtype=dtype,
                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     grid = (n, triton.cdiv(size * size, _BLOCK))
     # Triton launches on the current device, which need not be the images' one
     on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_their_device:
-        _resample[grid](layout, geometry, out, out if affine is None else affine, taps_y, taps_x,
-                        out.stride(0), out.stride(1), out.stride(3), CHANNELS=channels,
+        _resample[grid](layout, geometry, out, out if affine is None else affine, out.stride(0), out.stride(1), out.stride(3), CHANNELS=channels,
                         CHANNEL_BLOCK=triton.next_power_of_2(channels), AFFINE=affine is not None,
                         FIELDS=_FIELDS, LAYOUT=_LAYOUT, SIZE=size, BLOCK=_BLOCK,
-                        TAPS=min(_TAP_BLOCK, triton.next_power_of_2(taps_x)), num_warps=_WARPS)
+                        TAPS=min(_TAP_BLOCK, triton.next_power_of_2(widest_x)), num_warps=_WARPS)
     return out
 
 
@@ -100,7 +102,7 @@ if triton is not None:
         return tl.where((pixel >= 0) & (pixel < extent), weight, 0.0)
 
     @triton.jit
-    def _resample(image_layout, geometry, out, affine, taps_y, taps_x, out_image_stride, out_channel_stride,
+    def _resample(image_layout, geometry, out, affine, out_image_stride, out_channel_stride,
                   out_pixel_stride, CHANNELS: tl.constexpr, CHANNEL_BLOCK: tl.constexpr, AFFINE: tl.constexpr,
                   FIELDS: tl.constexpr, LAYOUT: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr,
                   TAPS: tl.constexpr):
@@ -125,6 +127,9 @@ if triton is not None:
         out_x = tl.where(flipped, SIZE - 1 - out_x, out_x)
         step_y, step_x = box_h / SIZE, box_w / SIZE
         reach_y, reach_x = tl.maximum(step_y, 1.0), tl.maximum(step_x, 1.0)
+        # this image's taps: the pixels a footprint of 2 x reach can cover
+        taps_y = tl.ceil(2.0 * reach_y).to(tl.int32) + 1
+        taps_x = tl.ceil(2.0 * reach_x).to(tl.int32) + 1
         centre_y = top + (out_y.to(tl.float32) + 0.5) * step_y
         centre_x = left + (out_x.to(tl.float32) + 0.5) * step_x
         # the first pixel whose centre lies inside the filter's open support

@@ -11,12 +11,18 @@
 #     ro_rgb_*, ro_yuv_*  --compile-mode reduce-overhead (without, with YUV=1),
 #     new_profile  --profile, summarised by trace_gaps.py,
 #     freeze_*, nofreeze_*  this tree with and without the trainer's gc.freeze() (NO_FREEZE=1), each
-#                  logging its full garbage collections (GCLOG) to gc_KEY.json.
+#                  logging its full garbage collections (GCLOG) to gc_KEY.json;
+#     nodecode_*, noresample_*, nogpu_*  this tree with the pipeline's GPU work cut out (NODECODE=1,
+#                  NORESAMPLE=1, both): ablations that show what each part costs end to end.
+#   BUDGET (480)  seconds after the start past which no further run begins (a call may run 600 s).
+# ../../per-image-taps/ runs it too, with .carry/src_head holding a later commit (named in
+# .carry/src_head/COMMIT, copied to machine.txt).
 # The probes' hooks are in ../../nvjpeg-wait/scripts/common.sh. The command and folder are those
 # of ../../epoch-start/scripts/ab.sh (default compile mode).
 set -uo pipefail
 source benchmarks/results/imagenet-throughput-h200/nvjpeg-wait/scripts/common.sh
-{ date -u; cat .carry/commit.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee $R/machine.txt
+START=$(date +%s)
+{ date -u; cat .carry/commit.txt; cat .carry/src_head/COMMIT 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee $R/machine.txt
 S=$(date +%s); timeout 200 python3 benchmarks/imagenet_throughput.py --work /tmp/imagenet --images 12000 --phases generate --out $R/generate.json > $R/generate.log 2>&1; echo "generate rc $? $(( $(date +%s)-S ))s"
 if [[ -n ${KERNEL-1} ]]; then
   S=$(date +%s); timeout 150 python3 benchmarks/resample_kernel.py /tmp/imagenet/folder --baseline .carry/src_head/src/gpuaccel/data/resample_kernel.py --out $R/resample.json ${KERNEL_ARGS:-} > $R/resample.log 2>&1; echo "resample rc $? $(( $(date +%s)-S ))s"; tail -20 $R/resample.log | cut -c1-200
@@ -30,6 +36,7 @@ if [[ -n ${MEMORY_MODES-default} ]]; then
 fi
 for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
   S=$(date +%s)
+  if (( S - START > ${BUDGET:-480} )); then echo "$k skipped: past the budget"; continue; fi
   if [[ $k == head* ]]; then export PYTHONPATH=$HEAD; else export PYTHONPATH=$NEW; fi
   case $k in
     switch1ms*) SWITCH=0.001 e2e $k 150 --epochs 8 --quiet ;;
@@ -42,6 +49,9 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
     new_profile) e2e $k 150 --epochs 8 --quiet --profile ;;
     nofreeze*) NO_FREEZE=1 GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
     freeze*) GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
+    nodecode*) NODECODE=1 e2e $k 120 --epochs 8 --quiet ;;
+    noresample*) NORESAMPLE=1 e2e $k 120 --epochs 8 --quiet ;;
+    nogpu*) NODECODE=1 NORESAMPLE=1 e2e $k 120 --epochs 8 --quiet ;;
     *) e2e $k 120 --epochs 8 --quiet ;;
   esac
   report $k

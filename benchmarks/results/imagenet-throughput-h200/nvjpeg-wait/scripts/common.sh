@@ -7,7 +7,10 @@ trap finish EXIT
 # e2e KEY SECONDS [extra train args]: gpuaccel train from the JPEG folder; NO_WAIT=1 disables the nvJPEG wait,
 # SWITCH=s sets sys.setswitchinterval, SHARING=file_system torch.multiprocessing's sharing strategy, YUV=1 nvJPEG's
 # output format to YUV (a timing probe: wrong colours), DEPTH=n the batches made ahead by the pipeline thread,
-# NO_FREEZE=1 disables the trainer's gc.freeze(), GCLOG=path records full garbage collections
+# NO_FREEZE=1 disables the trainer's gc.freeze(), GCLOG=path records full garbage collections;
+# ablations (throughput probes: every batch is then the first one's images): NODECODE=1 decodes each
+# loader's first batch only and resamples it again for every later batch, NORESAMPLE=1 decodes every
+# batch but hands out the first finished batch again instead of resampling
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
@@ -33,6 +36,23 @@ if os.environ.get('GCLOG'):  # probe: each garbage collection of generation 2, (
             else: full.append((round(began[0] - t0, 3), round((time.perf_counter() - began[0]) * 1e3, 2)))
     gc.callbacks.append(on_gc)
     atexit.register(lambda: json.dump(full, open(os.environ['GCLOG'], 'w')))
+if os.environ.get('NODECODE'):
+    import gpuaccel.data.stream as s
+    decoded = s.StreamLoader._decoded
+    def first_decoded(self, host):
+        if len(getattr(self, '_probe_decoded', ((),))[0]) != len(host.shapes) + len(host.frames):
+            self._probe_decoded = decoded(self, host)
+        return self._probe_decoded
+    s.StreamLoader._decoded = first_decoded
+if os.environ.get('NORESAMPLE'):
+    import gpuaccel.data.stream as s
+    made, resample = {}, s.resample_boxes
+    def first_made(table, boxes, size, flip=None, **form):
+        key = (len(table), size, str(form.get('dtype')), form.get('channels_last'), flip is None)
+        if key not in made:
+            made[key] = resample(table, boxes, size, flip, **form)
+        return made[key]
+    s.resample_boxes = first_made
 if os.environ.get('NO_WAIT'):
     import gpuaccel.data.nvjpeg as n; n.drain_before_decoding = lambda device: None
 from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/imagenet/folder --loader stream --model resnet50 --image-size 224 --precision bf16 --compile --compile-mode default --batch-size 256 --eval-batch-size 256 --lr 0.1 --run-dir /tmp/imagenet/run-$key "$@" > $R/$key.log 2>&1
