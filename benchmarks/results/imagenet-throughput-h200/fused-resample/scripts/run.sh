@@ -14,6 +14,8 @@
 #                  logging its full garbage collections (GCLOG) to gc_KEY.json;
 #     nodecode_*, noresample_*, nogpu_*  this tree with the pipeline's GPU work cut out (NODECODE=1,
 #                  NORESAMPLE=1, both): ablations that show what each part costs end to end.
+#     own_*        OWNSTREAM=1 (training on a stream of its own, nvJPEG given the default stream);
+#     every run logs the pipeline thread's time per batch (PRODLOG) to prod_KEY.json.
 #   BUDGET (480)  seconds after the start past which no further run begins (a call may run 600 s).
 # ../../per-image-taps/ runs it too, with .carry/src_head holding a later commit (named in
 # .carry/src_head/COMMIT, copied to machine.txt).
@@ -38,6 +40,7 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
   S=$(date +%s)
   if (( S - START > ${BUDGET:-480} )); then echo "$k skipped: past the budget"; continue; fi
   if [[ $k == head* ]]; then export PYTHONPATH=$HEAD; else export PYTHONPATH=$NEW; fi
+  export PRODLOG=$R/prod_$k.json
   case $k in
     switch1ms*) SWITCH=0.001 e2e $k 150 --epochs 8 --quiet ;;
     files*) SHARING=file_system e2e $k 150 --epochs 8 --quiet ;;
@@ -52,6 +55,7 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
     nodecode*) NODECODE=1 e2e $k 120 --epochs 8 --quiet ;;
     noresample*) NORESAMPLE=1 e2e $k 120 --epochs 8 --quiet ;;
     nogpu*) NODECODE=1 NORESAMPLE=1 e2e $k 120 --epochs 8 --quiet ;;
+    own*) OWNSTREAM=1 e2e $k 120 --epochs 8 --quiet ;;
     *) e2e $k 120 --epochs 8 --quiet ;;
   esac
   report $k

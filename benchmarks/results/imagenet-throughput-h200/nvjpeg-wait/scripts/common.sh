@@ -10,7 +10,10 @@ trap finish EXIT
 # NO_FREEZE=1 disables the trainer's gc.freeze(), GCLOG=path records full garbage collections;
 # ablations (throughput probes: every batch is then the first one's images): NODECODE=1 decodes each
 # loader's first batch only and resamples it again for every later batch, NORESAMPLE=1 decodes every
-# batch but hands out the first finished batch again instead of resampling
+# batch but hands out the first finished batch again instead of resampling; OWNSTREAM=1 runs
+# Trainer.fit on a CUDA stream of its own and gives the direct nvJPEG call the (then idle) default
+# stream; PRODLOG=path records per batch the pipeline thread's seconds in the nvJPEG call, in its
+# ordering wait and in the whole batch (StreamLoader._images)
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
@@ -53,6 +56,42 @@ if os.environ.get('NORESAMPLE'):
             made[key] = resample(table, boxes, size, flip, **form)
         return made[key]
     s.resample_boxes = first_made
+if os.environ.get('OWNSTREAM'):
+    import torch, gpuaccel.train.trainer as t, gpuaccel.data.nvjpeg as n
+    fit, decode = t.Trainer.fit, n.BatchDecoder.decode
+    def fit_on_own_stream(self):
+        before = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(before)
+        try:
+            with torch.cuda.stream(stream):
+                return fit(self)
+        finally:
+            before.wait_stream(stream)
+    def decode_on_default_stream(self, *args):
+        side, default = torch.cuda.current_stream(self.device), torch.cuda.default_stream(self.device)
+        side.synchronize()  # the hazard drain_before_decoding guards against, for blocks of this stream
+        with torch.cuda.stream(default):
+            planes, starts = decode(self, *args)
+        side.wait_stream(default)
+        planes.record_stream(side)
+        return planes, starts
+    t.Trainer.fit, n.BatchDecoder.decode = fit_on_own_stream, decode_on_default_stream
+if os.environ.get('PRODLOG'):
+    import atexit, json, time, gpuaccel.data.nvjpeg as n, gpuaccel.data.stream as s
+    spans = {'decode_call': [], 'drain': [], 'images': []}
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spans[name].append(round(time.perf_counter() - t0, 5))
+        return run
+    n.BatchDecoder.decode = timed('decode_call', n.BatchDecoder.decode)
+    n.drain_before_decoding = timed('drain', n.drain_before_decoding)
+    s.StreamLoader._images = timed('images', s.StreamLoader._images)
+    atexit.register(lambda: json.dump(spans, open(os.environ['PRODLOG'], 'w')))
 if os.environ.get('NO_WAIT'):
     import gpuaccel.data.nvjpeg as n; n.drain_before_decoding = lambda device: None
 from gpuaccel.cli import main; sys.exit(main(sys.argv[1:]))" train --data /tmp/imagenet/folder --loader stream --model resnet50 --image-size 224 --precision bf16 --compile --compile-mode default --batch-size 256 --eval-batch-size 256 --lr 0.1 --run-dir /tmp/imagenet/run-$key "$@" > $R/$key.log 2>&1
