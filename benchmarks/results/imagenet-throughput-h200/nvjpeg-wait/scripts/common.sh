@@ -13,7 +13,8 @@ trap finish EXIT
 # batch but hands out the first finished batch again instead of resampling; OWNSTREAM=1 runs
 # Trainer.fit on a CUDA stream of its own and gives the direct nvJPEG call the (then idle) default
 # stream; PRODLOG=path records per batch the pipeline thread's seconds in the nvJPEG call, in its
-# ordering wait and in the whole batch (StreamLoader._images)
+# ordering wait and in the whole batch (StreamLoader._images); NORESERVE=1 stops the direct nvJPEG
+# call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate), as before commit 61e0d52
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
@@ -77,6 +78,8 @@ if os.environ.get('OWNSTREAM'):
         planes.record_stream(side)
         return planes, starts
     t.Trainer.fit, n.BatchDecoder.decode = fit_on_own_stream, decode_on_default_stream
+if os.environ.get('NORESERVE'):
+    import gpuaccel.data.nvjpeg as n; n._RESERVE_LIMIT = 0
 if os.environ.get('PRODLOG'):
     import atexit, json, time, gpuaccel.data.nvjpeg as n, gpuaccel.data.stream as s
     spans = {'decode_call': [], 'drain': [], 'images': []}
