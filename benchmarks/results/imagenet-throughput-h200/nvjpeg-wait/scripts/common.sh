@@ -14,7 +14,7 @@ trap finish EXIT
 # Trainer.fit on a CUDA stream of its own and gives the direct nvJPEG call the (then idle) default
 # stream; PRODLOG=path records per batch the pipeline thread's seconds in the nvJPEG call, in its
 # ordering wait and in the whole batch (StreamLoader._images); NORESERVE=1 stops the direct nvJPEG
-# call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate), as before commit 61e0d52
+# call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate), as before commit 3b518b9
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
