@@ -9,7 +9,9 @@ and reports, over the profiled steps:
   it was already queued behind (an event, another stream, the JPEG engines);
 - for gaps waiting on the training thread, what that thread ran meanwhile (operators by
   overlapped time; time covered by none of them is Python or waiting for the GIL);
-- GPU time per stream, so the input pipeline's own kernels and copies are counted.
+- GPU time per stream, so the input pipeline's own kernels and copies are counted;
+- the host's CUDA calls that blocked for 1 ms or more, per thread and name (a library that
+  waits on its own events or synchronises the device shows here).
 
     python benchmarks/trace_gaps.py runs/x/profile/trace.json --out gaps.json
 """
@@ -23,6 +25,7 @@ import json
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 SMALLEST_GAP_US = 5.0
+LONGEST_CALL_US = 1000.0
 
 
 def load(path: str) -> list[dict]:
@@ -93,6 +96,12 @@ def analyse(events: list[dict]) -> dict:
         kinds[kind] += length
         counts[kind] += 1
 
+    blocking: dict[str, list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["dur"] >= LONGEST_CALL_US:
+            thread = "training thread" if e["tid"] == main_tid else f"thread {e['tid']}"
+            blocking[f"{thread}: {e['name']}"].append(e["dur"])
+
     per_stream: dict[str, float] = collections.defaultdict(float)
     for e in gpu:
         per_stream[f"stream {e['tid']}"] += e["dur"]
@@ -106,6 +115,8 @@ def analyse(events: list[dict]) -> dict:
         "gaps_by_cause": dict(counts),
         "training_thread_during_launch_waits_ms": {
             k: round(v / 1e3, 3) for k, v in sorted(main_thread_ops.items(), key=lambda kv: -kv[1])[:15]},
+        "blocking_calls": {k: {"count": len(v), "total_ms": round(sum(v) / 1e3, 3), "max_ms": round(max(v) / 1e3, 3)}
+                           for k, v in sorted(blocking.items(), key=lambda kv: -sum(kv[1]))},
         "gpu_ms_by_stream": {k: round(v / 1e3, 3) for k, v in sorted(per_stream.items(), key=lambda kv: -kv[1])},
     }
 

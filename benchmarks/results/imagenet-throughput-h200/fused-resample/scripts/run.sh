@@ -9,7 +9,7 @@
 #     switch1ms_*  SWITCH=0.001, files_* SHARING=file_system, both_* the two,
 #     yuv_*        YUV=1 (nvJPEG's YUV planes: a timing probe, colours wrong), depth6_* DEPTH=6,
 #     ro_rgb_*, ro_yuv_*  --compile-mode reduce-overhead (without, with YUV=1),
-#     new_profile  --profile, summarised by trace_gaps.py,
+#     new_profile  --profile, summarised by trace_gaps.py (long_profile: 12 steps from step 20),
 #     freeze_*, nofreeze_*  this tree with and without the trainer's gc.freeze() (NO_FREEZE=1), each
 #                  logging its full garbage collections (GCLOG) to gc_KEY.json;
 #     nodecode_*, noresample_*, nogpu_*  this tree with the pipeline's GPU work cut out (NODECODE=1,
@@ -51,6 +51,7 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
     ro_yuv*) YUV=1 e2e $k 170 --epochs 8 --quiet --compile-mode reduce-overhead ;;
     ro_rgb*) e2e $k 170 --epochs 8 --quiet --compile-mode reduce-overhead ;;
     new_profile) e2e $k 150 --epochs 8 --quiet --profile ;;
+    long_profile) PROFILE_STEPS=12 e2e $k 170 --epochs 8 --quiet --profile ;;
     nofreeze*) NO_FREEZE=1 GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
     freeze*) GCLOG=$R/gc_$k.json e2e $k 120 --epochs 8 --quiet ;;
     nodecode*) NODECODE=1 e2e $k 120 --epochs 8 --quiet ;;

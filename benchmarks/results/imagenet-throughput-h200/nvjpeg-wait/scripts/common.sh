@@ -12,8 +12,9 @@ trap finish EXIT
 # loader's first batch only and resamples it again for every later batch, NORESAMPLE=1 decodes every
 # batch but hands out the first finished batch again instead of resampling; OWNSTREAM=1 runs
 # Trainer.fit on a CUDA stream of its own and gives the direct nvJPEG call the (then idle) default
-# stream; PRODLOG=path records per batch the pipeline thread's seconds in the nvJPEG call, in its
-# ordering wait and in the whole batch (StreamLoader._images); NORESERVE=1 stops the direct nvJPEG
+# stream; PRODLOG=path records per batch the pipeline thread's seconds in BatchDecoder.decode, in
+# the nvjpegDecodeBatched call inside it, in its ordering wait and in the whole batch
+# (StreamLoader._images); PROFILE_STEPS=n makes --profile trace n steps from step 20; NORESERVE=1 stops the direct nvJPEG
 # call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate), as before commit 3b518b9
 e2e() {
   local key=$1 limit=$2; shift 2
@@ -78,11 +79,13 @@ if os.environ.get('OWNSTREAM'):
         planes.record_stream(side)
         return planes, starts
     t.Trainer.fit, n.BatchDecoder.decode = fit_on_own_stream, decode_on_default_stream
+if os.environ.get('PROFILE_STEPS'):
+    import gpuaccel.monitor.profiling as pr; pr.StepProfiler.__init__.__defaults__ = (20, 2, int(os.environ['PROFILE_STEPS']))
 if os.environ.get('NORESERVE'):
     import gpuaccel.data.nvjpeg as n; n._RESERVE_LIMIT = 0
 if os.environ.get('PRODLOG'):
     import atexit, json, time, gpuaccel.data.nvjpeg as n, gpuaccel.data.stream as s
-    spans = {'decode_call': [], 'drain': [], 'images': []}
+    spans = {'decode_call': [], 'nvjpeg_decode_batched': [], 'drain': [], 'images': []}
     def timed(name, fn):
         def run(*args, **kwargs):
             t0 = time.perf_counter()
@@ -92,6 +95,11 @@ if os.environ.get('PRODLOG'):
                 spans[name].append(round(time.perf_counter() - t0, 5))
         return run
     n.BatchDecoder.decode = timed('decode_call', n.BatchDecoder.decode)
+    opened = n.BatchDecoder.__init__
+    def open_timed(self, library, *args, **kwargs):
+        opened(self, library, *args, **kwargs)
+        library.nvjpegDecodeBatched = timed('nvjpeg_decode_batched', library.nvjpegDecodeBatched)
+    n.BatchDecoder.__init__ = open_timed
     n.drain_before_decoding = timed('drain', n.drain_before_decoding)
     s.StreamLoader._images = timed('images', s.StreamLoader._images)
     atexit.register(lambda: json.dump(spans, open(os.environ['PRODLOG'], 'w')))
