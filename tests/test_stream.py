@@ -421,27 +421,6 @@ def test_the_direct_decoders_give_torchvisions_pixels(monkeypatch, kind, toleran
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
-def test_the_direct_decoder_keeps_a_state_per_batch_size_and_grows_what_it_reserves(monkeypatch):
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    decoder = direct_decoder(monkeypatch)
-
-    def jpegs(count, height, width, seed):
-        return [jpeg_bytes(k % 3, seed + k, size=(height - 5 * k, width + 13 * k)) for k in range(count)]
-
-    # small images, another batch size, then images larger than what was reserved for the first size
-    for blobs in [jpegs(7, 60, 90, 0), jpegs(2, 50, 40, 10), jpegs(7, 300, 600, 20), jpegs(7, 70, 80, 30)]:
-        planes, starts, sizes = decode_directly(decoder, blobs)
-        expected = decode_jpeg([torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs],
-                               mode=ImageReadMode.RGB, device="cuda")
-        for view, reference in zip(ImageTable.planar(planes, sizes, starts).views(), expected):
-            assert torch.equal(view, reference)
-    assert {7, 2} <= set(decoder._states)
-    if decoder._reserve is not None:  # rounded up to whole steps of 256 pixels, grown for the large batch
-        assert decoder._reserved[7] == (512, 768) and decoder._reserved[2] == (256, 256)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
 @pytest.mark.parametrize("route", ["torchvision", "direct", "hybrid"])
 def test_gpu_decoding_leaves_memory_that_queued_kernels_still_read_alone(monkeypatch, route):
     # nvJPEG's hardware decoder writes when called, not in stream order; the caching allocator

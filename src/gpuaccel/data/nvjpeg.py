@@ -47,11 +47,6 @@ from ..errors import GpuaccelError
 # kernels that run on the caller's stream (whose priority they then take)
 _BACKENDS = {"direct": 3, "hybrid": 2}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
-_CSS_444 = 0  # nvjpegChromaSubsampling_t: reserving for 4:4:4 fits every subsampling
-# the JPEG engines' buffers reserved per batch size are sized for the batch's largest image,
-# rounded up to this many pixels a side, and at most this many bytes in all
-_RESERVE_STEP = 256
-_RESERVE_LIMIT = 512 * 2**20
 _MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT: nvjpegImage_t holds 4 channel pointers, then 4 pitches
 
 # start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC)
@@ -158,21 +153,15 @@ class BatchDecoder:
         void_p, p_void_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
         library.nvjpegCreateEx.argtypes = [ctypes.c_int, void_p, void_p, ctypes.c_uint, p_void_p]
         library.nvjpegJpegStateCreate.argtypes = [void_p, p_void_p]
-        library.nvjpegJpegStateDestroy.argtypes = [void_p]
         library.nvjpegDecodeBatchedInitialize.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.nvjpegDecodeBatched.argtypes = [void_p, void_p, void_p, void_p, void_p, void_p]
-        # the engines' buffers can be reserved (nvJPEG 11.2 and later; not for the CUDA backends)
-        self._reserve = getattr(library, "nvjpegDecodeBatchedPreAllocate", None) if kind == "direct" else None
-        if self._reserve is not None:
-            self._reserve.argtypes = [void_p, void_p] + [ctypes.c_int] * 5
-        self._handle = void_p()
+        self._handle, self._state = void_p(), void_p()
         with torch.cuda.device(device):  # nvJPEG works on the current device
             self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKENDS[kind], None, None, 0,
                                                                   ctypes.byref(self._handle)))
-        # a decoding state per batch size (training, evaluation, a last short batch): initialising
-        # one state again for another size would free and allocate its buffers each time
-        self._states: dict[int, ctypes.c_void_p] = {}
-        self._reserved: dict[int, tuple[int, int]] = {}  # batch size -> (height, width) reserved
+            self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
+                                                                                ctypes.byref(self._state)))
+        self._batch_size = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -228,49 +217,13 @@ class BatchDecoder:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
         with self._lock:
-            state = self._state_for(n, int(heights.max()), int(widths.max()))
-            status = self._lib.nvjpegDecodeBatched(self._handle, state, sources.ctypes.data,
+            if self._batch_size != n:
+                self._check("nvjpegDecodeBatchedInitialize",
+                            self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
+                self._batch_size = n
+            status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data,
                                                    sizes.ctypes.data, images.ctypes.data, stream)
             if status != 0:
-                self._drop_state(n)  # start afresh with the next batch of this size
+                self._batch_size = None  # initialise again before the next batch
                 self._check("nvjpegDecodeBatched", status)
         return out, starts
-
-    def _state_for(self, n: int, height: int, width: int) -> ctypes.c_void_p:
-        """The decoding state for batches of ``n`` images, with the engines' buffers reserved for
-        images up to ``height`` x ``width``.
-
-        Why reserve: by default nvJPEG sizes its buffers to the images it is given and frees and
-        allocates them again when a larger one comes. cudaFree waits for all the GPU's queued
-        work, training's included, so with photos of varying sizes the call kept stalling
-        beside a busy GPU (nvJPEG's documentation of nvjpegDecodeBatchedPreAllocate describes
-        the same cost)."""
-        state = self._states.get(n)
-        if state is None:
-            state = ctypes.c_void_p()
-            with torch.cuda.device(self.device):
-                self._check("nvjpegJpegStateCreate", self._lib.nvjpegJpegStateCreate(self._handle,
-                                                                                    ctypes.byref(state)))
-                try:
-                    self._check("nvjpegDecodeBatchedInitialize", self._lib.nvjpegDecodeBatchedInitialize(
-                        self._handle, state, n, 1, _OUTPUT_RGB))
-                except RuntimeError:
-                    self._lib.nvjpegJpegStateDestroy(state)
-                    raise
-            self._states[n] = state
-        reserved = self._reserved.get(n, (0, 0))
-        if self._reserve is not None and (height > reserved[0] or width > reserved[1]):
-            height, width = (max(old, -(-new // _RESERVE_STEP) * _RESERVE_STEP)
-                             for old, new in zip(reserved, (height, width)))
-            if 3 * n * height * width <= _RESERVE_LIMIT:  # larger images get buffers when they come
-                if self._reserve(self._handle, state, n, width, height, _CSS_444, _OUTPUT_RGB) == 0:
-                    self._reserved[n] = (height, width)
-                else:  # only a hint: decode without it
-                    self._reserve = None
-        return state
-
-    def _drop_state(self, n: int) -> None:
-        state = self._states.pop(n, None)
-        self._reserved.pop(n, None)
-        if state is not None:
-            self._lib.nvjpegJpegStateDestroy(state)

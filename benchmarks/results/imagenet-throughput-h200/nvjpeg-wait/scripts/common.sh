@@ -15,7 +15,7 @@ trap finish EXIT
 # stream; PRODLOG=path records per batch the pipeline thread's seconds in BatchDecoder.decode, in
 # the nvjpegDecodeBatched call inside it, in its ordering wait and in the whole batch
 # (StreamLoader._images); PROFILE_STEPS=n makes --profile trace n steps from step 20; NORESERVE=1 stops the direct nvJPEG
-# call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate), as before commit 3b518b9
+# call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate) in commit 3b518b9 (reverted: no gain)
 e2e() {
   local key=$1 limit=$2; shift 2
   rm -rf /tmp/imagenet/run-$key
