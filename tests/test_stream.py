@@ -318,11 +318,12 @@ def test_stream_batches_are_deterministic_and_resume_mid_epoch(tmp_path):
     loader = stream_loader(ds, True, seed=1, workers=2)
     full = list(loader.batches(epoch=2))
     following = list(loader.batches(epoch=3))  # its reader processes went on into epoch 3
-    rest = list(stream_loader(ds, True, seed=1).batches(epoch=2, start=1))
+    # batches made by several pipeline threads are the same batches, in the same order
+    rest = list(stream_loader(ds, True, seed=1, threads=2).batches(epoch=2, start=1))
     assert len(rest) == len(full) - 1
     for (xa, ya), (xb, yb) in zip(full[1:], rest):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    other = list(stream_loader(ds, True, seed=1).batches(epoch=3))
+    other = list(stream_loader(ds, True, seed=1, threads=3).batches(epoch=3))
     assert not torch.equal(full[0][0], other[0][0])
     for (xa, ya), (xb, yb) in zip(following, other, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -418,6 +419,31 @@ def test_the_direct_decoders_give_torchvisions_pixels(monkeypatch, kind, toleran
                            mode=ImageReadMode.RGB, device="cuda")
     for view, reference in zip(ImageTable.planar(planes, sizes, starts).views(), expected):
         assert (view.int() - reference.int()).abs().max() <= tolerance
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
+def test_the_direct_decoder_decodes_batches_from_several_threads_at_once(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    decoder = direct_decoder(monkeypatch)
+    batches = [[jpeg_bytes(k % 3, 100 * b + k, size=(40 + 9 * b, 60 + 3 * k)) for k in range(6 + b % 2)]
+               for b in range(8)]
+
+    def decode_on_a_stream_of_its_own(blobs):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            planes, starts, sizes = decode_directly(decoder, blobs)
+            torch.cuda.current_stream().synchronize()
+            return planes, starts, sizes
+
+    with ThreadPoolExecutor(4) as pool:
+        decoded = list(pool.map(decode_on_a_stream_of_its_own, batches))
+    for blobs, (planes, starts, sizes) in zip(batches, decoded):
+        expected = decode_jpeg([torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs],
+                               mode=ImageReadMode.RGB, device="cuda")
+        for view, reference in zip(ImageTable.planar(planes, sizes, starts).views(), expected):
+            assert torch.equal(view, reference)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")

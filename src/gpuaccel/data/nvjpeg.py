@@ -143,8 +143,8 @@ _shared_lock = threading.Lock()
 class BatchDecoder:
     """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch,
     on the JPEG engines (``kind`` "direct") or in CUDA kernels ("hybrid"). One per device and
-    kind is shared by every loader of the process (:meth:`open`, as torchvision keeps one),
-    and its calls are serialised."""
+    kind is shared by every loader of the process (:meth:`open`, as torchvision keeps one);
+    calls from several threads run side by side, each with a decoding state of its own."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
         self.device = device
@@ -155,14 +155,20 @@ class BatchDecoder:
         library.nvjpegJpegStateCreate.argtypes = [void_p, p_void_p]
         library.nvjpegDecodeBatchedInitialize.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.nvjpegDecodeBatched.argtypes = [void_p, void_p, void_p, void_p, void_p, void_p]
-        self._handle, self._state = void_p(), void_p()
+        self._handle = void_p()
         with torch.cuda.device(device):  # nvJPEG works on the current device
             self._check("nvjpegCreateEx", library.nvjpegCreateEx(_BACKENDS[kind], None, None, 0,
                                                                   ctypes.byref(self._handle)))
-            self._check("nvjpegJpegStateCreate", library.nvjpegJpegStateCreate(self._handle,
-                                                                                ctypes.byref(self._state)))
-        self._batch_size = None
+        # nvJPEG's threading rule: one handle for all, a decoding state per concurrent call.
+        # States not in use wait here with the batch size they were initialised for.
+        self._idle_states: list[list] = [[self._new_state(), None]]
         self._lock = threading.Lock()
+
+    def _new_state(self) -> ctypes.c_void_p:
+        state = ctypes.c_void_p()
+        with torch.cuda.device(self.device):
+            self._check("nvjpegJpegStateCreate", self._lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)))
+        return state
 
     @classmethod
     def open(cls, device: torch.device) -> "BatchDecoder | None":
@@ -216,14 +222,24 @@ class BatchDecoder:
         sizes = lengths.astype(np.uint64)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
-        with self._lock:
-            if self._batch_size != n:
+        with self._lock:  # a state initialised for this batch size if one is idle
+            slot = next((s for s in self._idle_states if s[1] == n), None) or \
+                (self._idle_states[-1] if self._idle_states else [self._new_state(), None])
+            if slot in self._idle_states:
+                self._idle_states.remove(slot)
+        try:
+            state, size = slot
+            if size != n:
+                slot[1] = None
                 self._check("nvjpegDecodeBatchedInitialize",
-                            self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGB))
-                self._batch_size = n
-            status = self._lib.nvjpegDecodeBatched(self._handle, self._state, sources.ctypes.data,
-                                                   sizes.ctypes.data, images.ctypes.data, stream)
+                            self._lib.nvjpegDecodeBatchedInitialize(self._handle, state, n, 1, _OUTPUT_RGB))
+                slot[1] = n
+            status = self._lib.nvjpegDecodeBatched(self._handle, state, sources.ctypes.data, sizes.ctypes.data,
+                                                   images.ctypes.data, stream)
             if status != 0:
-                self._batch_size = None  # initialise again before the next batch
+                slot[1] = None  # initialise again before its next batch
                 self._check("nvjpegDecodeBatched", status)
+        finally:
+            with self._lock:
+                self._idle_states.append(slot)
         return out, starts

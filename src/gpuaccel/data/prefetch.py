@@ -1,6 +1,6 @@
-"""Preparing batches ahead of the training step, on a background thread.
+"""Preparing batches ahead of the training step, on background threads.
 
-The thread shares the GIL with the training thread, which launches thousands of kernels
+The threads share the GIL with the training thread, which launches thousands of kernels
 per step from Python; that contention is part of what the streaming pipeline loses end to
 end (on an H200 a busy Python thread beside the pipeline took it from about 15k to 69
 img/s, because every GIL hand-over waits out the switch interval; benchmarks/stream_stages.py
@@ -11,14 +11,15 @@ processes' CUDA contexts time-slice the GPU instead of running their kernels sid
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import torch
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+T = TypeVar("T")
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -30,60 +31,96 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
 
-def in_thread(prepared: Callable[[], Iterator[Batch]], side: torch.cuda.Stream | None,
-              depth: int = 3) -> Iterator[Batch]:
-    """The batches of ``prepared()``, made ``depth`` ahead on a background thread, on the
-    ``side`` stream (from :func:`side_stream`) when on a GPU."""
-    ready: queue.Queue = queue.Queue(maxsize=depth)
+def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch.cuda.Stream | None],
+               depth: int = 3) -> Iterator[Batch]:
+    """``make(step)`` for each of ``steps``, in order, made up to ``depth`` batches ahead by one
+    background thread per entry of ``sides``, each on its stream there (from :func:`side_stream`,
+    one per thread; None off the GPU).
+
+    Steps are taken in order under a lock, so ``steps`` may be a generator that reads; making
+    them is what runs side by side. Why more than one thread: a step can block its thread for
+    longer than the training step takes (nvJPEG waiting for its per-image work behind
+    training's kernels), and a second thread overlaps two such waits. An exception, from
+    ``steps`` or ``make``, is raised again in the consumer's thread at its place in the order."""
+    if not sides:
+        raise ValueError("in_threads needs at least one stream entry (None off the GPU)")
+    iterator = iter(steps)
+    take = threading.Lock()  # one thread at a time reads the next step, so steps keep their order
+    turn = threading.Condition()  # guards what follows; the consumer never waits behind a read
+    made: dict[int, object] = {}  # order -> (x, y, ready event) or the exception that took its place
+    taken, consumed, end = 0, 0, None  # steps handed out; yielded; where the steps ran out
     stop = threading.Event()
 
-    def hand_over(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
+    def finish(order: int, result=None, last: int | None = None) -> None:
+        nonlocal end
+        with turn:
+            if result is not None:
+                made[order] = result
+            if last is not None:
+                end = last if end is None else min(end, last)
+            turn.notify_all()
 
-    def produce() -> None:
-        try:
-            with torch.cuda.stream(side) if side is not None else _nothing():
-                for x, y in prepared():
+    def produce(side) -> None:
+        nonlocal taken
+        with torch.cuda.stream(side) if side is not None else _nothing():
+            while True:
+                with take:
+                    with turn:
+                        while not stop.is_set() and end is None and taken - consumed >= depth:
+                            turn.wait(0.1)
+                        if stop.is_set() or end is not None:
+                            return
+                        order = taken
+                    try:
+                        step = next(iterator)
+                    except StopIteration:
+                        return finish(order, last=order)
+                    except BaseException as exc:  # raised again in the consumer's thread
+                        return finish(order, exc, last=order + 1)
+                    with turn:
+                        taken += 1
+                try:
+                    x, y = make(step)
                     done = None
                     if side is not None:
                         done = torch.cuda.Event()
                         done.record(side)
-                    if not hand_over((x, y, done)):
-                        return
-            hand_over(None)
-        except BaseException as exc:  # raised again in the consumer's thread
-            hand_over(exc)
+                    finish(order, (x, y, done))
+                except BaseException as exc:
+                    return finish(order, exc, last=order + 1)
 
-    worker = threading.Thread(target=produce, daemon=True, name="gpuaccel-prefetch")
-    worker.start()
+    workers = [threading.Thread(target=produce, args=(side,), daemon=True, name=f"gpuaccel-prefetch-{k}")
+               for k, side in enumerate(sides)]
+    for worker in workers:
+        worker.start()
     try:
         while True:
-            item = ready.get()
-            if item is None:
-                return
+            with turn:
+                while consumed not in made and (end is None or consumed < end):
+                    turn.wait()
+                if consumed not in made:
+                    return
+                item = made.pop(consumed)
+                consumed += 1
+                turn.notify_all()
             if isinstance(item, BaseException):
                 raise item
             x, y, done = item
             if done is not None:
-                current = torch.cuda.current_stream(side.device)
+                current = torch.cuda.current_stream(x.device)
                 current.wait_event(done)
                 x.record_stream(current)
                 y.record_stream(current)
             yield x, y
     finally:
-        stop.set()
-        while worker.is_alive():  # unblock a producer waiting for room in the queue
-            try:
-                ready.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        worker.join()
+        with turn:
+            stop.set()
+            turn.notify_all()
+        for worker in workers:
+            worker.join()
+        close = getattr(iterator, "close", None)
+        if close is not None:  # a generator's own clean-up (locks, readers) runs now, not at collection
+            close()
 
 
 class _nothing:

@@ -44,7 +44,7 @@ from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
 from .loader import PassReader, _next_epoch, _Normaliser, _ShardedOrder, default_workers
-from .prefetch import in_thread, side_stream
+from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
@@ -412,13 +412,19 @@ class StreamLoader:
     otherwise); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
     one call per batch; through torchvision the images the JPEG engines cannot take, and all
     of them with ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the
-    loader's thread. ``workers=0`` reads in the loader's thread."""
+    loader's thread. ``workers=0`` reads in the loader's thread.
+
+    ``threads`` background threads make the batches ahead of the training step, each on a
+    CUDA stream of its own, batch k on thread k mod ``threads`` (:func:`prefetch.in_threads`);
+    the batches and their order do not depend on it. One is the default; two overlap two
+    decoding calls, which beside training wait for nvJPEG's per-image work (not measured end
+    to end yet)."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
                  skip_bad: bool = False, workers: int | None = None, cpu_decode: float | None = None,
-                 skipped: dict | None = None):
+                 skipped: dict | None = None, threads: int = 1):
         self.records, self.device, self.train, self.image_size = records, device, train, image_size
         self.batch_size, self.seed, self.skip_bad = batch_size, seed, skip_bad
         if records.sharded:
@@ -442,8 +448,11 @@ class StreamLoader:
         self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
         self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
+        self._in_use_lock = threading.Lock()
         self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
-        self.prepare_stream = side_stream(device)
+        if threads < 1:
+            raise GpuaccelError(f"the streaming loader needs at least one pipeline thread, got {threads}")
+        self.prepare_streams = [side_stream(device) for _ in range(threads)]
 
     def __len__(self) -> int:
         return len(self.order)
@@ -461,23 +470,30 @@ class StreamLoader:
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
-        after the one being consumed are prepared meanwhile on a background thread."""
+        after the one being consumed are prepared meanwhile on background threads."""
         if start >= len(self):
             return iter(())
-        return in_thread(lambda: self.prepared(epoch, start), self.prepare_stream)
+        return in_threads(self._read(epoch, start), self._made, self.prepare_streams)
 
     def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch`` from ``start``, made one by one on the current stream (the
-        reader processes work ahead)."""
+        """The batches of ``epoch`` from ``start``, made one by one on the calling thread and its
+        current stream (the reader processes work ahead)."""
+        return map(self._made, self._read(epoch, start))
+
+    def _read(self, epoch: int, start: int) -> Iterator[tuple[int, list[int], HostBatch]]:
+        """(batch seed, image ids, host batch) of each step of ``epoch`` from ``start``."""
         steps = self._reader.keys(epoch)[start:]
         with self._lock:
             for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
-                generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, start + number))
-                x = self._images(ids, generator, host, finished=True)
-                labels = torch.from_numpy(self.records.labels[ids])
-                # pinned: a copy from pageable memory first waits for all of this stream's work
-                yield x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device,
-                                                                                           non_blocking=True)
+                yield self.order.batch_seed(epoch, start + number), ids, host
+
+    def _made(self, step: tuple[int, list[int], HostBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's (images, labels) on the device, made on the current stream."""
+        seed, ids, host = step
+        x = self._images(ids, torch.Generator().manual_seed(seed), host, finished=True)
+        labels = torch.from_numpy(self.records.labels[ids])
+        # pinned: a copy from pageable memory first waits for all of this stream's work
+        return x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
 
     def _decoded(self, host: HostBatch) -> tuple[ImageTable, dict[int, str]]:
         """The batch's images on the device, and the reasons of those that failed."""
@@ -513,9 +529,11 @@ class StreamLoader:
         if self.device.type == "cuda":  # nvJPEG may read the host buffers until its work is done
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
-            self._in_use.append((done, host))
-            while len(self._in_use) > 3:
-                self._in_use.popleft()[0].synchronize()
+            with self._in_use_lock:
+                self._in_use.append((done, host))
+                oldest = self._in_use.popleft() if len(self._in_use) > 3 else None
+            if oldest is not None:
+                oldest[0].synchronize()
         return table, failures
 
     def _images(self, ids: list[int], generator: torch.Generator | None, host: HostBatch,

@@ -15,7 +15,7 @@
 #     nodecode_*, noresample_*, nogpu_*  this tree with the pipeline's GPU work cut out (NODECODE=1,
 #                  NORESAMPLE=1, both): ablations that show what each part costs end to end.
 #     own_*        OWNSTREAM=1 (training on a stream of its own, nvJPEG given the default stream);
-#     noreserve_*  NORESERVE=1 (nvJPEG's buffers not reserved);
+#     noreserve_*  NORESERVE=1 (nvJPEG's buffers not reserved); threads2_* THREADS=2 (two pipeline threads);
 #     every run logs the pipeline thread's time per batch (PRODLOG) to prod_KEY.json.
 #   BUDGET (480)  seconds after the start past which no further run begins (a call may run 600 s).
 # ../../per-image-taps/ runs it too, with .carry/src_head holding a later commit (named in
@@ -59,6 +59,7 @@ for k in ${RUNS:-head_r1 new_r1 head_r2 new_r2}; do
     nogpu*) NODECODE=1 NORESAMPLE=1 e2e $k 120 --epochs 8 --quiet ;;
     own*) OWNSTREAM=1 e2e $k 120 --epochs 8 --quiet ;;
     noreserve*) NORESERVE=1 e2e $k 120 --epochs 8 --quiet ;;
+    threads2*) THREADS=2 e2e $k 120 --epochs 8 --quiet ;;
     *) e2e $k 120 --epochs 8 --quiet ;;
   esac
   report $k

@@ -14,7 +14,8 @@ trap finish EXIT
 # Trainer.fit on a CUDA stream of its own and gives the direct nvJPEG call the (then idle) default
 # stream; PRODLOG=path records per batch the pipeline thread's seconds in BatchDecoder.decode, in
 # the nvjpegDecodeBatched call inside it, in its ordering wait and in the whole batch
-# (StreamLoader._images); PROFILE_STEPS=n makes --profile trace n steps from step 20; NORESERVE=1 stops the direct nvJPEG
+# (StreamLoader._images); PROFILE_STEPS=n makes --profile trace n steps from step 20; THREADS=n
+# gives the streaming loader n pipeline threads; NORESERVE=1 stops the direct nvJPEG
 # call reserving the engines' buffers (nvjpegDecodeBatchedPreAllocate) in commit 3b518b9 (reverted: no gain)
 e2e() {
   local key=$1 limit=$2; shift 2
@@ -29,7 +30,7 @@ if os.environ.get('SHARING'):  # probe: how reader processes hand tensors over
 if os.environ.get('YUV'):  # probe: nvJPEG writes its YUV planes (no conversion kernel; colours then wrong)
     import gpuaccel.data.nvjpeg as n; n._OUTPUT_RGB = 1
 if os.environ.get('DEPTH'):  # probe: batches the pipeline thread makes ahead (default 3)
-    import gpuaccel.data.prefetch as p; p.in_thread.__defaults__ = (int(os.environ['DEPTH']),)
+    import gpuaccel.data.prefetch as p; p.in_threads.__defaults__ = (int(os.environ['DEPTH']),)
 if os.environ.get('NO_FREEZE'):  # probe: the trainer's gc.freeze() after the warm-up made a no-op
     import gc; gc.freeze = lambda: None
 if os.environ.get('GCLOG'):  # probe: each garbage collection of generation 2, (seconds since start, ms) -> GCLOG
@@ -81,6 +82,8 @@ if os.environ.get('OWNSTREAM'):
     t.Trainer.fit, n.BatchDecoder.decode = fit_on_own_stream, decode_on_default_stream
 if os.environ.get('PROFILE_STEPS'):
     import gpuaccel.monitor.profiling as pr; pr.StepProfiler.__init__.__defaults__ = (20, 2, int(os.environ['PROFILE_STEPS']))
+if os.environ.get('THREADS'):  # the streaming loader's pipeline threads (default 1)
+    import gpuaccel.data.stream as s; s.StreamLoader.__init__.__kwdefaults__['threads'] = int(os.environ['THREADS'])
 if os.environ.get('NORESERVE'):
     import gpuaccel.data.nvjpeg as n; n._RESERVE_LIMIT = 0
 if os.environ.get('PRODLOG'):

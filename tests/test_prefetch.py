@@ -1,0 +1,77 @@
+"""Batches made ahead on background threads (data/prefetch.py), off the GPU."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from gpuaccel.data.prefetch import in_threads
+
+
+def slow_square(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    time.sleep(random.random() * 0.01)  # threads finish out of order
+    return torch.tensor([step * step]), torch.tensor([step])
+
+
+def prefetch_threads_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gpuaccel-prefetch")]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_batches_come_in_the_order_of_their_steps(threads):
+    made = list(in_threads(range(40), slow_square, [None] * threads, depth=4))
+    assert [int(y) for _, y in made] == list(range(40))
+    assert [int(x) for x, _ in made] == [k * k for k in range(40)]
+    assert not prefetch_threads_alive()
+
+
+def test_a_failing_step_is_raised_in_its_place_after_the_steps_before_it():
+    def make(step):
+        if step == 5:
+            raise ValueError("step 5 cannot be made")
+        return slow_square(step)
+
+    seen = []
+    with pytest.raises(ValueError, match="step 5"):
+        for _, y in in_threads(range(20), make, [None] * 3):
+            seen.append(int(y))
+    assert seen == [0, 1, 2, 3, 4]
+    assert not prefetch_threads_alive()
+
+
+def test_a_failing_read_is_raised_after_the_steps_read_before_it():
+    def steps():
+        yield from range(3)
+        raise OSError("the disk went away")
+
+    seen = []
+    with pytest.raises(OSError, match="disk went away"):
+        for _, y in in_threads(steps(), slow_square, [None] * 2):
+            seen.append(int(y))
+    assert seen == [0, 1, 2]
+
+
+def test_stopping_early_joins_the_threads_and_closes_the_steps():
+    closed = threading.Event()
+    reads = []
+
+    def steps():
+        try:
+            for k in range(1000):
+                reads.append(k)
+                yield k
+        finally:
+            closed.set()
+
+    batches = in_threads(steps(), slow_square, [None] * 2, depth=3)
+    assert [int(y) for _, y in (next(batches), next(batches))] == [0, 1]
+    batches.close()
+    assert closed.is_set() and not prefetch_threads_alive()
+    assert len(reads) <= 2 + 3 + 2  # consumed, made ahead, and at most one more being read per thread
+
+
+def test_it_needs_a_thread():
+    with pytest.raises(ValueError, match="at least one"):
+        list(in_threads(range(3), slow_square, []))
