@@ -33,9 +33,10 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch.cuda.Stream | None],
                depth: int = 3) -> Iterator[Batch]:
-    """``make(step)`` for each of ``steps``, in order, made up to ``depth`` batches ahead by one
-    background thread per entry of ``sides``, each on its stream there (from :func:`side_stream`,
-    one per thread; None off the GPU).
+    """``make(step)`` for each of ``steps``, in order, made ahead by one background thread per
+    entry of ``sides``, each on its stream there (from :func:`side_stream`, one per thread; None
+    off the GPU). At most ``depth`` + 1 steps are taken and not yet yielded: ``depth`` made and
+    waiting, as in a queue of that size, and one more being made.
 
     Steps are taken in order under a lock, so ``steps`` may be a generator that reads; making
     them is what runs side by side. Why more than one thread: a step can block its thread for
@@ -66,7 +67,7 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
             while True:
                 with take:
                     with turn:
-                        while not stop.is_set() and end is None and taken - consumed >= depth:
+                        while not stop.is_set() and end is None and taken - consumed > depth:
                             turn.wait(0.1)
                         if stop.is_set() or end is not None:
                             return
