@@ -87,7 +87,8 @@ def resample_layout(layout, sizes, channels: int, device: torch.device, boxes: t
     # Triton launches on the current device, which need not be the images' one
     on_their_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_their_device:
-        _resample[grid](layout, geometry, out, out if affine is None else affine, out.stride(0), out.stride(1), out.stride(3), CHANNELS=channels,
+        _resample[grid](layout, geometry, out, out if affine is None else affine, out.stride(0), out.stride(1),
+                        out.stride(3), CHANNELS=channels,
                         CHANNEL_BLOCK=triton.next_power_of_2(channels), AFFINE=affine is not None,
                         FIELDS=_FIELDS, LAYOUT=_LAYOUT, SIZE=size, BLOCK=_BLOCK,
                         TAPS=min(_TAP_BLOCK, triton.next_power_of_2(widest_x)), num_warps=_WARPS)
