@@ -101,7 +101,7 @@ def main():
             resample_kernel._BLOCK, resample_kernel._WARPS, resample_kernel._TAP_BLOCK = block, warps, taps
             _, table, addresses, boxes, flip = batch
             return resample_kernel.resample_layout(addresses, table.sizes, 3, device, boxes, 224, flip,
-                                                   normaliser.affine, torch.bfloat16, True)
+                                                   **normaliser.finished_form)
         return run
 
     variants = {"baseline": finish_after(baseline), "unfused": finish_after(resample_kernel)}

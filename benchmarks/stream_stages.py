@@ -245,9 +245,8 @@ def main():
         def crop(i):
             images = decoded[i % len(decoded)]
             boxes, flip = geometry(images)
-            normaliser = loader.normaliser  # the batch as training takes it, made as the loader makes it
-            return resample_boxes(images, boxes, 224, flip, method=method, affine=normaliser.affine,
-                                  dtype=normaliser.dtype, channels_last=normaliser.channels_last)
+            # the batch as training takes it, made as the loader makes it
+            return resample_boxes(images, boxes, 224, flip, method=method, **loader.normaliser.finished_form)
         host, synced = timed(crop, 24)
         report(f"resample_{method}_host", stats(host))
         report(f"resample_{method}_until_gpu_done", stats(synced))

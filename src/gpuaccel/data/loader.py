@@ -85,6 +85,12 @@ class _Normaliser:
         # the same as (2, C) scale and shift, for a producer that normalises as it writes
         self.affine = torch.stack([self.inv_std.flatten(), -(self.mean * self.inv_std).flatten()])
 
+    @property
+    def finished_form(self) -> dict:
+        """What a producer that finishes the batch itself is asked for (``crops.resample_boxes``'
+        keywords): this normalisation, dtype and layout."""
+        return {"affine": self.affine, "dtype": self.dtype, "channels_last": self.channels_last}
+
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         return (x.float() - self.mean) * self.inv_std
 

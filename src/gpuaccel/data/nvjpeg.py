@@ -222,11 +222,10 @@ class BatchDecoder:
         sizes = lengths.astype(np.uint64)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         drain_before_decoding(self.device)  # after allocating ``out``: nvJPEG writes it at once
-        with self._lock:  # a state initialised for this batch size if one is idle
-            slot = next((s for s in self._idle_states if s[1] == n), None) or \
-                (self._idle_states[-1] if self._idle_states else [self._new_state(), None])
-            if slot in self._idle_states:
-                self._idle_states.remove(slot)
+        with self._lock:  # an idle state, one initialised for this batch size if there is one
+            idle = self._idle_states
+            slot = idle.pop(next((k for k, s in enumerate(idle) if s[1] == n), -1)) if idle else \
+                [self._new_state(), None]
         try:
             state, size = slot
             if size != n:

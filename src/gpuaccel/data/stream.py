@@ -557,8 +557,7 @@ class StreamLoader:
             rows[bad] = [good[j % len(good)] for j in range(len(bad))]  # another image takes the bad one's place
             table = table.take(rows)
         heights, widths = torch.from_numpy(table.sizes[:, 0]), torch.from_numpy(table.sizes[:, 1])
-        form = dict(affine=self.normaliser.affine, dtype=self.normaliser.dtype,
-                    channels_last=self.normaliser.channels_last) if finished else {}
+        form = self.normaliser.finished_form if finished else {}
         if generator is None:
             return resample_boxes(table, centre_boxes(heights, widths, self.image_size), self.image_size, **form)
         boxes = random_resized_boxes(heights, widths, generator)
