@@ -44,13 +44,49 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "reduce-overhead": {"mode": "reduce-overhead"},
     "autotune-pointwise": {"inductor": {"max_autotune_pointwise": True}},
     "coordinate-descent": {"inductor": {"coordinate_descent_tuning": True}},
+    # The 1x1 convolutions as matrix products that inductor may generate itself, with the batch
+    # norm's pointwise work fused into their loads and stores: in the forward pass only
+    # (inductor's own conversion) or in both passes (linear-1x1: written as F.linear).
+    # "ATEN" keeps the other convolutions on cuDNN, where Triton's templates are slower and
+    # their search would not fit the compile budget.
+    "conv-1x1-as-mm": {"inductor": {"conv_1x1_as_mm": True}},
+    "autotune-gemm": {"inductor": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"}},
+    "linear-1x1": {"linear_1x1": True},
+    "linear-1x1-autotune-gemm": {"linear_1x1": True,
+                                 "inductor": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"}},
+    "linear-1x1-autotune-gemm-tuned": {"linear_1x1": True,
+                                       "inductor": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN",
+                                                    "coordinate_descent_tuning": True}},
 }
 
 
-def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False):
+def conv_1x1_as_linear(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` for a 1x1 convolution over a channels_last ``x``, written as a matrix
+    product over its (N, H, W, C) view, so that autograd's backward is two more of them."""
+    if conv.stride != (1, 1):
+        x = x[:, :, ::conv.stride[0], ::conv.stride[1]]
+    out = F.linear(x.permute(0, 2, 3, 1), conv.weight.flatten(1), conv.bias)
+    return out.permute(0, 3, 1, 2)
+
+
+def use_linear_1x1() -> None:
+    """Every later 1x1 convolution without padding or groups runs as :func:`conv_1x1_as_linear`."""
+    conv_forward = nn.Conv2d.forward
+
+    def forward(self, x):
+        if self.kernel_size == (1, 1) and self.padding in ((0, 0), 0) and self.groups == 1 \
+                and x.is_contiguous(memory_format=torch.channels_last):
+            return conv_1x1_as_linear(self, x)
+        return conv_forward(self, x)
+    nn.Conv2d.forward = forward
+
+
+def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False,
+               linear_1x1: bool = False):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
-    put back the stem convolution and max pooling of PyTorch."""
+    put back the stem convolution and max pooling of PyTorch; ``linear_1x1`` writes the 1x1
+    convolutions as matrix products."""
     from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
     from imagenet_throughput import gpuaccel_step
 
@@ -58,6 +94,8 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
         SpaceToDepthConv2d.forward = nn.Conv2d.forward
     if plain_max_pool:
         TritonMaxPool2d.forward = nn.MaxPool2d.forward
+    if linear_1x1:
+        use_linear_1x1()
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
     return gpuaccel_step(mode, CLASSES, x, y)
@@ -255,7 +293,8 @@ def part_variant(name: str) -> dict:
     for key, value in settings.get("inductor", {}).items():
         setattr(inductor_config, key, value)
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
-                      plain_max_pool=settings.get("plain_max_pool", False))
+                      plain_max_pool=settings.get("plain_max_pool", False),
+                      linear_1x1=settings.get("linear_1x1", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)

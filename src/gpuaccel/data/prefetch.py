@@ -11,6 +11,7 @@ processes' CUDA contexts time-slice the GPU instead of running their kernels sid
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -63,7 +64,7 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
 
     def produce(side) -> None:
         nonlocal taken
-        with torch.cuda.stream(side) if side is not None else _nothing():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             while True:
                 with take:
                     with turn:
@@ -123,10 +124,3 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
         if close is not None:  # a generator's own clean-up (locks, readers) runs now, not at collection
             close()
 
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
