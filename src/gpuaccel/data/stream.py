@@ -415,8 +415,8 @@ class StreamLoader:
     loader's thread. ``workers=0`` reads in the loader's thread.
 
     ``threads`` background threads make the batches ahead of the training step, each on a
-    CUDA stream of its own, batch k on thread k mod ``threads`` (:func:`prefetch.in_threads`);
-    the batches and their order do not depend on it. One is the default; two overlap two
+    CUDA stream of its own, each batch on the next free thread, yielded in order
+    (:func:`prefetch.in_threads`); the batches and their order do not depend on it. One is the default; two overlap two
     decoding calls, which beside training wait for nvJPEG's per-image work (not measured end
     to end yet)."""
 
