@@ -44,6 +44,9 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "reduce-overhead": {"mode": "reduce-overhead"},
     "autotune-pointwise": {"inductor": {"max_autotune_pointwise": True}},
     "coordinate-descent": {"inductor": {"coordinate_descent_tuning": True}},
+    # batch-norm statistics computed inside cuDNN's convolutions (models/conv_bn_stats.py)
+    "fused-bn-stats": {"fused_bn_stats": True},
+    "fused-bn-stats-tuned": {"fused_bn_stats": True, "mode": "tuned"},
     # The 1x1 convolutions as matrix products that inductor may generate itself, with the batch
     # norm's pointwise work fused into their loads and stores: in the forward pass only
     # (inductor's own conversion) or in both passes (linear-1x1: written as F.linear).
@@ -82,11 +85,13 @@ def use_linear_1x1() -> None:
 
 
 def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False,
-               linear_1x1: bool = False):
+               linear_1x1: bool = False, fused_bn_stats: bool = False):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
     put back the stem convolution and max pooling of PyTorch; ``linear_1x1`` writes the 1x1
-    convolutions as matrix products."""
+    convolutions as matrix products; ``fused_bn_stats`` takes the batch norms' statistics from
+    the convolutions."""
+    from gpuaccel.models import layers
     from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
     from imagenet_throughput import gpuaccel_step
 
@@ -96,6 +101,7 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
         TritonMaxPool2d.forward = nn.MaxPool2d.forward
     if linear_1x1:
         use_linear_1x1()
+    layers.FUSE_BN_STATISTICS = fused_bn_stats
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
     return gpuaccel_step(mode, CLASSES, x, y)
@@ -294,12 +300,17 @@ def part_variant(name: str) -> dict:
         setattr(inductor_config, key, value)
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False),
-                      linear_1x1=settings.get("linear_1x1", False))
+                      linear_1x1=settings.get("linear_1x1", False),
+                      fused_bn_stats=settings.get("fused_bn_stats", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)
-    return {"variant": name, **settings, **timed(step), "compile_seconds": compile_seconds,
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    row = {"variant": name, **settings, **timed(step), "compile_seconds": compile_seconds,
+           "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    if settings.get("fused_bn_stats"):  # how many convolutions cuDNN fused, and why it declined others
+        from gpuaccel.models.conv_bn_stats import _graphs
+        row["cudnn"] = _graphs.summary()
+    return row
 
 
 def child(args) -> dict:

@@ -1,6 +1,7 @@
-"""The GPU forms of ResNet's ImageNet stem: the space-to-depth convolution and the Triton max
-pooling give PyTorch's results (values and gradients), on the CPU (the kernels through Triton's
-interpreter) and, where there is one, on a GPU."""
+"""The GPU forms of ResNet's layers give PyTorch's results (values and gradients): the ImageNet
+stem's space-to-depth convolution and Triton max pooling, on the CPU (the kernels through
+Triton's interpreter) and, where there is one, on a GPU; batch-norm statistics taken from the
+convolution (through cuDNN where there is a GPU and its frontend)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch.nn.functional as F
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
 from gpuaccel.models import create_model
-from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d, space_to_depth_conv2d
+from gpuaccel.models.conv_bn_stats import _graphs, conv2d_stats, cudnn_frontend
+from gpuaccel.models.layers import ConvBatchNormAct, SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, \
+    space_to_depth_conv2d
 from gpuaccel.train import TrainConfig
 
 # (height, width, kernel, stride, padding, in channels): ResNet's stem, odd sizes, a 3x3 stem,
@@ -118,3 +121,84 @@ def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():
         TrainConfig(data="digits", compile=True, compile_mode="fastest").validate()
     compiled = torch.compile(lambda t: t * 2 + 1, dynamic=False, **compile_arguments("tuned"))
     assert torch.equal(compiled(torch.arange(4.0)), torch.arange(4.0) * 2 + 1)
+
+
+# (kernel, stride): ResNet's 3x3 and 1x1 convolutions, and its strided shortcut
+FUSED_STATISTICS_SHAPES = [(3, 1), (1, 1), (3, 2), (1, 2)]
+
+
+def _batch_norm_pair(kernel: int, stride: int, dtype=torch.float64, device="cpu"):
+    """Two ConvBatchNormAct with the same parameters (batch-norm scale and shift not 1 and 0)."""
+    torch.manual_seed(0)
+    plain = conv_bn_act(8, 16, kernel, stride).to(device, dtype).train()
+    with torch.no_grad():
+        plain[1].weight.uniform_(0.5, 1.5)
+        plain[1].bias.uniform_(-0.5, 0.5)
+    fused = conv_bn_act(8, 16, kernel, stride).to(device, dtype).train()
+    fused.load_state_dict(plain.state_dict())
+    return plain, fused
+
+
+def _after_one_step(module, x, grad, forward):
+    x = x.clone().requires_grad_()
+    out = forward(module, x)
+    out.float().backward(grad)
+    return out, x.grad, [p.grad for p in module.parameters()], list(module.buffers())
+
+
+@pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
+def test_batch_norm_statistics_from_the_convolution_give_the_modules_results(kernel, stride):
+    plain, fused = _batch_norm_pair(kernel, stride)
+    assert fused.fusable()
+    x = torch.randn(4, 8, 10, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(plain(x).shape, dtype=torch.float64)
+    plain.load_state_dict(fused.state_dict())  # undo that call's running-statistics update
+    expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
+    got = _after_one_step(fused, x, grad, ConvBatchNormAct.fused_forward)
+    for e, g in zip(expected[:2], got[:2]):
+        torch.testing.assert_close(g, e)
+    for group in (2, 3):  # parameter gradients; running mean, variance and batch count
+        for e, g in zip(expected[group], got[group]):
+            torch.testing.assert_close(g, e)
+
+
+def test_fused_statistics_compile_and_leave_other_layers_alone():
+    plain, fused = _batch_norm_pair(3, 2, torch.float32)
+    x = torch.randn(4, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(plain(x).shape)
+    plain.load_state_dict(fused.state_dict())
+    compiled = torch.compile(ConvBatchNormAct.fused_forward, backend="aot_eager", fullgraph=True)
+    expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
+    got = _after_one_step(fused, x, grad, compiled)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-4, atol=1e-4)
+    # what the fused statistics cannot take stays nn.Sequential's: grouped convolutions, the stem
+    assert not conv_bn_act(8, 8, 3, groups=8).fusable()
+    assert not conv_bn_act(3, 8, 7, 2, conv=SpaceToDepthConv2d).fusable()
+    assert isinstance(create_model("resnet50", num_classes=10, image_size=224).stages[0][0].conv1, ConvBatchNormAct)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
+                    reason="needs a GPU and NVIDIA's cuDNN frontend")
+@pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
+def test_cudnn_computes_the_statistics_in_the_convolution_in_bf16(kernel, stride):
+    x = torch.randn(32, 64, 28, 28, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(128, 64, kernel, kernel, device="cuda") * (2 / (64 * kernel ** 2)) ** 0.5) \
+        .to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    padding = kernel // 2
+    y, total, squares = conv2d_stats(x, weight, stride, padding)
+    assert not _graphs.declined, _graphs.declined
+    ref = F.conv2d(x, weight, stride=stride, padding=padding).float()
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(total, y.float().sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
+    torch.testing.assert_close(squares, y.float().square().sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
+    plain, fused = _batch_norm_pair(kernel, stride, torch.float32, "cuda")
+    plain, fused = plain.to(memory_format=torch.channels_last), fused.to(memory_format=torch.channels_last)
+    x = torch.randn(32, 8, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(32, 16, 28 // stride, 28 // stride, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
+        got = _after_one_step(fused, x, grad, ConvBatchNormAct.fused_forward)
+    torch.testing.assert_close(got[0].float(), expected[0].float(), rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(got[1], expected[1], rtol=5e-2, atol=5e-2)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import max_pool_kernel
+from .conv_bn_stats import conv2d_stats
+
+# Whether ConvBatchNormAct takes its batch norm's statistics from the convolution kernel when
+# training on a GPU. Off until measured end to end (benchmarks/resnet50_kernels.py, variant
+# fused-bn-stats); GPUACCEL_FUSED_BN_STATS=1 turns it on.
+FUSE_BN_STATISTICS = os.environ.get("GPUACCEL_FUSED_BN_STATS") == "1"
 
 
 def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, groups: int = 1,
@@ -16,7 +24,48 @@ def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, group
               nn.BatchNorm2d(out_ch)]
     if act is not None:
         layers.append(act(inplace=True))
-    return nn.Sequential(*layers)
+    return ConvBatchNormAct(*layers)
+
+
+class ConvBatchNormAct(nn.Sequential):
+    """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
+    parameters, buffers and names). In training on a GPU with :data:`FUSE_BN_STATISTICS`, the
+    batch norm's statistics come out of the convolution kernel (:func:`conv2d_stats`) instead
+    of a pass of their own over its output; the batch norm's arithmetic is then written out
+    here (its running statistics updated as ``nn.BatchNorm2d`` does, the variance taken as
+    E[y^2] - E[y]^2 in fp32, as cuDNN's own fused batch norms do)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
+            return self.fused_forward(x)
+        return super().forward(x)
+
+    def fusable(self) -> bool:
+        conv, norm = self[0], self[1]
+        return type(conv) is nn.Conv2d and type(norm) is nn.BatchNorm2d and conv.groups == 1 \
+            and conv.bias is None and conv.dilation == (1, 1) and conv.padding_mode == "zeros" \
+            and not isinstance(conv.padding, str) and conv.stride[0] == conv.stride[1] \
+            and conv.padding[0] == conv.padding[1] and norm.affine and norm.track_running_stats \
+            and norm.momentum is not None
+
+    def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv, norm = self[0], self[1]
+        weight = conv.weight
+        if torch.is_autocast_enabled(x.device.type):  # a custom operator is not cast by autocast itself
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
+        y, total, squares = conv2d_stats(x, weight, conv.stride[0], conv.padding[0])
+        count = y.numel() // y.shape[1]
+        mean = total / count
+        variance = (squares / count - mean * mean).clamp_min(0)
+        with torch.no_grad():
+            norm.running_mean.lerp_(mean, norm.momentum)
+            norm.running_var.lerp_(variance * (count / max(count - 1, 1)), norm.momentum)
+            norm.num_batches_tracked.add_(1)
+        scale = norm.weight * torch.rsqrt(variance + norm.eps)
+        shift = norm.bias - mean * scale
+        out = (y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype)
+        return self[2](out) if len(self) > 2 else out
 
 
 def init_weights(model: nn.Module) -> None:
