@@ -188,11 +188,14 @@ def test_cudnn_computes_the_statistics_in_the_convolution_in_bf16(kernel, stride
     padding = kernel // 2
     y, total, squares = conv2d_stats(x, weight, stride, padding)
     assert not _graphs.declined, _graphs.declined
-    ref = F.conv2d(x, weight, stride=stride, padding=padding).float()
+    ref = F.conv2d(x.float(), weight.float(), stride=stride, padding=padding)
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
     assert y.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(total, y.float().sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
-    torch.testing.assert_close(squares, y.float().square().sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
+    # bf16 rounding of each output moves a sum of n of them by about sqrt(n) x 0.004 x their rms;
+    # a lost or doubled tile moves some channel's sum by far more than 5% of sqrt(n) x rms
+    spread = (ref.numel() // ref.shape[1]) ** 0.5 * ref.square().mean().sqrt().item()
+    torch.testing.assert_close(total, ref.sum((0, 2, 3)), rtol=0, atol=0.05 * spread)
+    torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)), rtol=1e-2, atol=0)
     plain, fused = _batch_norm_pair(kernel, stride, torch.float32, "cuda")
     plain, fused = plain.to(memory_format=torch.channels_last), fused.to(memory_format=torch.channels_last)
     x = torch.randn(32, 8, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
