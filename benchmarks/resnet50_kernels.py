@@ -44,6 +44,10 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "reduce-overhead": {"mode": "reduce-overhead"},
     "autotune-pointwise": {"inductor": {"max_autotune_pointwise": True}},
     "coordinate-descent": {"inductor": {"coordinate_descent_tuning": True}},
+    # inductor's reduction schedules, for the batch-norm statistics that run at 1.5-2.5 TB/s
+    "mix-order-reduction": {"inductor": {"triton.mix_order_reduction": True}},
+    "cooperative-reductions": {"inductor": {"triton.cooperative_reductions": True}},
+    "combo-kernels": {"inductor": {"combo_kernels": True}},
     # batch-norm statistics computed inside cuDNN's convolutions (models/conv_bn_stats.py)
     "fused-bn-stats": {"fused_bn_stats": True},
     "fused-bn-stats-tuned": {"fused_bn_stats": True, "mode": "tuned"},
@@ -296,8 +300,14 @@ def part_variant(name: str) -> dict:
     import torch._inductor.config as inductor_config
 
     settings = VARIANTS[name]
+    defaults = {}  # this torch's own value of each setting changed
     for key, value in settings.get("inductor", {}).items():
-        setattr(inductor_config, key, value)
+        *path, attribute = key.split(".")  # "triton.x" is inductor_config.triton.x
+        owner = inductor_config
+        for part in path:
+            owner = getattr(owner, part)
+        defaults[key] = getattr(owner, attribute)
+        setattr(owner, attribute, value)
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False),
                       linear_1x1=settings.get("linear_1x1", False),
@@ -305,7 +315,8 @@ def part_variant(name: str) -> dict:
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)
-    row = {"variant": name, **settings, **timed(step), "compile_seconds": compile_seconds,
+    row = {"variant": name, **settings, "inductor_defaults": defaults, **timed(step),
+           "compile_seconds": compile_seconds,
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
     if settings.get("fused_bn_stats"):  # how many convolutions cuDNN fused, and why it declined others
         from gpuaccel.models.conv_bn_stats import _graphs
