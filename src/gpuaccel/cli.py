@@ -66,8 +66,8 @@ def _train_parser(sub) -> None:
     d.add_argument("--loader", metavar="WHERE",
                    help="auto (default: the data set lives in GPU memory when it fits), gpu, cpu (worker "
                         "processes augment on the host; batches are copied to the GPU one step ahead), or stream "
-                        "(JPEG files read and decoded every step, on the GPU with torchvision: for data larger "
-                        "than memory; a directory of .tar shards is always streamed)")
+                        "(JPEG files read and decoded every step, on the GPU with nvJPEG where there is one: for "
+                        "data larger than memory; a directory of .tar shards is always streamed)")
     d.add_argument("--workers", type=int, metavar="N",
                    help="processes of the cpu loader (default: cores - 1, max 8); with --loader stream, reader "
                         "processes (default: cores - 2)")
