@@ -111,6 +111,7 @@ class Unit:
 def unfused_forward(unit: Unit):
     """The forward unit as torch.compile makes it now."""
     stride, padding, prologue = unit.stride, unit.padding, unit.prologue
+    torch._dynamo.reset()  # each shape compiled afresh: past dynamo's recompile limit it would run eagerly
 
     def forward(x, w):
         y = F.conv2d(prologue(x), w, stride=stride, padding=padding)
