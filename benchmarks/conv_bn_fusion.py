@@ -1,28 +1,25 @@
-"""Whether cuDNN's fused convolution graphs would pay for ResNet-50's batch norms (issue 7 (b)).
+"""Whether cuDNN's fused convolution graphs pay for ResNet-50's batch norms (issue 7 (b)), one
+convolution at a time.
 
 gpuaccel's compiled ResNet-50 step spends more time in inductor's kernels, mostly batch norm,
-than in its convolutions (benchmarks/results/resnet50-kernels-h200/README.md): every batch norm reads
-the convolution's output once for its statistics, again to normalise it, and twice more in
-the backward pass. cuDNN's graph API can fuse those passes into the convolutions themselves, as
-NVIDIA's MLPerf ResNet-50 does: the statistics computed in the convolution's epilogue
-(``genstats``), and the previous batch norm's scale, bias and ReLU applied in its prologue, in
-the forward pass and again in the weight gradient's.
+than in its convolutions (benchmarks/results/resnet50-kernels-h200/README.md).
+models/conv_bn_stats.py moves that work into cuDNN's convolution kernels. For each distinct
+convolution of gpuaccel's ResNet-50 at 224 px (batch 256, bf16, channels_last; the stem
+excepted) this times, on a GPU, its three graphs against what torch.compile runs now:
 
-For each convolution of gpuaccel's ResNet-50 at 224 px (batch 256, bf16, channels_last;
-the stem excepted), this times on a GPU:
+  conv                 cuDNN's convolution alone: the floor
+  forward              now: the previous batch norm's scale, shift and ReLU (a pointwise kernel,
+                       for the convolutions whose input is a batch norm's output), cuDNN's
+                       convolution, the per-channel sum and sum of squares (a reduction);
+                       fused: one graph (conv2d_stats)
+  weight_grad          now: the weight gradient from the normalised input;
+                       fused: the same with the scale-shift-ReLU applied as it loads (one graph)
+  prologue_grad        now: the input gradient, through the ReLU, and its two per-channel sums;
+                       fused: one graph (the sums in the input gradient's epilogue)
 
-  conv            cuDNN's convolution alone: the floor
-  unfused         what torch.compile runs now: the previous batch norm's scale, bias and ReLU
-                  (a pointwise kernel, for the convolutions whose input is a batch norm's
-                  output), cuDNN's convolution, the per-channel sum and sum of squares of its
-                  output (a reduction kernel)
-  fused           one cuDNN graph: scale-bias-ReLU, convolution, statistics
-  wgrad           the weight gradient from the normalised input, as now
-  wgrad_fused     one cuDNN graph: scale-bias-ReLU on the input, then the weight gradient
-
-and sums each over the step (each shape times its count). A graph cuDNN cannot run is reported
-with its error. ``--validate-only`` builds and validates every graph without a GPU (the
-frontend's checks of shapes and types), to try the script on a CPU machine.
+with the largest differences, and the per-step totals (each shape times its count). A graph
+cuDNN declines is listed with its reason and its fused time is PyTorch's. ``--validate-only``
+builds every graph and runs the cuDNN frontend's checks of it, without a GPU.
 
     pip install nvidia-cudnn-frontend==1.16.0   # or its wheel, offline
     python benchmarks/conv_bn_fusion.py --out conv_bn_fusion.json
@@ -46,7 +43,6 @@ import torch.nn.functional as F
 
 BATCH = 256
 IMAGE = 224
-MAX_PLANS = 8
 
 
 def convolutions(batch: int = BATCH, image: int = IMAGE) -> list[dict]:
@@ -77,133 +73,33 @@ def convolutions(batch: int = BATCH, image: int = IMAGE) -> list[dict]:
                  count=count) for key, count in seen.items()]
 
 
+class Unit:
+    """One convolution's tensors: input, weights, the previous batch norm's per-channel scale
+    and shift (fp32, or None without a prologue), and a gradient of the output."""
+
+    def __init__(self, shape: dict, batch: int, device):
+        self.shape, self.stride, self.padding = shape, shape["stride"], shape["padding"]
+        c, k, r = shape["in_ch"], shape["out_ch"], shape["kernel"]
+        self.x = channels_last((batch, c, shape["height"], shape["width"]), device)
+        self.w = channels_last((k, c, r, r), device, scale=(2 / (c * r * r)) ** 0.5)
+        self.scale = torch.rand(c, device=device) + 0.5 if shape["prologue"] else None
+        self.shift = torch.randn(c, device=device) * 0.1 if shape["prologue"] else None
+        side = (shape["height"] + 2 * self.padding - r) // self.stride + 1
+        self.grad = channels_last((batch, k, side, side), device)
+
+    def prologue(self, x):
+        if self.scale is None:
+            return x
+        return torch.relu(x * self.scale.view(1, -1, 1, 1) + self.shift.view(1, -1, 1, 1)).to(x.dtype)
+
+
 def channels_last(shape, device, dtype=torch.bfloat16, scale=1.0) -> torch.Tensor:
     return (torch.randn(shape, device=device) * scale).to(dtype).contiguous(memory_format=torch.channels_last)
 
 
-class Unit:
-    """One convolution's tensors at batch ``batch``: input, weights, the previous batch norm's
-    per-channel scale and bias, and the output's gradient."""
-
-    def __init__(self, shape: dict, batch: int, device):
-        self.shape = shape
-        c, k, r = shape["in_ch"], shape["out_ch"], shape["kernel"]
-        self.x = channels_last((batch, c, shape["height"], shape["width"]), device)
-        self.w = channels_last((k, c, r, r), device, scale=(2 / (c * r * r)) ** 0.5)
-        self.scale = channels_last((1, c, 1, 1), device, scale=0.5).abs_()
-        self.bias = channels_last((1, c, 1, 1), device, scale=0.1)
-        out_hw = (shape["height"] + 2 * shape["padding"] - r) // shape["stride"] + 1
-        self.y_shape = (batch, k, out_hw, out_hw)
-        self.dy = channels_last(self.y_shape, device)
-
-    @property
-    def stride(self):
-        return self.shape["stride"]
-
-    @property
-    def padding(self):
-        return self.shape["padding"]
-
-    def prologue(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x * self.scale + self.bias) if self.shape["prologue"] else x
-
-
-def unfused_forward(unit: Unit):
-    """The forward unit as torch.compile makes it now."""
-    stride, padding, prologue = unit.stride, unit.padding, unit.prologue
+def compiled(fn):
     torch._dynamo.reset()  # each shape compiled afresh: past dynamo's recompile limit it would run eagerly
-
-    def forward(x, w):
-        y = F.conv2d(prologue(x), w, stride=stride, padding=padding)
-        y32 = y.float()
-        return y, y32.sum((0, 2, 3)), (y32 * y32).sum((0, 2, 3))
-    return torch.compile(forward, dynamic=False)
-
-
-def cudnn_graph(handle, build):
-    """A cuDNN graph in bf16 with fp32 arithmetic, built by ``build(graph)`` (which returns the
-    tensors to bind), with every execution plan cuDNN can build for it; without a handle, only
-    validated."""
-    import cudnn
-
-    graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-    tensors = build(graph)
-    graph.validate()
-    if handle is not None:
-        graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans(cudnn.build_plan_policy.ALL)
-    return graph, tensors
-
-
-def _input(graph, unit: Unit, x, tensors: dict):
-    """The convolution's input in ``graph``: ``x``, or scale-bias-ReLU of it (its scale and bias
-    tensors then added to ``tensors``)."""
-    if not unit.shape["prologue"]:
-        return x
-    tensors["scale"], tensors["bias"] = _like(graph, "scale", unit.scale), _like(graph, "bias", unit.bias)
-    scaled = graph.scale(name="mul_scale", input=x, scale=tensors["scale"])
-    return graph.relu(name="relu", input=graph.bias(name="add_bias", input=scaled, bias=tensors["bias"]))
-
-
-def _like(graph, name, tensor):
-    return graph.tensor(name=name, dim=list(tensor.shape), stride=list(tensor.stride()), data_type=tensor.dtype)
-
-
-def fused_forward_graph(handle, unit: Unit):
-    import cudnn
-
-    def build(graph):
-        tensors = {"x": _like(graph, "x", unit.x), "w": _like(graph, "w", unit.w)}
-        y = graph.conv_fprop(image=_input(graph, unit, tensors["x"], tensors), weight=tensors["w"],
-                             padding=[unit.padding] * 2, stride=[unit.stride] * 2, dilation=[1, 1], name="conv")
-        y.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
-        total, squares = graph.genstats(name="stats", input=y)
-        total.set_output(True).set_data_type(cudnn.data_type.FLOAT)
-        squares.set_output(True).set_data_type(cudnn.data_type.FLOAT)
-        return {**tensors, "y": y, "sum": total, "squares": squares}
-    return cudnn_graph(handle, build)
-
-
-def fused_wgrad_graph(handle, unit: Unit):
-    import cudnn
-
-    def build(graph):
-        tensors = {"x": _like(graph, "x", unit.x), "dy": _like(graph, "dy", unit.dy)}
-        dw = graph.conv_wgrad(image=_input(graph, unit, tensors["x"], tensors), loss=tensors["dy"],
-                              padding=[unit.padding] * 2, stride=[unit.stride] * 2, dilation=[1, 1], name="wgrad")
-        dw.set_output(True).set_dim(list(unit.w.shape)).set_stride(list(unit.w.stride())) \
-            .set_data_type(cudnn.data_type.BFLOAT16)
-        return {**tensors, "dw": dw}
-    return cudnn_graph(handle, build)
-
-
-def fastest_plan(graph, pack: dict, handle, repeats: int, check) -> dict:
-    """Times each of the graph's first ``MAX_PLANS`` plans (as cudnn.benchmark does for
-    PyTorch's convolutions) and returns the fastest's times, plan 0's (heuristics' first
-    choice), and ``check()`` of the fastest's outputs after one run and after two (equal if the
-    outputs are written, not added to)."""
-    count = min(graph.get_execution_plan_count(), MAX_PLANS)
-    workspace = torch.empty(max([graph.get_workspace_size_plan_at_index(i) for i in range(count)] + [1]),
-                            device="cuda", dtype=torch.uint8)
-    timed, failed = {}, {}
-    for index in range(count):
-        def run(index=index):
-            graph.execute_plan_at_index(pack, workspace, index, handle=handle)
-        try:
-            timed[index] = median_ms(run, repeats)
-        except Exception as exc:  # a plan that did not build or run
-            failed[index] = f"{type(exc).__name__}: {exc}"[:200]
-    if not timed:
-        return {"error": f"none of {count} plans ran", "plans_failed": failed}
-    best = min(timed, key=lambda i: timed[i]["ms"])
-    graph.execute_plan_at_index(pack, workspace, best, handle=handle)
-    once = check()
-    graph.execute_plan_at_index(pack, workspace, best, handle=handle)
-    return {**timed[best], "plan": best, "plans": count, "plans_failed": len(failed),
-            "heuristic_ms": timed.get(0, {}).get("ms"), "error_once": once, "error_twice": check()}
+    return torch.compile(fn, dynamic=False)
 
 
 def median_ms(fn, repeats: int, inner: int = 10) -> dict:
@@ -218,74 +114,90 @@ def median_ms(fn, repeats: int, inner: int = 10) -> dict:
     return {"ms": round(statistics.median(times), 4), "min": round(min(times), 4), "max": round(max(times), 4)}
 
 
-def close(a: torch.Tensor, b: torch.Tensor) -> float:
+def difference(got, expected) -> float:
     """Largest difference relative to the reference's largest magnitude."""
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+    got, expected = got.float(), expected.float()
+    return round(float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-12)), 5)
 
 
-def fused(make_graph, handle, unit: Unit, buffers: dict, repeats: int, check) -> dict:
-    """The fastest plan of ``make_graph``'s graph for ``unit``, or why there was none."""
-    buffers = {**buffers, "scale": unit.scale, "bias": unit.bias}
-    try:
-        graph, tensors = make_graph(handle, unit)
-        return fastest_plan(graph, {tensors[name]: buffers[name] for name in tensors}, handle, repeats, check)
-    except Exception as exc:  # a graph cuDNN declines: recorded, the other measurements still run
-        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+def measure(shape: dict, repeats: int) -> dict:
+    from gpuaccel.models.conv_bn_stats import conv2d_prologue_grad, conv2d_stats, conv2d_weight_grad
 
-
-def measure(shape: dict, handle, repeats: int) -> dict:
-    unit = Unit(shape, BATCH, "cuda")
+    u = Unit(shape, BATCH, "cuda")
     row = dict(shape)
-    conv = lambda: F.conv2d(unit.x, unit.w, stride=unit.stride, padding=unit.padding)  # noqa: E731
-    row["conv"] = median_ms(conv, repeats)
-    compiled = unfused_forward(unit)
-    y_ref, sum_ref, sq_ref = compiled(unit.x, unit.w)
-    row["unfused"] = median_ms(lambda: compiled(unit.x, unit.w), repeats)
-    out = {"y": torch.empty_like(y_ref), "sum": torch.zeros_like(sum_ref).view(1, -1, 1, 1),
-           "squares": torch.zeros_like(sq_ref).view(1, -1, 1, 1)}
+    args = (u.stride, u.padding)
+    row["conv"] = median_ms(lambda: F.conv2d(u.x, u.w, stride=u.stride, padding=u.padding), repeats)
 
-    def forward_error():
-        torch.cuda.synchronize()
-        return {"y": close(out["y"], y_ref), "sum": close(out["sum"].flatten(), sum_ref),
-                "squares": close(out["squares"].flatten(), sq_ref)}
-    row["fused"] = fused(fused_forward_graph, handle, unit, {"x": unit.x, "w": unit.w, **out}, repeats,
-                         forward_error)
+    def forward_now(x, w):
+        y = F.conv2d(u.prologue(x), w, stride=u.stride, padding=u.padding)
+        y32 = y.float()
+        return y, y32.sum((0, 2, 3)), y32.square().sum((0, 2, 3))
+    now = compiled(forward_now)
+    expected = now(u.x, u.w)
+    got = conv2d_stats(u.x, u.w, u.scale, u.shift, *args)
+    row["forward"] = {"now": median_ms(lambda: now(u.x, u.w), repeats),
+                      "fused": median_ms(lambda: conv2d_stats(u.x, u.w, u.scale, u.shift, *args), repeats),
+                      "difference": [difference(g, e) for g, e in zip(got, expected)]}
 
-    z = unit.prologue(unit.x).contiguous(memory_format=torch.channels_last)
-    wgrad = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-        unit.dy, z, unit.w, None, [unit.stride] * 2, [unit.padding] * 2, [1, 1], False, [0, 0], 1,
-        [False, True, False])[1]
-    dw_ref = wgrad()
-    row["wgrad"] = median_ms(wgrad, repeats)
-    dw = torch.empty_like(unit.w)
+    z = u.prologue(u.x).contiguous(memory_format=torch.channels_last)
 
-    def wgrad_error():
-        torch.cuda.synchronize()
-        return close(dw, dw_ref)
-    row["wgrad_fused"] = fused(fused_wgrad_graph, handle, unit, {"x": unit.x, "dy": unit.dy, "dw": dw}, repeats,
-                               wgrad_error)
+    def weight_grad_now():
+        return torch.ops.aten.convolution_backward(u.grad, z, u.w, None, [u.stride] * 2, [u.padding] * 2, [1, 1],
+                                                   False, [0, 0], 1, [False, True, False])[1]
+    row["weight_grad"] = {
+        "now": median_ms(weight_grad_now, repeats),
+        "fused": median_ms(lambda: conv2d_weight_grad(u.x, u.w, u.scale, u.shift, u.grad, *args), repeats),
+        "difference": difference(conv2d_weight_grad(u.x, u.w, u.scale, u.shift, u.grad, *args), weight_grad_now())}
+
+    if u.scale is not None:
+        def prologue_grad_now(x, w, grad):
+            grad_input = torch.ops.aten.convolution_backward(grad, x, w, None, [u.stride] * 2, [u.padding] * 2,
+                                                             [1, 1], False, [0, 0], 1, [True, False, False])[0]
+            pre = x * u.scale.view(1, -1, 1, 1) + u.shift.view(1, -1, 1, 1)
+            grad_pre = torch.where(pre > 0, grad_input, 0)
+            wide = grad_pre.float()
+            return grad_pre, (wide * x).sum((0, 2, 3)), wide.sum((0, 2, 3))
+        now = compiled(prologue_grad_now)
+        expected = now(u.x, u.w, u.grad)
+        got = conv2d_prologue_grad(u.x, u.w, u.scale, u.shift, u.grad, *args)
+        row["prologue_grad"] = {
+            "now": median_ms(lambda: now(u.x, u.w, u.grad), repeats),
+            "fused": median_ms(lambda: conv2d_prologue_grad(u.x, u.w, u.scale, u.shift, u.grad, *args), repeats),
+            "difference": [difference(g, e) for g, e in zip(got, expected)]}
     return row
 
 
 def totals(rows: list[dict]) -> dict:
-    """Per-step milliseconds of each way, over the shapes where every way ran."""
-    keys = ("conv", "unfused", "fused", "wgrad", "wgrad_fused")
-    ok = [r for r in rows if all("ms" in r.get(k, {}) for k in keys)]
-    return {"shapes": len(ok), "of": len(rows),
-            **{k: round(sum(r[k]["ms"] * r["count"] for r in ok), 3) for k in keys}}
+    """Per-step milliseconds of each part, now and fused."""
+    out = {"conv": round(sum(r["conv"]["ms"] * r["count"] for r in rows), 3)}
+    for part in ("forward", "weight_grad", "prologue_grad"):
+        for way in ("now", "fused"):
+            out[f"{part}_{way}"] = round(sum(r[part][way]["ms"] * r["count"] for r in rows if part in r), 3)
+    return out
 
 
 def validate_only(shapes: list[dict]) -> list[dict]:
+    """Every graph of every shape through the cuDNN frontend's checks, on meta tensors."""
+    from gpuaccel.models.conv_bn_stats import _output, validate_graphs
+
     rows = []
     for shape in shapes:
-        unit = Unit(shape, BATCH, "meta")
+        u = Unit(shape, BATCH, "meta")
+        y = _output(u.x, u.w, u.stride, u.padding)
+        vector = lambda n: torch.empty(n, device="meta")  # noqa: E731
+        affine = {} if u.scale is None else {"scale": u.scale, "shift": u.shift}
+        graphs = {"forward": dict(x=u.x, w=u.w, y=y, sum=vector(y.shape[1]), squares=vector(y.shape[1]), **affine),
+                  "weight_grad": dict(x=u.x, grad=u.grad, dw=torch.empty_like(u.w), **affine)}
+        if affine:
+            graphs["prologue_grad"] = dict(x=u.x, w=u.w, grad=u.grad, grad_pre=torch.empty_like(u.x),
+                                           sum_by_x=vector(u.x.shape[1]), sum=vector(u.x.shape[1]), **affine)
         row = dict(shape)
-        for name, make in (("fused", fused_forward_graph), ("wgrad_fused", fused_wgrad_graph)):
+        for kind, buffers in graphs.items():
             try:
-                make(None, unit)
-                row[name] = "valid"
+                validate_graphs(kind, buffers, u.stride, u.padding)
+                row[kind] = "valid"
             except Exception as exc:
-                row[name] = f"{type(exc).__name__}: {exc}"[:400]
+                row[kind] = f"{type(exc).__name__}: {exc}"[:400]
         rows.append(row)
     return rows
 
@@ -296,8 +208,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--validate-only", action="store_true")
     args = ap.parse_args()
-    import cudnn
+    from gpuaccel.models.conv_bn_stats import cudnn_frontend, summary
 
+    cudnn = cudnn_frontend()
+    if cudnn is None:
+        sys.exit("needs NVIDIA's cuDNN frontend: pip install nvidia-cudnn-frontend==1.16.0")
     shapes = convolutions()
     result = {"torch": torch.__version__, "cudnn_frontend": getattr(cudnn, "__version__", None),
               "cudnn_backend": cudnn.backend_version_string(), "batch": BATCH, "image": IMAGE}
@@ -308,20 +223,17 @@ def main():
     else:
         torch.backends.cudnn.benchmark = True
         result["device"] = torch.cuda.get_device_name()
-        handle = cudnn.create_handle()
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
         rows = []
         for shape in shapes:
             start = time.perf_counter()
-            row = measure(shape, handle, args.repeats)
+            row = measure(shape, args.repeats)
             row["seconds"] = round(time.perf_counter() - start, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            result["rows"] = rows
-            result["per_step_ms"] = totals(rows)
+            result.update(rows=rows, per_step_ms=totals(rows), graphs=summary())
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-        print("per step", result["per_step_ms"], flush=True)
+        print("per step", result["per_step_ms"], "\ngraphs", result["graphs"], flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0

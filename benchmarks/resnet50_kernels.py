@@ -48,7 +48,9 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "mix-order-reduction": {"inductor": {"triton.mix_order_reduction": True}},
     "cooperative-reductions": {"inductor": {"triton.cooperative_reductions": True}},
     "combo-kernels": {"inductor": {"combo_kernels": True}},
-    # batch-norm statistics computed inside cuDNN's convolutions (models/conv_bn_stats.py)
+    # batch norm's work inside cuDNN's convolutions: statistics in the epilogues, the normalisation
+    # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
+    # epilogue (models/conv_bn_stats.py)
     "fused-bn-stats": {"fused_bn_stats": True},
     "fused-bn-stats-tuned": {"fused_bn_stats": True, "mode": "tuned"},
     # The 1x1 convolutions as matrix products that inductor may generate itself, with the batch
@@ -318,9 +320,9 @@ def part_variant(name: str) -> dict:
     row = {"variant": name, **settings, "inductor_defaults": defaults, **timed(step),
            "compile_seconds": compile_seconds,
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-    if settings.get("fused_bn_stats"):  # how many convolutions cuDNN fused, and why it declined others
-        from gpuaccel.models.conv_bn_stats import _graphs
-        row["cudnn"] = _graphs.summary()
+    if settings.get("fused_bn_stats"):  # which of cuDNN's graphs ran, and why it declined others
+        from gpuaccel.models.conv_bn_stats import summary
+        row["cudnn"] = summary()
     return row
 
 

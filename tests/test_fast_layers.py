@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
 from gpuaccel.models import create_model
-from gpuaccel.models.conv_bn_stats import _graphs, conv2d_stats, cudnn_frontend
+from gpuaccel.models.conv_bn_stats import (conv2d_prologue_grad, conv2d_stats, conv2d_weight_grad, cudnn_frontend,
+                                           summary)
 from gpuaccel.models.layers import ConvBatchNormAct, SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, \
     space_to_depth_conv2d
 from gpuaccel.train import TrainConfig
@@ -127,83 +128,160 @@ def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():
 FUSED_STATISTICS_SHAPES = [(3, 1), (1, 1), (3, 2), (1, 2)]
 
 
-def _batch_norm_pair(kernel: int, stride: int, dtype=torch.float64, device="cpu"):
-    """Two ConvBatchNormAct with the same parameters (batch-norm scale and shift not 1 and 0)."""
+def _twins(make, dtype=torch.float64, device="cpu"):
+    """Two copies of ``make()`` in training mode, their batch norms' scales and shifts away from
+    1 and 0."""
     torch.manual_seed(0)
-    plain = conv_bn_act(8, 16, kernel, stride).to(device, dtype).train()
+    first = make().to(device, dtype).train()
     with torch.no_grad():
-        plain[1].weight.uniform_(0.5, 1.5)
-        plain[1].bias.uniform_(-0.5, 0.5)
-    fused = conv_bn_act(8, 16, kernel, stride).to(device, dtype).train()
-    fused.load_state_dict(plain.state_dict())
-    return plain, fused
+        for module in first.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+    second = make().to(device, dtype).train()
+    second.load_state_dict(first.state_dict())
+    if device == "cuda":
+        first, second = first.to(memory_format=torch.channels_last), second.to(memory_format=torch.channels_last)
+    return first, second
 
 
 def _after_one_step(module, x, grad, forward):
+    """Output, input gradient, parameter gradients and buffers after one forward and backward."""
     x = x.clone().requires_grad_()
     out = forward(module, x)
-    out.float().backward(grad)
+    out.to(grad.dtype).backward(grad)
     return out, x.grad, [p.grad for p in module.parameters()], list(module.buffers())
+
+
+def _assert_same_step(got, expected, **tolerance):
+    torch.testing.assert_close(got[0].to(expected[0].dtype), expected[0], **tolerance)
+    torch.testing.assert_close(got[1], expected[1], **tolerance)
+    for group in (2, 3):  # parameter gradients; running means, variances and batch counts
+        for g, e in zip(got[group], expected[group]):
+            torch.testing.assert_close(g, e, **tolerance)
+
+
+def _step_both(plain, fused, x, plain_forward, fused_forward):
+    grad = torch.randn(plain_forward(plain, x).shape, dtype=torch.float64 if x.dtype == torch.float64 else
+                       torch.float32, device=x.device)
+    plain.load_state_dict(fused.state_dict())  # undo that call's running-statistics update
+    return _after_one_step(fused, x, grad, fused_forward), _after_one_step(plain, x, grad, plain_forward)
+
+
+def _bottleneck(stride):
+    from gpuaccel.models.resnet import Bottleneck
+    return lambda: Bottleneck(32, 8, stride) if stride == 1 else Bottleneck(16, 8, stride)
 
 
 @pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
 def test_batch_norm_statistics_from_the_convolution_give_the_modules_results(kernel, stride):
-    plain, fused = _batch_norm_pair(kernel, stride)
+    plain, fused = _twins(lambda: conv_bn_act(8, 16, kernel, stride))
     assert fused.fusable()
     x = torch.randn(4, 8, 10, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
-    grad = torch.randn(plain(x).shape, dtype=torch.float64)
-    plain.load_state_dict(fused.state_dict())  # undo that call's running-statistics update
-    expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
-    got = _after_one_step(fused, x, grad, ConvBatchNormAct.fused_forward)
-    for e, g in zip(expected[:2], got[:2]):
+    _assert_same_step(*_step_both(plain, fused, x, nn.Sequential.forward, ConvBatchNormAct.fused_forward))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_bottleneck_with_batch_norms_inside_its_convolutions_gives_the_blocks_results(stride):
+    """The first two batch norms applied as the next convolution loads its input, every
+    statistic from a convolution: the same outputs, gradients and running statistics."""
+    from gpuaccel.models.resnet import Bottleneck
+
+    plain, fused = _twins(_bottleneck(stride))
+    assert fused.fusable()
+    x = torch.randn(4, plain.conv1[0].in_channels, 10, 10, dtype=torch.float64)
+    _assert_same_step(*_step_both(plain, fused, x.contiguous(memory_format=torch.channels_last),
+                                  lambda m, t: Bottleneck.forward(m, t), Bottleneck.fused_forward))
+
+
+def test_the_convolution_prologue_has_the_gradients_of_its_formula():
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 9, 9, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 6, 3, 3, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(6, dtype=torch.float64).add_(0.5).requires_grad_()
+    shift = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    y, total, squares = conv2d_stats(x, weight, scale, shift, 2, 1)
+    ref = F.conv2d(torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)), weight, stride=2, padding=1)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(total, ref.sum((0, 2, 3)))
+    torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)))
+    mix = torch.randn_like(ref)  # a loss that reaches the output and both sums
+    loss = lambda out, s, q: (out * mix).sum() + (s * s.flip(0)).sum() + q.sqrt().sum()  # noqa: E731
+    expected = torch.autograd.grad(loss(ref, ref.sum((0, 2, 3)), ref.square().sum((0, 2, 3))),
+                                   (x, weight, scale, shift))
+    got = torch.autograd.grad(loss(y, total, squares), (x, weight, scale, shift))
+    for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
-    for group in (2, 3):  # parameter gradients; running mean, variance and batch count
-        for e, g in zip(expected[group], got[group]):
-            torch.testing.assert_close(g, e)
 
 
 def test_fused_statistics_compile_and_leave_other_layers_alone():
-    plain, fused = _batch_norm_pair(3, 2, torch.float32)
-    x = torch.randn(4, 8, 10, 10).contiguous(memory_format=torch.channels_last)
-    grad = torch.randn(plain(x).shape)
-    plain.load_state_dict(fused.state_dict())
-    compiled = torch.compile(ConvBatchNormAct.fused_forward, backend="aot_eager", fullgraph=True)
-    expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
-    got = _after_one_step(fused, x, grad, compiled)
-    torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got[1], expected[1], rtol=1e-4, atol=1e-4)
-    for e, g in zip(expected[3], got[3]):  # the compiled graph updates the running statistics too
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
-    # what the fused statistics cannot take stays nn.Sequential's: grouped convolutions, the stem
+    from gpuaccel.models.resnet import Bottleneck
+
+    plain, fused = _twins(_bottleneck(2), torch.float32)
+    x = torch.randn(4, 16, 10, 10).contiguous(memory_format=torch.channels_last)
+    compiled = torch.compile(Bottleneck.fused_forward, backend="aot_eager", fullgraph=True)
+    _assert_same_step(*_step_both(plain, fused, x, lambda m, t: Bottleneck.forward(m, t), compiled),
+                      rtol=1e-4, atol=1e-4)
+    # what the fused statistics cannot take stays nn.Sequential's: grouped convolutions, ReLU6,
+    # the stem
     assert not conv_bn_act(8, 8, 3, groups=8).fusable()
+    assert not conv_bn_act(8, 8, 3, act=nn.ReLU6).fusable()
     assert not conv_bn_act(3, 8, 7, 2, conv=SpaceToDepthConv2d).fusable()
-    assert isinstance(create_model("resnet50", num_classes=10, image_size=224).stages[0][0].conv1, ConvBatchNormAct)
+    assert create_model("resnet50", num_classes=10, image_size=224).stages[1][0].fusable()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
                     reason="needs a GPU and NVIDIA's cuDNN frontend")
 @pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
-def test_cudnn_computes_the_statistics_in_the_convolution_in_bf16(kernel, stride):
-    x = torch.randn(32, 64, 28, 28, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    weight = (torch.randn(128, 64, kernel, kernel, device="cuda") * (2 / (64 * kernel ** 2)) ** 0.5) \
-        .to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    padding = kernel // 2
-    y, total, squares = conv2d_stats(x, weight, stride, padding)
-    assert not _graphs.declined, _graphs.declined
-    ref = F.conv2d(x.float(), weight.float(), stride=stride, padding=padding)
-    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
-    assert y.is_contiguous(memory_format=torch.channels_last)
-    # bf16 rounding of each output moves a sum of n of them by about sqrt(n) x 0.004 x their rms;
-    # a lost or doubled tile moves some channel's sum by far more than 5% of sqrt(n) x rms
-    spread = (ref.numel() // ref.shape[1]) ** 0.5 * ref.square().mean().sqrt().item()
-    torch.testing.assert_close(total, ref.sum((0, 2, 3)), rtol=0, atol=0.05 * spread)
-    torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)), rtol=1e-2, atol=0)
-    plain, fused = _batch_norm_pair(kernel, stride, torch.float32, "cuda")
-    plain, fused = plain.to(memory_format=torch.channels_last), fused.to(memory_format=torch.channels_last)
-    x = torch.randn(32, 8, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
-    grad = torch.randn(32, 16, 28 // stride, 28 // stride, device="cuda")
+def test_cudnns_fused_graphs_match_pytorch_in_bf16(kernel, stride):
+    """Each of the three graphs (forward with and without the prologue, weight gradient,
+    prologue gradient) runs on cuDNN (none declined) and matches the fp32 formula."""
+    def channels_last(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16) \
+            .contiguous(memory_format=torch.channels_last)
+
+    x, padding = channels_last(32, 64, 28, 28), kernel // 2
+    weight = channels_last(128, 64, kernel, kernel, scale=(2 / (64 * kernel ** 2)) ** 0.5)
+    scale, shift = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda") * 0.1
+    x32, w32 = x.float().requires_grad_(), weight.float().requires_grad_()
+    s32, b32 = scale.clone().requires_grad_(), shift.clone().requires_grad_()
+    for prologue in (False, True):
+        y, total, squares = conv2d_stats(x, weight, scale if prologue else None, shift if prologue else None,
+                                         stride, padding)
+        inputs = torch.relu(x32 * s32.view(1, -1, 1, 1) + b32.view(1, -1, 1, 1)) if prologue else x32
+        ref = F.conv2d(inputs, w32, stride=stride, padding=padding)
+        torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=5e-2)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        # bf16 rounding moves a sum of n outputs by about sqrt(n) x 0.004 x their rms; a lost or
+        # doubled tile moves some channel's sum by far more than 5% of sqrt(n) x rms
+        spread = (ref.numel() // ref.shape[1]) ** 0.5 * ref.square().mean().sqrt().item()
+        torch.testing.assert_close(total, ref.sum((0, 2, 3)), rtol=0, atol=0.05 * spread)
+        torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)), rtol=1e-2, atol=0)
+        grad = channels_last(*y.shape)
+        dw = conv2d_weight_grad(x, weight, scale if prologue else None, shift if prologue else None, grad,
+                                stride, padding)
+        ref_dw, = torch.autograd.grad(ref, w32, grad.float(), retain_graph=True)
+        torch.testing.assert_close(dw.float(), ref_dw, rtol=3e-2, atol=3e-2 * ref_dw.abs().max().item())
+        if prologue:
+            grad_pre, by_x, by_one = conv2d_prologue_grad(x, weight, scale, shift, grad, stride, padding)
+            pre = x32 * s32.view(1, -1, 1, 1) + b32.view(1, -1, 1, 1)
+            ref_pre = torch.where(pre > 0, torch.autograd.grad(ref, inputs, grad.float())[0], 0)
+            torch.testing.assert_close(grad_pre.float(), ref_pre, rtol=3e-2, atol=3e-2 * ref_pre.abs().max().item())
+            for got, expected in ((by_x, (ref_pre * x32).sum((0, 2, 3))), (by_one, ref_pre.sum((0, 2, 3)))):
+                torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+    assert not summary()["declined"], summary()["declined"]
+    assert set(summary()["fused"]) == {"forward", "weight_grad", "prologue_grad"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
+                    reason="needs a GPU and NVIDIA's cuDNN frontend")
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_fused_bottleneck_on_a_gpu_matches_the_block_in_bf16(stride):
+    from gpuaccel.models.resnet import Bottleneck
+
+    plain, fused = _twins(_bottleneck(stride), torch.float32, "cuda")
+    x = torch.randn(32, plain.conv1[0].in_channels, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        expected = _after_one_step(plain, x, grad, nn.Sequential.forward)
-        got = _after_one_step(fused, x, grad, ConvBatchNormAct.fused_forward)
+        got, expected = _step_both(plain, fused, x, lambda m, t: Bottleneck.forward(m, t), Bottleneck.fused_forward)
     torch.testing.assert_close(got[0].float(), expected[0].float(), rtol=5e-2, atol=5e-2)
-    torch.testing.assert_close(got[1], expected[1], rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(got[1], expected[1], rtol=5e-2, atol=5e-2 * expected[1].abs().max().item())

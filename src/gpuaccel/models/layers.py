@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from . import max_pool_kernel
 from .conv_bn_stats import conv2d_stats
 
-# Whether ConvBatchNormAct takes its batch norm's statistics from the convolution kernel when
-# training on a GPU. Off until measured end to end (benchmarks/resnet50_kernels.py, variant
-# fused-bn-stats); GPUACCEL_FUSED_BN_STATS=1 turns it on.
+# Whether ConvBatchNormAct (and ResNet's bottleneck, through it) moves its batch norm's work
+# into cuDNN's convolution kernels when training on a GPU (models/conv_bn_stats.py). Off until
+# measured end to end (benchmarks/resnet50_kernels.py, variant fused-bn-stats);
+# GPUACCEL_FUSED_BN_STATS=1 turns it on.
 FUSE_BN_STATISTICS = os.environ.get("GPUACCEL_FUSED_BN_STATS") == "1"
 
 
@@ -31,9 +32,13 @@ class ConvBatchNormAct(nn.Sequential):
     """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
     parameters, buffers and names). In training on a GPU with :data:`FUSE_BN_STATISTICS`, the
     batch norm's statistics come out of the convolution kernel (:func:`conv2d_stats`) instead
-    of a pass of their own over its output; the batch norm's arithmetic is then written out
-    here (its running statistics updated as ``nn.BatchNorm2d`` does, the variance taken as
-    E[y^2] - E[y]^2 in fp32, as cuDNN's own fused batch norms do)."""
+    of a pass of their own over its output, and the batch norm's arithmetic is written out
+    here: the running statistics updated as ``nn.BatchNorm2d`` does, the variance taken as
+    E[y^2] - E[y]^2 in fp32, as cuDNN's own fused batch norms do.
+
+    :meth:`statistics_forward` stops short of normalising: it returns the convolution's output
+    and the per-channel scale and shift that would normalise it, which the next convolution can
+    apply as it loads its input (ResNet's bottleneck does)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
@@ -46,15 +51,24 @@ class ConvBatchNormAct(nn.Sequential):
             and conv.bias is None and conv.dilation == (1, 1) and conv.padding_mode == "zeros" \
             and not isinstance(conv.padding, str) and conv.stride[0] == conv.stride[1] \
             and conv.padding[0] == conv.padding[1] and norm.affine and norm.track_running_stats \
-            and norm.momentum is not None
+            and norm.momentum is not None and (len(self) == 2 or type(self[2]) is nn.ReLU)
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, scale, shift = self.statistics_forward(x)
+        out = (y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype)
+        return torch.relu(out) if len(self) > 2 else out
+
+    def statistics_forward(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                           shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, scale, shift): the convolution's output and the per-channel affine map that is
+        its batch norm (in training: with this batch's statistics, which also update the running
+        ones). The convolution's input is ``relu(x * scale + shift)`` when those are given."""
         conv, norm = self[0], self[1]
         weight = conv.weight
         if torch.is_autocast_enabled(x.device.type):  # a custom operator is not cast by autocast itself
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
-        y, total, squares = conv2d_stats(x, weight, conv.stride[0], conv.padding[0])
+        y, total, squares = conv2d_stats(x, weight, scale, shift, conv.stride[0], conv.padding[0])
         count = y.numel() // y.shape[1]
         mean = total / count
         variance = (squares / count - mean * mean).clamp_min(0)
@@ -63,9 +77,7 @@ class ConvBatchNormAct(nn.Sequential):
             norm.running_var.lerp_(variance * (count / max(count - 1, 1)), norm.momentum)
             norm.num_batches_tracked.add_(1)
         scale = norm.weight * torch.rsqrt(variance + norm.eps)
-        shift = norm.bias - mean * scale
-        out = (y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype)
-        return self[2](out) if len(self) > 2 else out
+        return y, scale, norm.bias - mean * scale
 
 
 def init_weights(model: nn.Module) -> None:

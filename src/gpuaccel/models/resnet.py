@@ -7,8 +7,10 @@ image); from 64 px up it is ImageNet's 7x7 stride-2 convolution and max pooling.
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
+from . import layers
 from .layers import SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, init_weights
 from .registry import register_model
 
@@ -42,7 +44,30 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):
+        if layers.FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
+            return self.fused_forward(x)
         return self.relu(self.conv3(self.conv2(self.conv1(x))) + self.shortcut(x))
+
+    def fusable(self) -> bool:
+        parts = (self.conv1, self.conv2, self.conv3)
+        return all(part.fusable() for part in parts) and len(self.conv1) == len(self.conv2) == 3 and \
+            (isinstance(self.shortcut, nn.Identity) or self.shortcut.fusable())
+
+    def fused_forward(self, x):
+        """The same block with each batch norm's statistics taken in its convolution's kernel,
+        and the first two batch norms (and their ReLUs) applied by the next convolution as it
+        loads its input: their normalised outputs are never written (MLPerf's ResNet-50 does
+        this with cuDNN; models/conv_bn_stats.py)."""
+        y1, scale1, shift1 = self.conv1.statistics_forward(x)
+        y2, scale2, shift2 = self.conv2.statistics_forward(y1, scale1, shift1)
+        y3, scale3, shift3 = self.conv3.statistics_forward(y2, scale2, shift2)
+        out = y3 * scale3.view(1, -1, 1, 1) + shift3.view(1, -1, 1, 1)
+        if isinstance(self.shortcut, nn.Identity):
+            out = out + x
+        else:
+            ys, scale_s, shift_s = self.shortcut.statistics_forward(x)
+            out = out + ys * scale_s.view(1, -1, 1, 1) + shift_s.view(1, -1, 1, 1)
+        return torch.relu(out).to(y3.dtype)
 
 
 def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module:
