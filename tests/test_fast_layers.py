@@ -168,9 +168,12 @@ def _step_both(plain, fused, x, plain_forward, fused_forward):
     return _after_one_step(fused, x, grad, fused_forward), _after_one_step(plain, x, grad, plain_forward)
 
 
-def _bottleneck(stride):
-    from gpuaccel.models.resnet import Bottleneck
-    return lambda: Bottleneck(32, 8, stride) if stride == 1 else Bottleneck(16, 8, stride)
+def _block(kind: str, stride: int):
+    """A ResNet block of ``kind`` with an identity shortcut at stride 1, a projection at 2."""
+    from gpuaccel.models.resnet import BasicBlock, Bottleneck
+    block = {"basic": BasicBlock, "bottleneck": Bottleneck}[kind]
+    width = 8 * block.expansion
+    return lambda: block(width if stride == 1 else 16, 8, stride)
 
 
 @pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
@@ -181,17 +184,26 @@ def test_batch_norm_statistics_from_the_convolution_give_the_modules_results(ker
     _assert_same_step(*_step_both(plain, fused, x, nn.Sequential.forward, ConvBatchNormAct.fused_forward))
 
 
+@pytest.mark.parametrize("kind", ["basic", "bottleneck"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_the_bottleneck_with_batch_norms_inside_its_convolutions_gives_the_blocks_results(stride):
-    """The first two batch norms applied as the next convolution loads its input, every
-    statistic from a convolution: the same outputs, gradients and running statistics."""
-    from gpuaccel.models.resnet import Bottleneck
-
-    plain, fused = _twins(_bottleneck(stride))
+def test_resnet_blocks_with_batch_norms_inside_their_convolutions_give_the_blocks_results(kind, stride):
+    """The branch's batch norms but the last applied as the next convolution loads its input,
+    every statistic from a convolution: the same outputs, gradients and running statistics."""
+    plain, fused = _twins(_block(kind, stride))
     assert fused.fusable()
     x = torch.randn(4, plain.conv1[0].in_channels, 10, 10, dtype=torch.float64)
     _assert_same_step(*_step_both(plain, fused, x.contiguous(memory_format=torch.channels_last),
-                                  lambda m, t: Bottleneck.forward(m, t), Bottleneck.fused_forward))
+                                  _plain_block, type(fused).fused_forward))
+
+
+def _plain_block(block, x):
+    """The block's forward pass through PyTorch's modules, whatever GPUACCEL_FUSED_BN_STATS says."""
+    y = x
+    for name in block.convs:
+        y = nn.Sequential.forward(getattr(block, name), y)
+    shortcut = block.shortcut if isinstance(block.shortcut, nn.Identity) else \
+        (lambda t: nn.Sequential.forward(block.shortcut, t))
+    return block.relu(y + shortcut(x))
 
 
 def test_the_convolution_prologue_has_the_gradients_of_its_formula():
@@ -217,11 +229,10 @@ def test_the_convolution_prologue_has_the_gradients_of_its_formula():
 def test_fused_statistics_compile_and_leave_other_layers_alone():
     from gpuaccel.models.resnet import Bottleneck
 
-    plain, fused = _twins(_bottleneck(2), torch.float32)
+    plain, fused = _twins(_block("bottleneck", 2), torch.float32)
     x = torch.randn(4, 16, 10, 10).contiguous(memory_format=torch.channels_last)
     compiled = torch.compile(Bottleneck.fused_forward, backend="aot_eager", fullgraph=True)
-    _assert_same_step(*_step_both(plain, fused, x, lambda m, t: Bottleneck.forward(m, t), compiled),
-                      rtol=1e-4, atol=1e-4)
+    _assert_same_step(*_step_both(plain, fused, x, _plain_block, compiled), rtol=1e-4, atol=1e-4)
     # what the fused statistics cannot take stays nn.Sequential's: grouped convolutions, ReLU6,
     # the stem
     assert not conv_bn_act(8, 8, 3, groups=8).fusable()
@@ -275,13 +286,12 @@ def test_cudnns_fused_graphs_match_pytorch_in_bf16(kernel, stride):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
                     reason="needs a GPU and NVIDIA's cuDNN frontend")
+@pytest.mark.parametrize("kind", ["basic", "bottleneck"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_the_fused_bottleneck_on_a_gpu_matches_the_block_in_bf16(stride):
-    from gpuaccel.models.resnet import Bottleneck
-
-    plain, fused = _twins(_bottleneck(stride), torch.float32, "cuda")
+def test_fused_resnet_blocks_on_a_gpu_match_the_blocks_in_bf16(kind, stride):
+    plain, fused = _twins(_block(kind, stride), torch.float32, "cuda")
     x = torch.randn(32, plain.conv1[0].in_channels, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        got, expected = _step_both(plain, fused, x, lambda m, t: Bottleneck.forward(m, t), Bottleneck.fused_forward)
+        got, expected = _step_both(plain, fused, x, _plain_block, type(fused).fused_forward)
     torch.testing.assert_close(got[0].float(), expected[0].float(), rtol=5e-2, atol=5e-2)
     torch.testing.assert_close(got[1], expected[1], rtol=5e-2, atol=5e-2 * expected[1].abs().max().item())

@@ -17,8 +17,45 @@ from .registry import register_model
 SMALL_IMAGE_LIMIT = 64
 
 
-class BasicBlock(nn.Module):
+class _ResidualBlock(nn.Module):
+    """relu(branch(x) + shortcut(x)), the branch a chain of ConvBatchNormAct (``convs``), each
+    but the last with a ReLU."""
+
+    convs: tuple[str, ...]
+
+    def forward(self, x):
+        if layers.FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
+            return self.fused_forward(x)
+        y = x
+        for name in self.convs:
+            y = getattr(self, name)(y)
+        return self.relu(y + self.shortcut(x))
+
+    def fusable(self) -> bool:
+        chain = [getattr(self, name) for name in self.convs]
+        return all(part.fusable() for part in chain) and all(len(part) == 3 for part in chain[:-1]) and \
+            (isinstance(self.shortcut, nn.Identity) or self.shortcut.fusable())
+
+    def fused_forward(self, x):
+        """The same block with each batch norm's statistics taken in its convolution's kernel,
+        and each batch norm of the branch but the last (with its ReLU) applied by the next
+        convolution as it loads its input, so that its normalised output is never written
+        (MLPerf's ResNet-50 does this with cuDNN; models/conv_bn_stats.py)."""
+        y, scale, shift = x, None, None
+        for name in self.convs:
+            y, scale, shift = getattr(self, name).statistics_forward(y, scale, shift)
+        out = y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+        if isinstance(self.shortcut, nn.Identity):
+            out = out + x
+        else:
+            y_short, scale_short, shift_short = self.shortcut.statistics_forward(x)
+            out = out + y_short * scale_short.view(1, -1, 1, 1) + shift_short.view(1, -1, 1, 1)
+        return torch.relu(out).to(y.dtype)
+
+
+class BasicBlock(_ResidualBlock):
     expansion = 1
+    convs = ("conv1", "conv2")
 
     def __init__(self, in_ch: int, ch: int, stride: int):
         super().__init__()
@@ -27,12 +64,10 @@ class BasicBlock(nn.Module):
         self.shortcut = _shortcut(in_ch, ch, stride)
         self.relu = nn.ReLU(inplace=True)
 
-    def forward(self, x):
-        return self.relu(self.conv2(self.conv1(x)) + self.shortcut(x))
 
-
-class Bottleneck(nn.Module):
+class Bottleneck(_ResidualBlock):
     expansion = 4
+    convs = ("conv1", "conv2", "conv3")
 
     def __init__(self, in_ch: int, ch: int, stride: int):
         super().__init__()
@@ -42,32 +77,6 @@ class Bottleneck(nn.Module):
         self.conv3 = conv_bn_act(ch, out, 1, act=None)
         self.shortcut = _shortcut(in_ch, out, stride)
         self.relu = nn.ReLU(inplace=True)
-
-    def forward(self, x):
-        if layers.FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
-            return self.fused_forward(x)
-        return self.relu(self.conv3(self.conv2(self.conv1(x))) + self.shortcut(x))
-
-    def fusable(self) -> bool:
-        parts = (self.conv1, self.conv2, self.conv3)
-        return all(part.fusable() for part in parts) and len(self.conv1) == len(self.conv2) == 3 and \
-            (isinstance(self.shortcut, nn.Identity) or self.shortcut.fusable())
-
-    def fused_forward(self, x):
-        """The same block with each batch norm's statistics taken in its convolution's kernel,
-        and the first two batch norms (and their ReLUs) applied by the next convolution as it
-        loads its input: their normalised outputs are never written (MLPerf's ResNet-50 does
-        this with cuDNN; models/conv_bn_stats.py)."""
-        y1, scale1, shift1 = self.conv1.statistics_forward(x)
-        y2, scale2, shift2 = self.conv2.statistics_forward(y1, scale1, shift1)
-        y3, scale3, shift3 = self.conv3.statistics_forward(y2, scale2, shift2)
-        out = y3 * scale3.view(1, -1, 1, 1) + shift3.view(1, -1, 1, 1)
-        if isinstance(self.shortcut, nn.Identity):
-            out = out + x
-        else:
-            ys, scale_s, shift_s = self.shortcut.statistics_forward(x)
-            out = out + ys * scale_s.view(1, -1, 1, 1) + shift_s.view(1, -1, 1, 1)
-        return torch.relu(out).to(y3.dtype)
 
 
 def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module:
