@@ -51,8 +51,10 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     # batch norm's work inside cuDNN's convolutions: statistics in the epilogues, the normalisation
     # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
     # epilogue (models/conv_bn_stats.py)
-    "fused-bn-stats": {"fused_bn_stats": True},
-    "fused-bn-stats-tuned": {"fused_bn_stats": True, "mode": "tuned"},
+    "fused-bn-statistics": {"fused_bn": "statistics"},
+    "fused-bn-blocks": {"fused_bn": "blocks"},
+    "fused-bn-blocks-without-backward-sums": {"fused_bn": "blocks", "cudnn_graphs": ["forward", "weight_grad"]},
+    "fused-bn-blocks-tuned": {"fused_bn": "blocks", "mode": "tuned"},
     # The 1x1 convolutions as matrix products that inductor may generate itself, with the batch
     # norm's pointwise work fused into their loads and stores: in the forward pass only
     # (inductor's own conversion) or in both passes (linear-1x1: written as F.linear).
@@ -91,12 +93,13 @@ def use_linear_1x1() -> None:
 
 
 def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False,
-               linear_1x1: bool = False, fused_bn_stats: bool = False):
+               linear_1x1: bool = False, fused_bn: str = "off", cudnn_graphs: list[str] | None = None):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
     put back the stem convolution and max pooling of PyTorch; ``linear_1x1`` writes the 1x1
-    convolutions as matrix products; ``fused_bn_stats`` takes the batch norms' statistics from
-    the convolutions."""
+    convolutions as matrix products; ``fused_bn`` moves batch norm's work into cuDNN's
+    convolutions (models/layers.py, FUSED_BATCH_NORM), with only ``cudnn_graphs`` of them when
+    given."""
     from gpuaccel.models import layers
     from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
     from imagenet_throughput import gpuaccel_step
@@ -107,7 +110,10 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
         TritonMaxPool2d.forward = nn.MaxPool2d.forward
     if linear_1x1:
         use_linear_1x1()
-    layers.FUSE_BN_STATISTICS = fused_bn_stats
+    layers.FUSED_BATCH_NORM = fused_bn
+    if cudnn_graphs is not None:
+        from gpuaccel.models import conv_bn_stats
+        conv_bn_stats.CUDNN_GRAPHS = set(cudnn_graphs)
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
     return gpuaccel_step(mode, CLASSES, x, y)
@@ -313,14 +319,14 @@ def part_variant(name: str) -> dict:
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False),
                       linear_1x1=settings.get("linear_1x1", False),
-                      fused_bn_stats=settings.get("fused_bn_stats", False))
+                      fused_bn=settings.get("fused_bn", "off"), cudnn_graphs=settings.get("cudnn_graphs"))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)
     row = {"variant": name, **settings, "inductor_defaults": defaults, **timed(step),
            "compile_seconds": compile_seconds,
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-    if settings.get("fused_bn_stats"):  # which of cuDNN's graphs ran, and why it declined others
+    if settings.get("fused_bn"):  # which of cuDNN's graphs ran, and why it declined others
         from gpuaccel.models.conv_bn_stats import summary
         row["cudnn"] = summary()
     return row

@@ -197,7 +197,7 @@ def test_resnet_blocks_with_batch_norms_inside_their_convolutions_give_the_block
 
 
 def _plain_block(block, x):
-    """The block's forward pass through PyTorch's modules, whatever GPUACCEL_FUSED_BN_STATS says."""
+    """The block's forward pass through PyTorch's modules, whatever GPUACCEL_FUSED_BN says."""
     y = x
     for name in block.convs:
         y = nn.Sequential.forward(getattr(block, name), y)

@@ -34,6 +34,10 @@ from torch import Tensor
 
 _PLANS_TIMED = 8  # cuDNN's first execution plans, each timed once per shape: the fastest is kept
 
+# The graphs cuDNN is asked to run; the others' work is left to PyTorch's operators (to measure
+# each graph's share)
+CUDNN_GRAPHS = {"forward", "weight_grad", "prologue_grad"}
+
 
 @functools.cache
 def cudnn_frontend():
@@ -185,7 +189,8 @@ def _run_graph(kind: str, buffers: dict[str, Tensor], stride: int, padding: int)
     """Runs the graph of ``kind`` on ``buffers`` (inputs and outputs by name) if cuDNN can;
     False leaves the outputs to PyTorch's operators."""
     x = buffers["x"]
-    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and cudnn_frontend() is not None):
+    if not (kind in CUDNN_GRAPHS and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and cudnn_frontend() is not None):
         return False
     graph = _graphs.get(kind, buffers, stride, padding)
     if graph is None:

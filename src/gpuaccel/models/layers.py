@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.nn as nn
@@ -11,11 +12,17 @@ import torch.nn.functional as F
 from . import max_pool_kernel
 from .conv_bn_stats import conv2d_stats
 
-# Whether ConvBatchNormAct (and ResNet's bottleneck, through it) moves its batch norm's work
-# into cuDNN's convolution kernels when training on a GPU (models/conv_bn_stats.py). Off until
-# measured end to end (benchmarks/resnet50_kernels.py, variant fused-bn-stats);
-# GPUACCEL_FUSED_BN_STATS=1 turns it on.
-FUSE_BN_STATISTICS = os.environ.get("GPUACCEL_FUSED_BN_STATS") == "1"
+# How much of the batch norms' work moves into cuDNN's convolution kernels when training on a
+# GPU (models/conv_bn_stats.py): "off"; "statistics", each convolution's batch-norm statistics
+# taken in its epilogue; "blocks", also each batch norm inside ResNet's blocks applied by the
+# next convolution as it loads its input. Off until measured end to end
+# (benchmarks/resnet50_kernels.py, variants fused-bn-*). GPUACCEL_FUSED_BN sets it.
+FUSED_BATCH_NORM_MODES = ("off", "statistics", "blocks")
+FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "off")
+if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
+    warnings.warn(f"GPUACCEL_FUSED_BN must be one of {', '.join(FUSED_BATCH_NORM_MODES)}; "
+                  f"got {FUSED_BATCH_NORM!r}, so it is off")
+    FUSED_BATCH_NORM = "off"
 
 
 def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, groups: int = 1,
@@ -30,7 +37,7 @@ def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, group
 
 class ConvBatchNormAct(nn.Sequential):
     """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
-    parameters, buffers and names). In training on a GPU with :data:`FUSE_BN_STATISTICS`, the
+    parameters, buffers and names). In training on a GPU with :data:`FUSED_BATCH_NORM` on, the
     batch norm's statistics come out of the convolution kernel (:func:`conv2d_stats`) instead
     of a pass of their own over its output, and the batch norm's arithmetic is written out
     here: the running statistics updated as ``nn.BatchNorm2d`` does, the variance taken as
@@ -41,7 +48,7 @@ class ConvBatchNormAct(nn.Sequential):
     apply as it loads its input (ResNet's bottleneck does)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
+        if FUSED_BATCH_NORM != "off" and self.training and x.is_cuda and self.fusable():
             return self.fused_forward(x)
         return super().forward(x)
 

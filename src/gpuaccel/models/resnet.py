@@ -24,7 +24,7 @@ class _ResidualBlock(nn.Module):
     convs: tuple[str, ...]
 
     def forward(self, x):
-        if layers.FUSE_BN_STATISTICS and self.training and x.is_cuda and self.fusable():
+        if layers.FUSED_BATCH_NORM == "blocks" and self.training and x.is_cuda and self.fusable():
             return self.fused_forward(x)
         y = x
         for name in self.convs:
