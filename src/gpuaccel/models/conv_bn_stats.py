@@ -262,7 +262,7 @@ _BUILDERS: dict[str, Callable] = {"forward": _build_forward, "weight_grad": _bui
                                   "prologue_grad": _build_prologue_grad}
 _INPUTS = {"forward": ("x", "w", "scale", "shift"), "weight_grad": ("x", "grad", "scale", "shift"),
            "prologue_grad": ("x", "w", "grad", "scale", "shift")}
-_REDUCED = ("sum", "squares", "sum_by_x")  # outputs zeroed before each run
+_REDUCED = ("sum", "squares", "sum_by_x")  # per-channel sums: zeroed before each run if cuDNN adds to them
 
 
 class _Graph:
@@ -285,17 +285,34 @@ class _Graph:
         self.graph, self.handle, self.cudnn = graph, handle, cudnn
         plans = min(graph.get_execution_plan_count(), _PLANS_TIMED)
         self.workspace_bytes = max([graph.get_workspace_size_plan_at_index(i) for i in range(plans)] + [0])
+        self.sums = [name for name in _REDUCED if name in buffers]
+        self.zeroes = True  # until shown that cuDNN writes its sums rather than adding to them
         self.plan = self._fastest(buffers, plans)
+        self.zeroes = self._adds_to_sums(buffers)
 
     def run(self, buffers: dict[str, Tensor], plan: int | None = None) -> None:
-        for name in _REDUCED:
-            if name in buffers:
+        if self.zeroes:
+            for name in self.sums:
                 buffers[name].zero_()
         device = buffers["x"].device
         workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
         self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(device).cuda_stream)
         self.graph.execute_plan_at_index({self.tensors[name]: buffers[name] for name in self.tensors}, workspace,
                                          self.plan if plan is None else plan, handle=self.handle)
+
+    def _adds_to_sums(self, buffers: dict[str, Tensor]) -> bool:
+        """Whether the chosen plan adds its sums to what the outputs held (cuDNN does not say);
+        if not, the zeroing kernels before each run are left out."""
+        if not self.sums:
+            return False
+        self.run(buffers)
+        written = {name: buffers[name].clone() for name in self.sums}
+        for name in self.sums:
+            buffers[name].fill_(1e6)
+        self.zeroes = False
+        self.run(buffers)
+        self.zeroes = True
+        return any(bool(((buffers[name] - written[name]).abs() > 1e5).any()) for name in self.sums)
 
     def _fastest(self, buffers: dict[str, Tensor], plans: int) -> int:
         """The plan that ran these buffers fastest (as cudnn.benchmark picks convolution
@@ -331,10 +348,14 @@ class _GraphCache:
     def summary(self) -> dict:
         """How many graphs run, by kind, and why cuDNN declined the others."""
         fused: dict[str, int] = {}
+        adding: set[str] = set()
         for key, graph in self._graphs.items():
             if graph is not None:
                 fused[key[0]] = fused.get(key[0], 0) + 1
-        return {"fused": fused, "declined": sorted(set(self.declined.values()))}
+                if graph.zeroes and graph.sums:
+                    adding.add(key[0])
+        return {"fused": fused, "declined": sorted(set(self.declined.values())),
+                "sums_added_to": sorted(adding)}
 
     def get(self, kind: str, buffers: dict[str, Tensor], stride: int, padding: int) -> _Graph | None:
         key = (kind, buffers["x"].device.index, stride, padding,
