@@ -45,7 +45,7 @@ class ConvBatchNormAct(nn.Sequential):
 
     :meth:`statistics_forward` stops short of normalising: it returns the convolution's output
     and the per-channel scale and shift that would normalise it, which the next convolution can
-    apply as it loads its input (ResNet's bottleneck does)."""
+    apply as it loads its input (ResNet's blocks do)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if FUSED_BATCH_NORM != "off" and self.training and x.is_cuda and self.fusable():
