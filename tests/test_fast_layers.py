@@ -206,7 +206,13 @@ def _plain_block(block, x):
     return block.relu(y + shortcut(x))
 
 
-def test_the_convolution_prologue_has_the_gradients_of_its_formula():
+@pytest.mark.parametrize("graphs", [None, set()])
+def test_the_convolution_prologue_has_the_gradients_of_its_formula(graphs, monkeypatch):
+    """Through the custom operators, and (graphs left out) through PyTorch's operators in the
+    backward pass itself."""
+    from gpuaccel.models import conv_bn_stats
+    if graphs is not None:
+        monkeypatch.setattr(conv_bn_stats, "CUDNN_GRAPHS", graphs)
     torch.manual_seed(0)
     x = torch.randn(3, 6, 9, 9, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(5, 6, 3, 3, dtype=torch.float64, requires_grad=True)

@@ -86,6 +86,11 @@ def conv2d_weight_grad(x: Tensor, weight: Tensor, scale: Tensor | None, shift: T
     if _run_graph("weight_grad", {"x": x, "grad": grad, "dw": grad_weight, **_affine(scale, shift)},
                   stride, padding):
         return grad_weight
+    return _weight_grad(x, weight, scale, shift, grad, stride, padding)
+
+
+def _weight_grad(x, weight, scale, shift, grad, stride, padding):
+    """:func:`conv2d_weight_grad` in PyTorch's operators."""
     return torch.ops.aten.convolution_backward(
         grad, _prologue(x, scale, shift), weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1,
         [False, True, False])[1].contiguous(memory_format=torch.channels_last)
@@ -109,11 +114,16 @@ def conv2d_prologue_grad(x: Tensor, weight: Tensor, scale: Tensor, shift: Tensor
                "sum": total, **_affine(scale, shift)}
     if _run_graph("prologue_grad", buffers, stride, padding):
         return grad_pre, by_x, total
+    return _prologue_grad(x, weight, scale, shift, grad, stride, padding)
+
+
+def _prologue_grad(x, weight, scale, shift, grad, stride, padding):
+    """:func:`conv2d_prologue_grad` in PyTorch's operators."""
     grad_input = torch.ops.aten.convolution_backward(
         grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1, [True, False, False])[0]
     pre = x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
     grad_pre = _channels_last(torch.where(pre > 0, grad_input, 0))
-    wide = grad_pre.to(total.dtype)
+    wide = grad_pre.to(torch.promote_types(grad_pre.dtype, torch.float32))
     return grad_pre, (wide * x).sum((0, 2, 3)), wide.sum((0, 2, 3))
 
 
@@ -139,13 +149,17 @@ def _backward(ctx, grad, grad_sum, grad_squares):
         wide = wide + 2 * y.to(wide.dtype) * grad_squares.view(1, -1, 1, 1)
     grad = wide.to(y.dtype)
     needs_x, needs_weight = ctx.needs_input_grad[:2]
-    grad_weight = conv2d_weight_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding) if needs_weight else None
+    # a graph left out of CUDNN_GRAPHS is written here in PyTorch's operators, where inductor can
+    # fuse them with their neighbours (inside the custom operator it could not)
+    weight_grad = conv2d_weight_grad if "weight_grad" in CUDNN_GRAPHS else _weight_grad
+    prologue_grad = conv2d_prologue_grad if "prologue_grad" in CUDNN_GRAPHS else _prologue_grad
+    grad_weight = weight_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding) if needs_weight else None
     if scale is None:
         grad_x = torch.ops.aten.convolution_backward(
             grad, x, weight, None, [ctx.stride] * 2, [ctx.padding] * 2, [1, 1], False, [0, 0], 1,
             [True, False, False])[0] if needs_x else None
         return grad_x, grad_weight, None, None, None, None
-    grad_pre, grad_scale, grad_shift = conv2d_prologue_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding)
+    grad_pre, grad_scale, grad_shift = prologue_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding)
     grad_x = (grad_pre * scale.view(1, -1, 1, 1)).to(x.dtype)
     return grad_x, grad_weight, grad_scale.to(scale.dtype), grad_shift.to(shift.dtype), None, None
 
