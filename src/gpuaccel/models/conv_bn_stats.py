@@ -12,8 +12,9 @@ into cuDNN's convolution kernels, as here:
   and its ReLU applied as the convolution loads its input, so the normalised tensor is never
   written), or ``conv2d(x, weight)``; and the per-channel sum and sum of squares of the output,
   from the convolution's epilogue (cuDNN's ``genstats``).
-- Its backward pass: the input gradient through the ReLU, with the two sums the previous batch
-  norm needs taken in the same kernel, and the weight gradient with the same prologue.
+- Its backward pass, where there is a prologue: the input gradient through the ReLU, with the
+  two sums the previous batch norm needs taken in the same kernel, and the weight gradient with
+  the same prologue (without one, PyTorch's convolution gradients).
 
 Each graph needs NVIDIA's cuDNN frontend (``pip install nvidia-cudnn-frontend``), a GPU and
 bf16 or fp16 tensors. Everywhere else, and for any graph cuDNN declines (with a warning;
@@ -149,16 +150,16 @@ def _backward(ctx, grad, grad_sum, grad_squares):
         wide = wide + 2 * y.to(wide.dtype) * grad_squares.view(1, -1, 1, 1)
     grad = wide.to(y.dtype)
     needs_x, needs_weight = ctx.needs_input_grad[:2]
+    if scale is None:  # a plain convolution's gradients: PyTorch's own (cuDNN through ATen)
+        grad_x, grad_weight, _ = torch.ops.aten.convolution_backward(
+            grad, x, weight, None, [ctx.stride] * 2, [ctx.padding] * 2, [1, 1], False, [0, 0], 1,
+            [needs_x, needs_weight, False])
+        return grad_x, grad_weight, None, None, None, None
     # a graph left out of CUDNN_GRAPHS is written here in PyTorch's operators, where inductor can
     # fuse them with their neighbours (inside the custom operator it could not)
     weight_grad = conv2d_weight_grad if "weight_grad" in CUDNN_GRAPHS else _weight_grad
     prologue_grad = conv2d_prologue_grad if "prologue_grad" in CUDNN_GRAPHS else _prologue_grad
     grad_weight = weight_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding) if needs_weight else None
-    if scale is None:
-        grad_x = torch.ops.aten.convolution_backward(
-            grad, x, weight, None, [ctx.stride] * 2, [ctx.padding] * 2, [1, 1], False, [0, 0], 1,
-            [True, False, False])[0] if needs_x else None
-        return grad_x, grad_weight, None, None, None, None
     grad_pre, grad_scale, grad_shift = prologue_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding)
     grad_x = (grad_pre * scale.view(1, -1, 1, 1)).to(x.dtype)
     return grad_x, grad_weight, grad_scale.to(scale.dtype), grad_shift.to(shift.dtype), None, None
