@@ -180,9 +180,9 @@ def _output(x: Tensor, weight: Tensor, stride: int, padding: int) -> Tensor:
 
 
 def _statistics(t: Tensor) -> Tensor:
-    """Zeros for one sum per channel of ``t``: fp32, or fp64 for fp64 tensors (zeroed: whether
-    cuDNN's reductions add to their outputs or write them is not documented)."""
-    return torch.zeros(t.shape[1], dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
+    """Room for one sum per channel of ``t``: fp32, or fp64 for fp64 tensors (a graph that adds
+    to its sums has them zeroed first, see :meth:`_Graph.run`)."""
+    return torch.empty(t.shape[1], dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
 
 
 def _affine(scale: Tensor | None, shift: Tensor | None) -> dict:
