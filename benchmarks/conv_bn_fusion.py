@@ -87,11 +87,6 @@ class Unit:
         side = (shape["height"] + 2 * self.padding - r) // self.stride + 1
         self.grad = channels_last((batch, k, side, side), device)
 
-    def prologue(self, x):
-        if self.scale is None:
-            return x
-        return torch.relu(x * self.scale.view(1, -1, 1, 1) + self.shift.view(1, -1, 1, 1)).to(x.dtype)
-
 
 def channels_last(shape, device, dtype=torch.bfloat16, scale=1.0) -> torch.Tensor:
     return (torch.randn(shape, device=device) * scale).to(dtype).contiguous(memory_format=torch.channels_last)
@@ -121,42 +116,31 @@ def difference(got, expected) -> float:
 
 
 def measure(shape: dict, repeats: int) -> dict:
-    from gpuaccel.models.conv_bn_stats import conv2d_prologue_grad, conv2d_stats, conv2d_weight_grad
+    """Each part now (PyTorch's operators, compiled) and fused (gpuaccel's custom operators)."""
+    from gpuaccel.models.conv_bn_stats import (_prologue, conv2d_prologue_grad, conv2d_stats, conv2d_weight_grad,
+                                               reference_forward, reference_prologue_grad, reference_weight_grad)
 
     u = Unit(shape, BATCH, "cuda")
     row = dict(shape)
     args = (u.stride, u.padding)
     row["conv"] = median_ms(lambda: F.conv2d(u.x, u.w, stride=u.stride, padding=u.padding), repeats)
 
-    def forward_now(x, w):
-        y = F.conv2d(u.prologue(x), w, stride=u.stride, padding=u.padding)
-        y32 = y.float()
-        return y, y32.sum((0, 2, 3)), y32.square().sum((0, 2, 3))
-    now = compiled(forward_now)
+    now = compiled(lambda x, w: reference_forward(x, w, u.scale, u.shift, *args))
     expected = now(u.x, u.w)
     got = conv2d_stats(u.x, u.w, u.scale, u.shift, *args)
     row["forward"] = {"now": median_ms(lambda: now(u.x, u.w), repeats),
                       "fused": median_ms(lambda: conv2d_stats(u.x, u.w, u.scale, u.shift, *args), repeats),
                       "difference": [difference(g, e) for g, e in zip(got, expected)]}
 
-    z = u.prologue(u.x).contiguous(memory_format=torch.channels_last)
-
-    def weight_grad_now():
-        return torch.ops.aten.convolution_backward(u.grad, z, u.w, None, [u.stride] * 2, [u.padding] * 2, [1, 1],
-                                                   False, [0, 0], 1, [False, True, False])[1]
+    # now the normalised input is saved for the weight gradient: no prologue to apply
+    z = _prologue(u.x, u.scale, u.shift).contiguous(memory_format=torch.channels_last)
+    weight_grad_now = lambda: reference_weight_grad(z, u.w, None, None, u.grad, *args)  # noqa: E731
     row["weight_grad"] = {"now": median_ms(weight_grad_now, repeats)}
     if u.scale is not None:  # without a prologue gpuaccel keeps PyTorch's weight gradient
         row["weight_grad"].update(
             fused=median_ms(lambda: conv2d_weight_grad(u.x, u.w, u.scale, u.shift, u.grad, *args), repeats),
             difference=difference(conv2d_weight_grad(u.x, u.w, u.scale, u.shift, u.grad, *args), weight_grad_now()))
-        def prologue_grad_now(x, w, grad):
-            grad_input = torch.ops.aten.convolution_backward(grad, x, w, None, [u.stride] * 2, [u.padding] * 2,
-                                                             [1, 1], False, [0, 0], 1, [True, False, False])[0]
-            pre = x * u.scale.view(1, -1, 1, 1) + u.shift.view(1, -1, 1, 1)
-            grad_pre = torch.where(pre > 0, grad_input, 0)
-            wide = grad_pre.float()
-            return grad_pre, (wide * x).sum((0, 2, 3)), wide.sum((0, 2, 3))
-        now = compiled(prologue_grad_now)
+        now = compiled(lambda x, w, grad: reference_prologue_grad(x, w, u.scale, u.shift, grad, *args))
         expected = now(u.x, u.w, u.grad)
         got = conv2d_prologue_grad(u.x, u.w, u.scale, u.shift, u.grad, *args)
         row["prologue_grad"] = {

@@ -67,8 +67,13 @@ def conv2d_stats(x: Tensor, weight: Tensor, scale: Tensor | None, shift: Tensor 
                **_affine(scale, shift)}
     if _run_graph("forward", buffers, stride, padding):
         return y, total, squares
+    return reference_forward(x, weight, scale, shift, stride, padding)
+
+
+def reference_forward(x, weight, scale, shift, stride, padding):
+    """:func:`conv2d_stats` in PyTorch's operators."""
     y = _channels_last(F.conv2d(_prologue(x, scale, shift), weight, stride=stride, padding=padding))
-    wide = y.to(total.dtype)
+    wide = y.to(torch.promote_types(y.dtype, torch.float32))
     return y, wide.sum((0, 2, 3)), wide.square().sum((0, 2, 3))
 
 
@@ -87,10 +92,10 @@ def conv2d_weight_grad(x: Tensor, weight: Tensor, scale: Tensor | None, shift: T
     if _run_graph("weight_grad", {"x": x, "grad": grad, "dw": grad_weight, **_affine(scale, shift)},
                   stride, padding):
         return grad_weight
-    return _weight_grad(x, weight, scale, shift, grad, stride, padding)
+    return reference_weight_grad(x, weight, scale, shift, grad, stride, padding)
 
 
-def _weight_grad(x, weight, scale, shift, grad, stride, padding):
+def reference_weight_grad(x, weight, scale, shift, grad, stride, padding):
     """:func:`conv2d_weight_grad` in PyTorch's operators."""
     return torch.ops.aten.convolution_backward(
         grad, _prologue(x, scale, shift), weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1,
@@ -115,10 +120,10 @@ def conv2d_prologue_grad(x: Tensor, weight: Tensor, scale: Tensor, shift: Tensor
                "sum": total, **_affine(scale, shift)}
     if _run_graph("prologue_grad", buffers, stride, padding):
         return grad_pre, by_x, total
-    return _prologue_grad(x, weight, scale, shift, grad, stride, padding)
+    return reference_prologue_grad(x, weight, scale, shift, grad, stride, padding)
 
 
-def _prologue_grad(x, weight, scale, shift, grad, stride, padding):
+def reference_prologue_grad(x, weight, scale, shift, grad, stride, padding):
     """:func:`conv2d_prologue_grad` in PyTorch's operators."""
     grad_input = torch.ops.aten.convolution_backward(
         grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1, [True, False, False])[0]
@@ -157,8 +162,8 @@ def _backward(ctx, grad, grad_sum, grad_squares):
         return grad_x, grad_weight, None, None, None, None
     # a graph left out of CUDNN_GRAPHS is written here in PyTorch's operators, where inductor can
     # fuse them with their neighbours (inside the custom operator it could not)
-    weight_grad = conv2d_weight_grad if "weight_grad" in CUDNN_GRAPHS else _weight_grad
-    prologue_grad = conv2d_prologue_grad if "prologue_grad" in CUDNN_GRAPHS else _prologue_grad
+    weight_grad = conv2d_weight_grad if "weight_grad" in CUDNN_GRAPHS else reference_weight_grad
+    prologue_grad = conv2d_prologue_grad if "prologue_grad" in CUDNN_GRAPHS else reference_prologue_grad
     grad_weight = weight_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding) if needs_weight else None
     grad_pre, grad_scale, grad_shift = prologue_grad(x, weight, scale, shift, grad, ctx.stride, ctx.padding)
     grad_x = (grad_pre * scale.view(1, -1, 1, 1)).to(x.dtype)
@@ -214,18 +219,22 @@ def _run_graph(kind: str, buffers: dict[str, Tensor], stride: int, padding: int)
     return True
 
 
-def _like(graph, name: str, t: Tensor):
-    """A graph tensor for ``t``; per-channel vectors become (1, C, 1, 1)."""
+def _layout(t: Tensor) -> tuple[list[int], list[int]]:
+    """``t``'s dimensions and strides in a graph; per-channel vectors become (1, C, 1, 1)."""
     if t.dim() == 1:
-        return graph.tensor(name=name, dim=[1, t.numel(), 1, 1], stride=[t.numel(), 1, t.numel(), t.numel()],
-                            data_type=t.dtype)
-    return graph.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=t.dtype)
+        return [1, t.numel(), 1, 1], [t.numel(), 1, t.numel(), t.numel()]
+    return list(t.shape), list(t.stride())
+
+
+def _like(graph, name: str, t: Tensor):
+    """A graph input laid out as ``t``."""
+    dims, strides = _layout(t)
+    return graph.tensor(name=name, dim=dims, stride=strides, data_type=t.dtype)
 
 
 def _as_output(tensor, t: Tensor, cudnn) -> None:
     """Marks a graph tensor as an output laid out as ``t``."""
-    dims, strides = ([1, t.numel(), 1, 1], [t.numel(), 1, t.numel(), t.numel()]) if t.dim() == 1 else \
-        (list(t.shape), list(t.stride()))
+    dims, strides = _layout(t)
     data_type = {torch.float32: cudnn.data_type.FLOAT, torch.bfloat16: cudnn.data_type.BFLOAT16,
                  torch.float16: cudnn.data_type.HALF}[t.dtype]
     tensor.set_output(True).set_dim(dims).set_stride(strides).set_data_type(data_type)
