@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_PLANS_TIMED = 8  # cuDNN's first execution plans, each timed once per shape: the fastest is kept
+_PLANS_TIMED = 4  # cuDNN's first execution plans that build, each timed once per shape: the fastest is kept
 
 # The graphs cuDNN is asked to run; the others' work is left to PyTorch's operators (to measure
 # each graph's share)
@@ -45,7 +46,7 @@ def cudnn_frontend():
     """NVIDIA's cuDNN frontend module (``cudnn``), or None where it is not installed."""
     try:
         import cudnn
-    except (ImportError, OSError, RuntimeError):  # missing, or without a cuDNN library to load
+    except Exception:  # missing, or unable to find or load a cuDNN library (it asserts on some layouts)
         return None
     return cudnn
 
@@ -302,17 +303,36 @@ class _Graph:
         if handle is None:  # validated only: no GPU to build plans for
             self.graph = None
             return
+        started = time.perf_counter()
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
-        graph.build_plans(cudnn.build_plan_policy.ALL)
         self.graph, self.handle, self.cudnn = graph, handle, cudnn
-        plans = min(graph.get_execution_plan_count(), _PLANS_TIMED)
-        self.workspace_bytes = max([graph.get_workspace_size_plan_at_index(i) for i in range(plans)] + [0])
+        plans = self._build_plans()
+        self.workspace_bytes = max(graph.get_workspace_size_plan_at_index(i) for i in plans)
         self.sums = [name for name in _REDUCED if name in buffers]
         self.zeroes = True  # until shown that cuDNN writes its sums rather than adding to them
         self.plan = self._fastest(buffers, plans)
         self.zeroes = self._adds_to_sums(buffers)
+        self.plan_name = graph.get_plan_name_at_index(self.plan)
+        self.build_seconds = time.perf_counter() - started
+
+    def _build_plans(self) -> list[int]:
+        """Builds the heuristics' first plans, up to _PLANS_TIMED that build: building a
+        runtime-fusion plan compiles its kernel, so building all of them (dozens, for some
+        graphs) would cost minutes at start-up."""
+        built = []
+        for index in range(self.graph.get_execution_plan_count()):
+            try:
+                self.graph.build_plan_at_index(index)
+            except (self.cudnn.cudnnGraphNotSupportedError, RuntimeError):
+                continue
+            built.append(index)
+            if len(built) == _PLANS_TIMED:
+                break
+        if not built:
+            raise RuntimeError("cuDNN built none of its execution plans")
+        return built
 
     def run(self, buffers: dict[str, Tensor], plan: int | None = None) -> None:
         if self.zeroes:
@@ -338,11 +358,11 @@ class _Graph:
         self.zeroes = True
         return any(bool(((buffers[name] - written[name]).abs() > 1e5).any()) for name in self.sums)
 
-    def _fastest(self, buffers: dict[str, Tensor], plans: int) -> int:
+    def _fastest(self, buffers: dict[str, Tensor], plans: list[int]) -> int:
         """The plan that ran these buffers fastest (as cudnn.benchmark picks convolution
         algorithms); plans that fail to run are passed over."""
         times = {}
-        for plan in range(plans):
+        for plan in plans:
             try:
                 self.run(buffers, plan)  # warm-up
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -370,16 +390,22 @@ class _GraphCache:
         self._lock = threading.Lock()
 
     def summary(self) -> dict:
-        """How many graphs run, by kind, and why cuDNN declined the others."""
+        """How many graphs run, by kind; the engines cuDNN chose for them and the seconds it
+        took to build and time them; and why cuDNN declined the others."""
         fused: dict[str, int] = {}
+        engines: dict[str, int] = {}
         adding: set[str] = set()
+        seconds = 0.0
         for key, graph in self._graphs.items():
             if graph is not None:
                 fused[key[0]] = fused.get(key[0], 0) + 1
+                engine = f"{key[0]}: {graph.plan_name}"
+                engines[engine] = engines.get(engine, 0) + 1
+                seconds += graph.build_seconds
                 if graph.zeroes and graph.sums:
                     adding.add(key[0])
-        return {"fused": fused, "declined": sorted(set(self.declined.values())),
-                "sums_added_to": sorted(adding)}
+        return {"fused": fused, "engines": engines, "build_seconds": round(seconds, 2),
+                "declined": sorted(set(self.declined.values())), "sums_added_to": sorted(adding)}
 
     def get(self, kind: str, buffers: dict[str, Tensor], stride: int, padding: int) -> _Graph | None:
         key = (kind, buffers["x"].device.index, stride, padding,
