@@ -128,7 +128,7 @@ def reference_prologue_grad(x, weight, scale, shift, grad, stride, padding):
     """:func:`conv2d_prologue_grad` in PyTorch's operators."""
     grad_input = torch.ops.aten.convolution_backward(
         grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1, [True, False, False])[0]
-    pre = x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+    pre = per_channel_affine(x, scale, shift)
     grad_pre = _channels_last(torch.where(pre > 0, grad_input, 0))
     wide = grad_pre.to(torch.promote_types(grad_pre.dtype, torch.float32))
     return grad_pre, (wide * x).sum((0, 2, 3)), wide.sum((0, 2, 3))
@@ -197,10 +197,15 @@ def _affine(scale: Tensor | None, shift: Tensor | None) -> dict:
     return {} if scale is None else {"scale": scale.contiguous(), "shift": shift.contiguous()}
 
 
+def per_channel_affine(t: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """``t * scale + shift`` with one scale and shift per channel of an (N, C, H, W) ``t``."""
+    return t * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+
+
 def _prologue(x: Tensor, scale: Tensor | None, shift: Tensor | None) -> Tensor:
     if scale is None:
         return x
-    return torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(x.dtype)
+    return torch.relu(per_channel_affine(x, scale, shift)).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import max_pool_kernel
-from .conv_bn_stats import conv2d_stats
+from .conv_bn_stats import conv2d_stats, per_channel_affine
 
 # How much of the batch norms' work moves into cuDNN's convolution kernels when training on a
 # GPU (models/conv_bn_stats.py): "off"; "statistics", each convolution's batch-norm statistics
@@ -62,7 +62,7 @@ class ConvBatchNormAct(nn.Sequential):
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         y, scale, shift = self.statistics_forward(x)
-        out = (y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype)
+        out = per_channel_affine(y, scale, shift).to(y.dtype)
         return torch.relu(out) if len(self) > 2 else out
 
     def statistics_forward(self, x: torch.Tensor, scale: torch.Tensor | None = None,

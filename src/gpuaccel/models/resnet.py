@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from . import layers
+from .conv_bn_stats import per_channel_affine
 from .layers import SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, init_weights
 from .registry import register_model
 
@@ -44,12 +45,11 @@ class _ResidualBlock(nn.Module):
         y, scale, shift = x, None, None
         for name in self.convs:
             y, scale, shift = getattr(self, name).statistics_forward(y, scale, shift)
-        out = y * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+        out = per_channel_affine(y, scale, shift)
         if isinstance(self.shortcut, nn.Identity):
             out = out + x
         else:
-            y_short, scale_short, shift_short = self.shortcut.statistics_forward(x)
-            out = out + y_short * scale_short.view(1, -1, 1, 1) + shift_short.view(1, -1, 1, 1)
+            out = out + per_channel_affine(*self.shortcut.statistics_forward(x))
         return torch.relu(out).to(y.dtype)
 
 
