@@ -17,7 +17,8 @@ trainer = Trainer(TrainConfig(device="cpu", model="plain_models:plain_cnn", lr=0
 # everywhere, the gradients averaged inside the step
 trainer.ddp, trainer.forward = None, trainer.model
 broadcast_state(trainer.model)
-trainer.step_graph = StepGraph(trainer.model, trainer.model, trainer.optimizer, autocast=contextlib.nullcontext,
+trainer.step_graph = StepGraph(trainer.model, trainer.model, trainer.optimizer, loss_fn=trainer.task.loss,
+                               autocast=contextlib.nullcontext,
                                reduce_gradients=average_gradients)
 trainer.step_graph.prepare()
 trainer.fit()

@@ -186,4 +186,4 @@ def test_the_multi_gpu_rung_launches_a_valid_recipe_and_reports_a_failed_launch(
     settings = TrainConfig.from_dict(load_recipe(str(tmp_path / "rungs" / "multi-gpu-2.yaml"))).validate()
     assert (settings.batch_size, settings.lr, settings.compile_mode, settings.device) == \
         (256, 0.2, "reduce-overhead", "auto")  # per GPU, as the rung before; each process takes its own GPU
-    assert settings.time_limit == 0.9 and settings.eval_every == 10**9 and settings.target_acc is None
+    assert settings.time_limit == 0.9 and settings.eval_every == 10**9 and settings.target is None

@@ -12,7 +12,8 @@ from conftest import assert_user_error, run
 
 from gpuaccel import TrainConfig, Trainer, create_model
 from gpuaccel.deploy import export, load_trained, verify
-from gpuaccel.deploy.prune import apply_structure, layer_structure, prune_channels
+from gpuaccel.deploy.prune import prune_channels
+from gpuaccel.models.structure import apply_structure, layer_structure
 
 pytest.importorskip("torch_pruning")
 

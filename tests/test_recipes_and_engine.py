@@ -78,7 +78,8 @@ def test_tta_of_a_symmetric_model_changes_nothing(tmp_path, digits):
     images = torch.rand(4, 1, 8, 8)
     symmetric = images + images.flip(-1)
     net = lambda x: x.flatten(1)[:, :3]  # noqa: E731 -- any function; mirrored inputs are identical
-    torch.testing.assert_close(trainer._tta_logits(net, symmetric), net(symmetric))
+    torch.testing.assert_close(trainer.task.eval_outputs(net, symmetric), net(symmetric))
+    assert trainer.task.tta == 1
 
 
 def test_warm_up_leaves_no_trace(tmp_path, digits):

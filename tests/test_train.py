@@ -79,7 +79,7 @@ def test_a_fraction_of_an_epoch_stops_inside_the_last_one(tmp_path, digits):
 
 def test_target_accuracy_stops_early_and_records_time(tmp_path, digits):
     s = fit(tmp_path, digits, epochs=30, batch_size=32, target_acc=0.85, eval_every=10)
-    assert s["stopped_by"] == "target_acc" and s["test_accuracy"] >= 0.85
+    assert s["stopped_by"] == "target" and s["test_accuracy"] >= 0.85 and s["target"] == "accuracy=0.85"
     assert 0 < s["time_to_target"] <= s["train_seconds"] and s["epochs"] < 30
 
 
@@ -219,8 +219,8 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
     usual = Trainer(cfg.replace(run_dir=str(tmp_path / "a")), dataset=digits, quiet=True)
     graphed = Trainer(cfg.replace(run_dir=str(tmp_path / "b")), dataset=digits, quiet=True)
     assert usual.step_graph is None  # on the CPU the trainer never captures
-    graphed.step_graph = StepGraph(graphed.model, graphed.forward, graphed.optimizer, autocast=contextlib.nullcontext,
-                                   label_smoothing=cfg.label_smoothing, grad_clip=cfg.grad_clip, ema=graphed.ema)
+    graphed.step_graph = StepGraph(graphed.model, graphed.forward, graphed.optimizer, loss_fn=graphed.task.loss,
+                                   autocast=contextlib.nullcontext, grad_clip=cfg.grad_clip, ema=graphed.ema)
     graphed.step_graph.prepare()
     for images, labels in itertools.islice(usual.train_loader.batches(0), 6):
         expected = usual.train_step(images, labels)

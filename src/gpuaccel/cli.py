@@ -44,7 +44,7 @@ def _train_parser(sub) -> None:
                "  gpuaccel train                                   # LeNet-5 on the built-in digits\n"
                "  gpuaccel train --data ~/mnist --model lenet5 --epochs 5\n"
                "  gpuaccel train --data imagefolder:~/photos --val-split 0.1 --model resnet18 --image-size 64\n"
-               "  gpuaccel train --data cifar10:~/cifar-10-batches-py --model resnet18 --target-acc 0.9\n"
+               "  gpuaccel train --data cifar10:~/cifar-10-batches-py --model resnet18 --target accuracy=0.9\n"
                "  gpuaccel train --resume runs/mnist-lenet5-20260101-120000   # continue a stopped run",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     d = p.add_argument_group("data")
@@ -163,8 +163,10 @@ def _train_parser(sub) -> None:
     s.add_argument("--epochs", type=float,
                    help="passes over the training set (default 10; a fraction stops inside the last one)")
     s.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop after this much training time")
-    s.add_argument("--target-acc", type=float, metavar="F",
-                   help="stop as soon as held-out accuracy reaches F (e.g. 0.99); records time-to-accuracy")
+    s.add_argument("--target", metavar="METRIC=VALUE",
+                   help="stop as soon as the held-out METRIC reaches VALUE (e.g. accuracy=0.99, or loss=0.05: "
+                        "lower is better for losses and errors); records the time to it")
+    s.add_argument("--target-acc", type=float, metavar="F", help="the same as --target accuracy=F")
     s.add_argument("--eval-every", type=int, metavar="STEPS", help="evaluate every STEPS steps (default: each epoch)")
     s.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                    help="also checkpoint every STEPS steps (always at each epoch's end and every 5 minutes)")
@@ -258,23 +260,36 @@ def _train(args) -> int:
     return 0
 
 
+def _metric_text(name: str, value) -> str:
+    if value is None:
+        return "n/a"
+    return f"{100 * value:.2f}%" if name == "accuracy" else f"{value:.4g}"
+
+
 def _print_summary(s: dict) -> None:
-    acc = "n/a" if s["test_accuracy"] is None else f"{100 * s['test_accuracy']:.2f}%"
+    unit = "images" if "images_per_second" in s else "samples"
     rows = [
         ("device", f"{s['device_name']} [{s['device']}]"),
         ("precision", s["precision"] + (", channels_last" if s["channels_last"] else "") +
          (", compiled" if s["compile"] else "")),
         ("model", f"{s['model']} ({s['parameters']:,} parameters)"),
-        ("data", f"{s['data']}: {s['train_images']} train / {s['test_images']} test images" +
-         (f", {s['skipped_images']} bad skipped" if s["skipped_images"] else "")),
+        ("task", s["task"]),
+        ("data", f"{s['data']}: {s['train_samples']} train / {s['test_samples']} test {unit}" +
+         (f", {s['skipped_samples']} bad skipped" if s["skipped_samples"] else "")),
         ("epochs", f"{s['epochs']:g} ({s['steps']} steps, stopped by {s['stopped_by']})"),
         ("wall time", f"{s['wall_seconds']:.2f} s (training {s['train_seconds']:.2f} s, set-up {s['setup_seconds']:.2f} s)"),
-        ("throughput", f"{s['images_per_second']:,.0f} images/s"),
-        ("test accuracy", acc + (f" (best {100 * s['best_accuracy']:.2f}%)" if s["best_accuracy"] else "")),
+        ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s"),
     ]
-    if s["target_acc"] is not None:
+    for name, value in s["metrics"].items():
+        if name != "loss" or len(s["metrics"]) == 1:
+            best = s["best_metrics"].get(name)
+            rows.append((f"test {name}", _metric_text(name, value) +
+                         (f" (best {_metric_text(name, best)})" if best is not None else "")))
+    if not s["metrics"]:
+        rows.append(("test metrics", "n/a (no evaluation finished)"))
+    if s["target"] is not None:
         reached = "not reached" if s["time_to_target"] is None else f"reached in {s['time_to_target']:.2f} s"
-        rows.append(("time to accuracy", f"{100 * s['target_acc']:.2f}% {reached}"))
+        rows.append(("time to target", f"{s['target']} {reached}"))
     rows.append(("saved to", s["run_dir"]))
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

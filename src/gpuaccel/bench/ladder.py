@@ -45,7 +45,7 @@ from ..errors import GpuaccelError, choice_error
 from ..models import create_model
 from ..monitor import DataWaitMeter, GpuSampler
 from ..train import TrainConfig, Trainer
-from ..train.checkpoint import write_json
+from ..files import write_json
 from .env import collect
 from .timing import matmul_tflops
 
@@ -361,7 +361,7 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
     rung_dir = run_dir / "rungs" / f"multi-gpu-{gpus}"
     seconds = 0.9 if options.quick else 7.0
     settings = config.replace(device="auto", epochs=100_000, time_limit=seconds, eval_every=10**9, monitor=True,
-                              target_acc=None).to_dict()
+                              target=None, target_acc=None).to_dict()
     settings.pop("run_dir")
     recipe = run_dir / "rungs" / f"multi-gpu-{gpus}.yaml"
     recipe.parent.mkdir(parents=True, exist_ok=True)

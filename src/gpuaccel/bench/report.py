@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..errors import GpuaccelError
 from ..monitor.gpu import read_samples
-from ..train.checkpoint import write_json
-from ..train.progress import MetricsFile
+from ..files import write_json
+from ..files import MetricsFile
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
@@ -164,7 +164,7 @@ def _train_body(results: dict, run_dir: Path) -> str:
             ("test accuracy", f"{100 * (s['test_accuracy'] or 0):.2f}% (best {100 * s['best_accuracy']:.2f}%)"),
             ("torch", s["torch"])]
     if s.get("time_to_target") is not None:
-        rows.append(("time to target", f"{s['time_to_target']:.2f} s to {100 * s['target_acc']:.1f}%"))
+        rows.append(("time to target", f"{s['time_to_target']:.2f} s to {s.get('target') or ''}"))
     parts = [f"<h1>{html.escape(results['title'])}</h1>", "<h2>Summary</h2>", _meta(rows, table_id="summary")]
     metrics = results["metrics"]
     if metrics:

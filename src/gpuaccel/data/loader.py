@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .augment import AugmentConfig, augment_batch
 
@@ -237,6 +238,37 @@ def _close(reader: "weakref.ref[PassReader]") -> None:
         alive.close()
 
 
+class DeviceCopies:
+    """Moves host batches to the device one step ahead of their use: on a GPU, from pinned
+    memory on a side stream, the consuming stream waiting for each copy; elsewhere in place."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _to_device(self, batch):
+        if self.stream is None:
+            return tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, batch)
+        with torch.cuda.stream(self.stream):
+            return tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
+                            batch)
+
+    def __call__(self, host_batches: Iterator) -> Iterator:
+        pending = next(host_batches, None)
+        pending = None if pending is None else self._to_device(pending)
+        while pending is not None:
+            if self.stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self.stream)
+                for t in tree_flatten(pending)[0]:
+                    if isinstance(t, torch.Tensor):
+                        t.record_stream(current)
+            ready = pending
+            following = next(host_batches, None)
+            pending = None if following is None else self._to_device(following)  # the next batch's copy
+            yield ready
+
+
 class WorkerLoader(_ShardedOrder):
     """The same batches as :class:`DeviceLoader`, prepared by ``workers`` processes on the host.
 
@@ -265,7 +297,7 @@ class WorkerLoader(_ShardedOrder):
         self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
                                   lambda epoch: [(epoch, step) for step in range(steps)], _next_epoch(train),
                                   workers=self.workers, pin_memory=on_gpu, prefetch_factor=4)
-        self._stream = torch.cuda.Stream(device) if on_gpu else None
+        self._copies = DeviceCopies(device)
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         return self.normaliser.scale(self.host_images[self.sample_indices(count)].to(self.device))
@@ -273,25 +305,8 @@ class WorkerLoader(_ShardedOrder):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if start >= len(self):
             return
-        host_batches = self._reader.read(epoch, start)
-        pending = self._to_device(next(host_batches))
-        while pending is not None:
-            x, y = pending
-            if self._stream is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(self._stream)
-                x.record_stream(current)
-                y.record_stream(current)
-            following = next(host_batches, None)
-            pending = None if following is None else self._to_device(following)  # the copy of the next batch
+        for x, y in self._copies(self._reader.read(epoch, start)):
             yield self.normaliser.finish(self.normaliser.scale(x)), y
-
-    def _to_device(self, batch):
-        x, y = batch
-        if self._stream is None:
-            return x.to(self.device), y.to(self.device)
-        with torch.cuda.stream(self._stream):
-            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
 
 def _next_epoch(train: bool) -> Callable[[int], int | None]:

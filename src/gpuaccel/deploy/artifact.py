@@ -10,8 +10,9 @@ import torch.nn as nn
 
 from ..errors import GpuaccelError
 from ..models import create_model
+from ..models.registry import add_search_dir
 from ..train import checkpoint
-from .prune import apply_structure
+from ..models.structure import apply_structure
 
 
 class Normalized(nn.Module):
@@ -67,8 +68,17 @@ def load_trained(path) -> TrainedModel:
     if path.is_dir():
         path = path / "model.pt" if (path / "model.pt").exists() else path / "checkpoint.pt"
     state = checkpoint.load(path)
+    name = state["model_name"]
+    if name.startswith("object:"):
+        raise GpuaccelError(f"{path} holds the weights of a model passed to the trainer as an object "
+                            f"({name[7:]}); build that model in Python and load_state_dict(torch.load(...)['model']), "
+                            f"or train with a registered model or package.module:factory")
+    if state.get("classes") is None or state.get("mean") is None:
+        raise GpuaccelError(f"{path} is not an image classifier (task {state.get('task', {}).get('name')!r}); "
+                            f"export and infer work on image classification runs")
+    add_search_dir(state.get("model_path"))
     try:
-        model = create_model(state["model_name"], **state["model_args"])
+        model = create_model(name, **state["model_args"])
         if state.get("structure"):  # a channel-pruned model: narrower layers than the registry's
             apply_structure(model, state["structure"])
         model.load_state_dict(state.get("ema_model") or state["model"])

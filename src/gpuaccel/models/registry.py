@@ -1,14 +1,18 @@
 """``create_model(name, ...)``: one entry point for built-in, user and timm models.
 
-Every factory takes the same keywords (``num_classes``, ``in_channels``, ``image_size``),
-so a model is chosen by name alone and the data set supplies the rest.
+A factory declares the keywords it needs (``num_classes``, ``in_channels``,
+``image_size``, ...) and gets those the data offers, so a model is chosen by name alone
+and the data set supplies the rest.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch.nn as nn
 
@@ -18,7 +22,8 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_model(name: str):
-    """Decorator: ``@register_model("resnet18")`` over a factory(num_classes, in_channels, image_size)."""
+    """Decorator: ``@register_model("resnet18")`` over a factory taking any of the offered keywords
+    (``num_classes``, ``in_channels``, ``image_size``, ...)."""
     def add(factory):
         _REGISTRY[name] = factory
         return factory
@@ -31,39 +36,80 @@ def list_models() -> list[str]:
 
 def create_model(name: str, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, **kwargs) -> nn.Module:
     """Builds a model by name: a registered one (``list_models()``), ``package.module:factory``
-    for a user's own, or ``timm:<name>`` when timm is installed."""
+    for a user's own, or ``timm:<name>`` when timm is installed.
+
+    The data offers ``num_classes``, ``in_channels`` and ``image_size`` (and a task may offer
+    more, e.g. ``vocab_size``); a factory gets those of them it accepts, so a model that has
+    no use for ``image_size`` need not take it."""
+    offered = dict(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs)
     if name.startswith("timm:"):
-        return _create_timm(name[5:], num_classes, in_channels, **kwargs)
+        return _create_timm(name[5:], num_classes, in_channels)
     if ":" in name:
-        return _create_user(name, num_classes, in_channels, image_size, **kwargs)
+        return _checked(name, _call_with_accepted(_import_factory(name), offered))
     if name not in _REGISTRY:
         raise choice_error("model", name, list_models() + ["package.module:factory", "timm:<name>"])
-    return _REGISTRY[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs)
+    return _call_with_accepted(_REGISTRY[name], offered)
 
 
-def _create_user(spec: str, num_classes: int, in_channels: int, image_size: int, **kwargs) -> nn.Module:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise GpuaccelError(f"cannot import {module_name!r} for model {spec!r}: {exc}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise GpuaccelError(f"{module_name} has no callable {attr!r} (model spec {spec!r})")
-    offered = dict(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs)
+def _call_with_accepted(factory: Callable[..., nn.Module], offered: dict) -> nn.Module:
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    model = factory(**{k: v for k, v in offered.items() if takes_any or k in params})
+    return factory(**{k: v for k, v in offered.items() if takes_any or k in params})
+
+
+def model_source_dir(spec: str) -> str | None:
+    """For ``package.module:factory``: the directory its top package is imported from, which a
+    run records so that resuming, exporting or inferring from another directory finds it."""
+    if ":" not in spec or spec.startswith("timm:"):
+        return None
+    module_name = spec.partition(":")[0]
+    module = _import_module(module_name, spec)
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    root = Path(file).resolve().parent
+    for _ in range(module_name.count(".") + (Path(file).name == "__init__.py")):
+        root = root.parent
+    return str(root)
+
+
+def _import_module(module_name: str, spec: str, search: str | None = None):
+    """Imports ``module_name``, also from ``search`` and the working directory (what
+    ``python -m`` would find), which gpuaccel puts on the path itself."""
+    for directory in (search, os.getcwd()):
+        if directory and directory not in sys.path:
+            sys.path.insert(0, directory)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise GpuaccelError(f"cannot import {module_name!r} for model {spec!r}: {exc}") from None
+
+
+def _import_factory(spec: str, search: str | None = None) -> Callable[..., nn.Module]:
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(_import_module(module_name, spec, search), attr, None)
+    if not callable(factory):
+        raise GpuaccelError(f"{module_name} has no callable {attr!r} (model spec {spec!r})")
+    return factory
+
+
+def add_search_dir(directory: str | None) -> None:
+    """Puts a recorded model source directory on the import path (see :func:`model_source_dir`)."""
+    if directory and Path(directory).is_dir() and directory not in sys.path:
+        sys.path.insert(0, directory)
+
+
+def _checked(spec: str, model) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise GpuaccelError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
-def _create_timm(name: str, num_classes: int, in_channels: int, **kwargs) -> nn.Module:
+def _create_timm(name: str, num_classes: int, in_channels: int) -> nn.Module:
     try:
         import timm
     except ImportError:
         raise GpuaccelError("timm models need the timm package: pip install timm") from None
     if not timm.list_models(name):
         raise GpuaccelError(f"timm has no model {name!r}; see timm.list_models()")
-    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **kwargs)
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels)

@@ -31,7 +31,6 @@ activation checkpointing finds the blocks to wrap in them.
 from __future__ import annotations
 
 import copy
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -160,7 +159,7 @@ class Pipeline:
 
     def __init__(self, model: nn.Module, *, stages: int, microbatches: int, schedule: str,
                  split_points: list[str] | None, device: torch.device, input_shape: tuple[int, ...],
-                 batch_size: int, eval_batch_size: int, channels_last: bool, label_smoothing: float = 0.0,
+                 batch_size: int, eval_batch_size: int, channels_last: bool, loss_fn=F.cross_entropy,
                  compile_mode: str | None = None, activation_checkpointing: bool = False):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
@@ -233,9 +232,8 @@ class Pipeline:
         self.replica_group = mesh["replica"].get_group() if self.replicas > 1 else None
         # the stages' shapes and dtypes (under autocast) are inferred on the first step
         kind = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-        loss = partial(F.cross_entropy, label_smoothing=label_smoothing)
         self._train = kind(PipelineStage(train_module, self.stage_index, stages, device, group=stage_group),
-                           microbatches, loss_fn=loss)
+                           microbatches, loss_fn=loss_fn)
         self._eval = ScheduleGPipe(PipelineStage(eval_module, self.stage_index, stages, device, group=stage_group),
                                    microbatches)
         self.device = device

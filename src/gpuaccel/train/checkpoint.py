@@ -1,52 +1,24 @@
 """Crash-safe checkpoints: a checkpoint on disk is always either the old one or the new one.
 
-Written to a temporary file in the same directory, flushed and fsynced, then renamed
-over the old file (rename is atomic on POSIX file systems), then the directory is
-fsynced so the rename itself survives a power cut.
+Written through :func:`gpuaccel.files.atomic_write`: a temporary file in the same
+directory, fsynced, renamed over the old one, and the directory fsynced.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..errors import GpuaccelError
+from ..files import atomic_write, write_json  # noqa: F401  (checkpoints are written through these)
 
 FORMAT = "gpuaccel-checkpoint"
 VERSION = 1
 
 
-def atomic_write(path: Path, write) -> None:
-    """Calls ``write(file)`` on a temporary file, then moves it to ``path`` atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def save(path: Path, state: dict) -> None:
     atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state}, f))
-
-
-def write_json(path: Path, data) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
 
 
 def load(path: Path, map_location="cpu") -> dict:

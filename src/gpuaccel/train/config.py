@@ -26,8 +26,10 @@ OFFLOADS = ("none", "cpu")
 @dataclass
 class TrainConfig:
     # what to train on what
-    data: str = "digits"
-    model: str = "lenet5"
+    data: str = "digits"  # a data spec; "python" when train_data came through the Python API
+    model: str = "lenet5"  # a registry name, package.module:factory, timm:NAME; "object:Class" for a passed module
+    model_path: str | None = None  # where package.module:factory was imported from (recorded by the trainer)
+    task: str | None = None  # classification or regression; None: the data's own (image data: classification)
     val_split: float | None = None
     image_size: int | None = None
     skip_bad: bool = False
@@ -79,7 +81,8 @@ class TrainConfig:
     # when to stop
     epochs: float = 10  # may end inside an epoch: 9.5 stops halfway through the tenth
     time_limit: float | None = None
-    target_acc: float | None = None
+    target: str | None = None  # METRIC=VALUE: stop once the held-out METRIC reaches VALUE (e.g. accuracy=0.99)
+    target_acc: float | None = None  # the older spelling of target accuracy=F; validate() turns it into target
     # bookkeeping
     run_dir: str | None = None
     eval_every: int | None = None  # optimizer steps; None: at the end of every epoch
@@ -126,8 +129,20 @@ class TrainConfig:
             raise GpuaccelError(f"--momentum must be in [0, 1), got {self.momentum}")
         if not 0 <= self.label_smoothing < 1:
             raise GpuaccelError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.target_acc is not None and not 0 < self.target_acc <= 1:
-            raise GpuaccelError(f"--target-acc is a fraction in (0, 1] (e.g. 0.99), got {self.target_acc}")
+        if self.target_acc is not None:
+            if not 0 < self.target_acc <= 1:
+                raise GpuaccelError(f"--target-acc is a fraction in (0, 1] (e.g. 0.99), got {self.target_acc}")
+            alias = f"accuracy={self.target_acc:g}"
+            if self.target is not None and parse_target(self.target) != parse_target(alias):
+                raise GpuaccelError(f"--target {self.target} and --target-acc {self.target_acc:g} disagree; give one")
+            self.target, self.target_acc = alias, None
+        if self.target is not None:
+            parse_target(self.target)
+        if self.task is not None:
+            from ..tasks import TASKS
+
+            if self.task not in TASKS:
+                raise choice_error("task", self.task, sorted(TASKS))
         for name in ("time_limit", "grad_clip"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -151,6 +166,11 @@ class TrainConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
         return self
+
+    @property
+    def target_metric(self) -> tuple[str, float] | None:
+        """(metric, value) of ``target``, or None."""
+        return None if self.target is None else parse_target(self.target)
 
     @property
     def pipeline_microbatches(self) -> int:
@@ -194,3 +214,17 @@ class TrainConfig:
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def parse_target(text: str) -> tuple[str, float]:
+    """'accuracy=0.99' -> ('accuracy', 0.99); a bare number means accuracy."""
+    name, sep, value = str(text).partition("=")
+    if not sep:
+        name, value = "accuracy", name
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not name.strip() or number != number:
+        raise GpuaccelError(f"--target is METRIC=VALUE (e.g. accuracy=0.99 or val_loss=1.47), got {text!r}")
+    return name.strip(), number

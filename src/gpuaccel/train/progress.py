@@ -1,10 +1,8 @@
-"""What a run prints while it trains, and the metrics file it appends to."""
+"""What a run prints while it trains."""
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 
 class Progress:
@@ -40,20 +38,3 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-class MetricsFile:
-    """``metrics.jsonl``: one JSON object per evaluation, appended and flushed at once."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def append(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]

@@ -10,8 +10,8 @@ host time per FastNet step against about 2 ms of GPU work. Here the model is com
 without graphs (inductor's fused kernels) and the step is captured once, as in PyTorch's
 "whole network capture" recipe; a replay costs the host a few copies and one launch.
 
-What changes per step enters through tensors the graph reads: the batch (copied into
-static inputs), each parameter group's learning rate and the weight average's blend
+What changes per step enters through tensors the graph reads: the batch (its inputs and
+targets, any tuple or dict of tensors, copied into static ones), each parameter group's learning rate and the weight average's blend
 weight (filled on the host before the replay). The optimizer keeps float learning rates
 for the scheduler, logs and checkpoints; only while the graph is captured do its groups
 hold the tensors. Momentum buffers are created before the capture (zeros: the same update
@@ -29,32 +29,38 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
+from ..tasks import call_model
 from .ema import WeightAverage
+
+
+def _copy_into(static, new) -> None:
+    tree_map(lambda s, n: s.copy_(n), static, new)
 
 
 class StepGraph:
     def __init__(self, model: nn.Module, forward: Callable, optimizer: torch.optim.Optimizer, *,
-                 autocast: Callable[[], contextlib.AbstractContextManager], label_smoothing: float = 0.0,
+                 loss_fn: Callable, autocast: Callable[[], contextlib.AbstractContextManager],
                  grad_clip: float | None = None, ema: WeightAverage | None = None,
                  reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None):
-        """``forward``: the (compiled) model's call; ``autocast()``: a fresh autocast context
-        with its weight cache off (a cache would hold tensors from before the capture);
-        ``reduce_gradients(grads)``: averages them in place over data-parallel processes."""
-        self.model, self.forward, self.optimizer = model, forward, optimizer
-        self.autocast, self.label_smoothing, self.grad_clip, self.ema = autocast, label_smoothing, grad_clip, ema
+        """``forward``: the (compiled) model's call; ``loss_fn(outputs, targets)``: the task's
+        loss; ``autocast()``: a fresh autocast context with its weight cache off (a cache would
+        hold tensors from before the capture); ``reduce_gradients(grads)``: averages them in
+        place over data-parallel processes."""
+        self.model, self.forward, self.optimizer, self.loss_fn = model, forward, optimizer, loss_fn
+        self.autocast, self.grad_clip, self.ema = autocast, grad_clip, ema
         self.reduce_gradients = reduce_gradients
         device = next(model.parameters()).device
         self.lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
         self.ema_weight = torch.zeros((), device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.images = self.labels = self.loss = None
+        self.inputs = self.targets = self.loss = None
 
     def _body(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)  # gradients are then allocated by the graph, once
         with self.autocast():
-            loss = F.cross_entropy(self.forward(self.images), self.labels, label_smoothing=self.label_smoothing)
+            loss = self.loss_fn(call_model(self.forward, self.inputs), self.targets)
         loss.backward()
         if self.reduce_gradients is not None:
             self.reduce_gradients([p.grad for p in self.model.parameters() if p.grad is not None])
@@ -83,11 +89,11 @@ class StepGraph:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
 
-    def warm(self, images: torch.Tensor, labels: torch.Tensor, steps: int = 3) -> None:
+    def warm(self, inputs, targets, steps: int = 3) -> None:
         """Runs the step's code eagerly on a side stream (compilation, cuDNN's algorithm search,
         per-stream library workspaces), as ``torch.cuda.make_graphed_callables`` does. It trains:
         save and restore the state around it, then call :meth:`capture`."""
-        self.images, self.labels = images.clone(), labels.clone()
+        self.inputs, self.targets = tree_map(torch.clone, inputs), tree_map(torch.clone, targets)
         if self.ema is not None:
             self.ema_weight.fill_(1.0)
         side = torch.cuda.Stream()
@@ -124,17 +130,17 @@ class StepGraph:
             self.graph.reset()
             self.graph = None
 
-    def run(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def run(self, inputs, targets) -> torch.Tensor:
         """One training step on this batch; returns the loss (overwritten by the next step).
         Before :meth:`capture` the same code runs eagerly (on any device)."""
         if self.ema is not None:
             self.ema_weight.fill_(self.ema.advance())
         if self.graph is None:
-            self.images, self.labels = images, labels
+            self.inputs, self.targets = inputs, targets
             with self._tensor_lrs():
                 return self._body()
         self._load_lrs()
-        self.images.copy_(images)
-        self.labels.copy_(labels)
+        _copy_into(self.inputs, inputs)
+        _copy_into(self.targets, targets)
         self.graph.replay()
         return self.loss

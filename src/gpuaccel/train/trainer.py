@@ -1,11 +1,13 @@
 """The training engine: one loop, read top to bottom in ``fit``.
 
-A ``Trainer`` owns the model, the data loaders, the optimizer and the run directory.
-Per step it does a forward pass under autocast, a backward pass (loss-scaled for
-fp16), and every ``grad_accum`` micro-batches an optimizer and schedule step. Losses
-and accuracies are accumulated on the device and read only at evaluations, so the
-step never waits for the GPU. Evaluations, checkpoints and the stop conditions
-(epochs, time limit, target accuracy) happen between optimizer steps.
+A ``Trainer`` owns the model, the data loaders, the optimizer and the run directory; a
+task (``gpuaccel.tasks``) owns what is specific to the problem: how a batch splits into
+inputs and targets, the loss, the metrics and how evaluation runs the model. Per step it
+does a forward pass under autocast, a backward pass (loss-scaled for fp16), and every
+``grad_accum`` micro-batches an optimizer and schedule step. Losses and metrics are
+accumulated on the device and read only at evaluations, so the step never waits for the
+GPU. Evaluations, checkpoints and the stop conditions (epochs, time limit, a target
+value of any metric) happen between optimizer steps.
 """
 
 from __future__ import annotations
@@ -24,17 +26,16 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from .. import __version__
 from ..compiling import compile_arguments
-from ..data import ImageDataset, StreamingDataset, open_dataset
-from ..data.augment import AugmentConfig
-from ..data.loader import build_loader
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
+from ..files import MetricsFile, RunLock, remove_stale_temporaries
 from ..models import create_model
-from ..deploy.prune import apply_structure
+from ..models.registry import add_search_dir, model_source_dir
+from ..models.structure import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
 from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp, average_gradients, broadcast_state
@@ -43,8 +44,11 @@ from ..parallel.pipeline import Pipeline
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
+from ..tasks import CustomTask, MetricTracker, Task, call_model, create_task
+from ..tasks.base import leading_size
+from .inputs import USER_DATA, open_inputs
 from .optim import build_optimizer, build_scheduler
-from .progress import MetricsFile, Progress
+from .progress import Progress
 from .step_graph import StepGraph
 
 CHECKPOINT = "checkpoint.pt"
@@ -56,13 +60,22 @@ class Stop(Exception):
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, *, dataset: ImageDataset | None = None, model: nn.Module | None = None,
-                 structure: dict | None = None, data_init: bool = True, quiet: bool = False):
-        """``model``: train this instead of creating ``config.model`` (a pruned one, say: then
-        ``structure`` holds its layer widths, stored in checkpoints so it can be rebuilt).
-        ``data_init=False`` skips a model's data-dependent initialisation (it is trained already)."""
+    def __init__(self, config: TrainConfig | None = None, *, model: nn.Module | None = None, train_data=None,
+                 eval_data=None, task: Task | str | None = None, loss_fn=None, metrics: dict | None = None,
+                 dataset=None, structure: dict | None = None, data_init: bool = True, quiet: bool = False):
+        """``config``: the settings (``TrainConfig()``'s defaults when None).
+
+        What to train on: ``config.data`` (a gpuaccel data spec), ``dataset`` (a data set a
+        gpuaccel reader made), or ``train_data`` (and ``eval_data``): a map-style torch Dataset,
+        a DataLoader, or a tuple/dict of tensors; without ``eval_data`` a ``val_split`` share is
+        held out. What to train: ``config.model`` from the registry, or ``model`` (any
+        nn.Module; with ``structure``, it is ``config.model`` reshaped to those layer widths,
+        e.g. pruned). What to minimise: ``task`` (a ``gpuaccel.tasks`` object or name; image
+        data default to classification) or ``loss_fn(outputs, targets)``, with ``metrics``
+        ({name: torchmetrics metric or callable (outputs, targets) -> number}) reported at
+        each evaluation. ``data_init=False`` skips a model's data-dependent initialisation."""
         setup_start = time.perf_counter()
-        self.config = config = config.validate()
+        self.config = config = (config or TrainConfig()).replace().validate()  # (a copy: it records the run)
         self._compile_mode = config.compile_mode if config.compile else None
         self.quiet = quiet
         # one process, or one of several started by torchrun: then each takes its shard of the data
@@ -70,24 +83,19 @@ class Trainer:
         self.device = self.dist.device(config.device) if self.dist.active else resolve_device(config.device)
         self.dist.init(self.device)
         self.precision = resolve_precision(config.precision, self.device)
-        if dataset is None:
-            if not self.dist.is_main:
-                self.dist.barrier()  # rank 0 decodes and caches the data set; the others then read the cache
-            dataset = open_dataset(config.data, stream=config.loader == "stream", val_split=config.val_split,
-                                   image_size=config.image_size, skip_bad=config.skip_bad, seed=config.seed,
-                                   cache_dir=config.cache_dir, decode_device=self.device)
-            if self.dist.is_main:
-                self.dist.barrier()
-        self.dataset = dataset
+        self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data,
+                                  dist=self.dist, device=self.device)
+        if train_data is not None and self.inputs.images is None:
+            config.data = USER_DATA
+        self.dataset = self.inputs.images  # a gpuaccel image data set, or None for a user's data
+        self.task = _resolve_task(config, self.inputs, task, loss_fn, metrics)
+        if config.target_metric is not None:
+            self.task.check_target(config.target_metric[0])
 
         torch.manual_seed(config.seed)
-        ds = self.dataset
-        self.model_args = {"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size}
+        self.model_args = self.inputs.model_args
         self.structure = structure
-        if model is None:
-            model = create_model(config.model, **self.model_args)
-            if structure:
-                apply_structure(model, structure)
+        model = self._build_model(model, structure)
         if config.activation_checkpointing and config.pipeline_stages == 1:  # (a pipeline wraps its stage's blocks)
             apply_activation_checkpointing(model)
         self.model = model
@@ -109,31 +117,20 @@ class Trainer:
         elif self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
 
-        self.mean, self.std = ds.channel_stats()
+        self.mean, self.std = self.inputs.mean, self.inputs.std
         # the processes that read different data: all of them, or one per pipeline (its stages share a batch)
         self.data_rank = self.dist.rank // config.pipeline_stages
         self.data_ranks = max(1, self.dist.world_size // config.pipeline_stages)
-        loader_args = dict(device=self.device, mean=self.mean, std=self.std, dtype=self.precision.input_dtype,
-                           channels_last=self.channels_last, seed=config.seed, rank=self.data_rank,
-                           world_size=self.data_ranks)
-        if isinstance(ds, StreamingDataset):
-            if config.crop_padding or config.cutout:
-                raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
-                                    "random-resized crops with random flips")
-            loader_args.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
-            self.train_loader = ds.loader(train=True, batch_size=config.batch_size, **loader_args)
-            self.eval_loader = ds.loader(train=False, batch_size=config.eval_batch_size, **loader_args)
-        else:
-            loader_args.update(placement=config.loader, workers=config.workers)
-            self.train_loader = build_loader(
-                torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels), batch_size=config.batch_size,
-                train=True, augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **loader_args)
-            self.eval_loader = build_loader(
-                torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
-                batch_size=config.eval_batch_size, train=False, **loader_args)
-        if data_init and hasattr(self.model, "data_init"):  # data-dependent initialisation, e.g. patch whitening
-            sample = self.train_loader.normalised_sample(5000)
+        self.train_loader, self.eval_loader = self.inputs.loaders(
+            config, device=self.device, dtype=self.precision.input_dtype, channels_last=self.channels_last,
+            rank=self.data_rank, world_size=self.data_ranks)
+        if len(self.train_loader) == 0:
+            raise GpuaccelError(f"{self.inputs.train_samples} training samples make no batch of "
+                                f"--batch-size {config.batch_size} per process")
+        if data_init and hasattr(self.model, "data_init") and hasattr(self.train_loader, "normalised_sample"):
+            sample = self.train_loader.normalised_sample(5000)  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(sample.float().cpu() if self.on_host else sample)
+        self._example_inputs = None  # one sample's inputs (set at the first step): blanks for sharded evaluation
         self.ddp = None
         self.pipeline = None
         self.sharded = config.shard
@@ -143,20 +140,19 @@ class Trainer:
         if self.sharded:  # parameters, gradients and optimizer state split across the processes
             self.model = apply_fsdp(self.model, self.device, offload=config.offload == "cpu")
         elif config.pipeline_stages > 1:  # this process keeps one stage of the model
+            first_inputs = self.task.split(next(iter(self.train_loader.batches(0))))[0]
             self.pipeline = Pipeline(
                 self.model, stages=config.pipeline_stages, microbatches=config.pipeline_microbatches,
                 schedule=config.pipeline_schedule, split_points=config.split_points, device=self.device,
-                input_shape=(ds.in_channels, *self._input_size()), batch_size=config.batch_size,
+                input_shape=tuple(first_inputs.shape[1:]), batch_size=config.batch_size,
                 eval_batch_size=config.eval_batch_size, channels_last=self.channels_last,
-                label_smoothing=config.label_smoothing, compile_mode=config.compile_mode if config.compile else None,
+                loss_fn=self.task.loss, compile_mode=config.compile_mode if config.compile else None,
                 activation_checkpointing=config.activation_checkpointing)
             self.model = self.pipeline.module
         # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
-        # torch.compile's graphs of the forward and backward passes
-        whole_step = (self._compile_mode == "reduce-overhead" and config.step_graph and self.device.type == "cuda"
-                      and self.pipeline is None and not self.sharded and not config.sync_bn
-                      and config.grad_accum == 1 and not self.precision.loss_scaling and config.optimizer in ("sgd", "muon")
-                      and not config.activation_checkpointing)
+        # torch.compile's graphs of the forward and backward passes. Decided here, once, and said.
+        self.step_graph_off = whole_step_obstacle(config, self.device, self.precision)
+        whole_step = self.step_graph_off is None
         if self.dist.active and whole_step:  # data parallel inside the graph: an all-reduce, no DDP hooks
             broadcast_state(self.model)
         elif self.dist.active and self.pipeline is None and not self.sharded:
@@ -168,7 +164,9 @@ class Trainer:
         self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
         if whole_step:
-            self._compile_mode = "default"  # inductor's kernels, captured by the step graph
+            # the step graph captures inductor's kernels itself: torch.compile's own CUDA graphs
+            # (mode reduce-overhead) inside it would be graphs within a graph
+            self._compile_mode = "default"
         self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
         if self.pipeline is not None:
             self.eval_forward = self.pipeline.logits
@@ -182,22 +180,48 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.step_graph = StepGraph(
-            self.model, self.forward, self.optimizer, label_smoothing=config.label_smoothing,
+            self.model, self.forward, self.optimizer, loss_fn=self.task.loss,
             autocast=lambda: self.precision.autocast(self.device, cache=False), grad_clip=config.grad_clip,
             ema=self.ema, reduce_gradients=average_gradients if self.dist.active else None) if whole_step else None
+        self.metric_tracker = MetricTracker(self.task, self.device)
 
         # where in the data order training stands, and what it has achieved so far
         self.epoch = 0
         self.batch_in_epoch = 0
         self.global_step = 0
         self.train_seconds = 0.0
-        self.images_seen = 0
-        self.best_accuracy = 0.0
+        self.samples_seen = 0
+        self.best_metrics: dict[str, float] = {}
         self.last_eval: dict = {}
         self.time_to_target: float | None = None
         self.run_dir: Path | None = None
+        self._lock: RunLock | None = None
         self.warmup_seconds = 0.0
         self.setup_seconds = time.perf_counter() - setup_start
+
+    def _build_model(self, model: nn.Module | None, structure: dict | None) -> nn.Module:
+        """The model to train, and how a run records it: a registry name or factory spec (rebuilt
+        on resume, export and inference), or "object:Class" for a module passed in, which a
+        resume must be given again."""
+        config = self.config
+        if model is None:
+            if self.inputs.images is None and ":" not in config.model:
+                raise GpuaccelError("with train_data= from Python, pass the model too (model=...), or name a "
+                                    "package.module:factory as the config's model")
+            if config.model.startswith("object:"):
+                raise GpuaccelError(f"this run trained a model passed as an object ({config.model[7:]}); pass "
+                                    f"the same model again (model=...)")
+            add_search_dir(config.model_path)
+            model = create_model(config.model, **self.model_args)
+            if config.model_path is None:
+                config.model_path = model_source_dir(config.model)
+            if structure:
+                apply_structure(model, structure)
+        elif structure is None:  # (with a structure it is config.model, reshaped)
+            if not isinstance(model, nn.Module):
+                raise GpuaccelError(f"model= takes a torch.nn.Module, not {type(model).__name__}")
+            config.model, config.model_path = f"object:{type(model).__qualname__}", None
+        return model
 
     def _compiled(self, module: nn.Module):
         if self._compile_mode is None:
@@ -222,15 +246,19 @@ class Trainer:
         cfg = self.config
         main = self.dist.is_main
         self.run_dir = self.run_dir or Path(self.dist.broadcast(str(self._make_run_dir()) if main else None))
+        self._lock_run_dir(self.run_dir)  # (a resumed trainer holds it already)
         metrics = MetricsFile(self.run_dir / "metrics.jsonl")
         progress = Progress(math.ceil(cfg.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
-        progress.log(f"{self.dataset.describe()}; model {cfg.model} "
+        progress.log(f"{self.inputs.description}; task {self.task.name}; model {cfg.model} "
                      f"({self.parameter_count:,} parameters) on "
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
-                     + (f"; {self.dist.world_size} processes, {self.config.batch_size} images each per step"
+                     + (f"; {self.dist.world_size} processes, {self.config.batch_size} samples each per step"
                         if self.dist.active and self.pipeline is None else "")
                      + (f"; {self.pipeline.describe()}" if self.pipeline is not None else "")
-                     + ("; each training step one CUDA graph" if self.step_graph is not None else "")
+                     + ("; each training step one CUDA graph (inductor's kernels inside it)"
+                        if self.step_graph is not None else "")
+                     + (f"; no whole-step CUDA graph: {self.step_graph_off}"
+                        if self.step_graph is None and self._cuda_graphs else "")
                      + (f"; JPEG decoding: {self.jpeg_decoder}" if self.jpeg_decoder else ""))
 
         # (a pipeline's first steps also infer the shapes that pass between stages)
@@ -244,13 +272,13 @@ class Trainer:
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         loss_sum = torch.zeros((), device=self.device)  # summed on the device, read at evaluations
-        images_since_eval, seconds_at_eval = 0, self.train_seconds
+        samples_since_eval, seconds_at_eval = 0, self.train_seconds
         last_checkpoint = time.perf_counter()
         stopped_by = None
         wall_start = time.perf_counter()
         previous_handler = _install_sigterm()
         self.model.train()
-        stepped_at = (self.epoch, self.batch_in_epoch, self.images_seen)  # the position the weights correspond to
+        stepped_at = (self.epoch, self.batch_in_epoch, self.samples_seen)  # the position the weights correspond to
         sampler = GpuSampler(self.run_dir / f"gpu{'' if main else self.dist.rank}.jsonl",
                              [self.device.index or 0] if self.device.type == "cuda" else [],
                              origin=wall_start) if cfg.monitor else None
@@ -274,16 +302,20 @@ class Trainer:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch) \
                     if first_batches is None else first_batches
                 first_batches = None
-                for images, labels in data_wait.timed(batches):
+                for batch in data_wait.timed(batches):
+                    inputs, targets = self.task.split(batch)
+                    count = leading_size(targets)
+                    if self._example_inputs is None:
+                        self._example_inputs = tree_map(lambda t: t[:1].clone(), inputs)
                     # the gradient all-reduce runs only on the micro-batch that ends an accumulation
                     stepping = (self.batch_in_epoch + 1) % cfg.grad_accum == 0 or \
                         self.batch_in_epoch + 1 == len(self.train_loader)
-                    loss = self.step_graph.run(images, labels) if self.step_graph is not None else \
-                        self.forward_backward(images, labels, cfg.grad_accum, sync=stepping)
+                    loss = self.step_graph.run(inputs, targets) if self.step_graph is not None else \
+                        self.forward_backward(inputs, targets, cfg.grad_accum, sync=stepping)
                     if self.counts_metrics:
-                        loss_sum += loss.float() * labels.shape[0]
-                        images_since_eval += labels.shape[0]
-                    self.images_seen += labels.shape[0] * self.data_ranks
+                        loss_sum += loss.float() * count
+                        samples_since_eval += count
+                    self.samples_seen += count * self.data_ranks
                     self.batch_in_epoch += 1
 
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
@@ -296,7 +328,7 @@ class Trainer:
                         profiler.step()
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                    stepped_at = (self.epoch, self.batch_in_epoch, self.images_seen)
+                    stepped_at = (self.epoch, self.batch_in_epoch, self.samples_seen)
 
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
                     finished = self.epochs_done >= cfg.epochs  # epochs may end inside an epoch (e.g. 9.5)
@@ -310,7 +342,7 @@ class Trainer:
                     if due_eval or out_of_time:
                         synchronize(self.device)
                         self.train_seconds += time.perf_counter() - segment_start
-                        record = {**self._evaluate_and_record(loss_sum, images_since_eval,
+                        record = {**self._evaluate_and_record(loss_sum, samples_since_eval,
                                                               self.train_seconds - seconds_at_eval, wall_start),
                                   "data_wait": round(data_wait.read()["data_share"], 4)}
                         gpu_util = sampler.mean("util", since=wall_at_eval) if sampler is not None else None
@@ -321,11 +353,11 @@ class Trainer:
                             metrics.append(record)
                         if scalars is not None:
                             scalars.add(record, self.global_step)
-                        progress.log(_format_record(record, cfg.epochs))
+                        progress.log(_format_record(record, cfg.epochs, self.metric_tracker.metrics))
                         loss_sum.zero_()
-                        images_since_eval, seconds_at_eval = 0, self.train_seconds
-                        if cfg.target_acc is not None and record["accuracy"] >= cfg.target_acc:
-                            stopped_by = "target_acc"
+                        samples_since_eval, seconds_at_eval = 0, self.train_seconds
+                        if self._reached_target(record):
+                            stopped_by = "target"
                         segment_start = time.perf_counter()
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
@@ -345,7 +377,7 @@ class Trainer:
             stopped_by = stopped_by or "epochs"
         except (KeyboardInterrupt, Stop):
             # batches consumed since the last optimizer step are not in the weights: redo them on resume
-            self.epoch, self.batch_in_epoch, self.images_seen = stepped_at
+            self.epoch, self.batch_in_epoch, self.samples_seen = stepped_at
             self.optimizer.zero_grad(set_to_none=True)
             if main and not self.collective_state:  # (other ranks cannot be relied on to stop together)
                 self.save_checkpoint()
@@ -356,6 +388,7 @@ class Trainer:
         finally:
             if freezing:
                 gc.unfreeze()
+            self._unlock_run_dir()
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
             if sampler is not None:
@@ -374,14 +407,13 @@ class Trainer:
         """Passes over the training set so far, counting the current one's batches."""
         return self.epoch + self.batch_in_epoch / len(self.train_loader)
 
-    def forward_backward(self, images: torch.Tensor, labels: torch.Tensor, accumulate: int = 1,
-                         sync: bool = True) -> torch.Tensor:
+    def forward_backward(self, inputs, targets, accumulate: int = 1, sync: bool = True) -> torch.Tensor:
         """One forward and backward pass; gradients of the loss / ``accumulate`` add up in ``.grad``.
         With several processes, ``sync=False`` skips the gradient all-reduce (an accumulation step).
         Returns the (unscaled) loss, detached, on the device."""
         if self.pipeline is not None:  # micro-batches flow through the stages; accumulation is not allowed
             with self.precision.autocast(self.device):
-                return self.pipeline.train_step(images, labels)
+                return self.pipeline.train_step(inputs, targets)
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         if self.sharded:
@@ -389,16 +421,16 @@ class Trainer:
         local = self.ddp.no_sync() if (self.ddp is not None and not sync) else contextlib.nullcontext()
         with local:
             with self.precision.autocast(self.device):
-                loss = F.cross_entropy(self.forward(images), labels, label_smoothing=self.config.label_smoothing)
+                loss = self.task.loss(call_model(self.forward, inputs), targets)
             self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
         return loss.detach()
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def train_step(self, inputs, targets) -> torch.Tensor:
         """One optimizer step on one batch; returns the loss, on the device."""
         if self.step_graph is not None:
-            loss = self.step_graph.run(images, labels)
+            loss = self.step_graph.run(inputs, targets)
         else:
-            loss = self.forward_backward(images, labels)
+            loss = self.forward_backward(inputs, targets)
         self.optimizer_step()
         return loss
 
@@ -419,7 +451,7 @@ class Trainer:
                 self.ema.update(self.model)
         self.scheduler.step()
 
-    def warm_up(self, evaluate: bool = True, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+    def warm_up(self, evaluate: bool = True, batch=None) -> float:
         """Runs three training steps on ``batch`` (by default the first of epoch 0) and
         (``evaluate``) a full evaluation, then puts every piece of state back, so that
         compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
@@ -430,12 +462,12 @@ class Trainer:
                  "ema": copy.deepcopy(self.ema.state_dict()) if self.ema else None,
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
-        images, labels = batch if batch is not None else next(iter(self.train_loader.batches(0)))
+        inputs, targets = self.task.split(batch if batch is not None else next(iter(self.train_loader.batches(0))))
         if self.step_graph is not None:
-            self.step_graph.warm(images, labels)
+            self.step_graph.warm(inputs, targets)
         else:
             for _ in range(3):  # torch.compile records CUDA graphs on the third call
-                self.forward_backward(images, labels)
+                self.forward_backward(inputs, targets)
                 self.optimizer_step()
         if evaluate:
             self.evaluate()
@@ -453,33 +485,13 @@ class Trainer:
         synchronize(self.device)
         return time.perf_counter() - start
 
-    def _tta_logits(self, net, images: torch.Tensor) -> torch.Tensor:
-        """Mean logits over the image, its mirror (tta >= 1) and one-pixel translations of both
-        (tta 2, half weight each)."""
-        logits = self._call(net, images)
-        if self.config.tta == 0:
-            return logits
-        flipped = images.flip(-1)
-        logits = logits + self._call(net, flipped)
-        if self.config.tta == 1:
-            return logits / 2
-        padded = [F.pad(x, (1, 1, 1, 1), mode="reflect") for x in (images, flipped)]
-        h, w = images.shape[2:]
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        for x in padded:
-            for dy, dx in ((0, 0), (2, 2)):
-                # a contiguous copy has the strides of a normal batch: no recompilation
-                shifted = x[:, :, dy:dy + h, dx:dx + w].contiguous(memory_format=layout)
-                logits = logits + 0.5 * self._call(net, shifted)
-        return logits / 4
-
-    def _call(self, net, images: torch.Tensor) -> torch.Tensor:
+    def _call(self, net, inputs) -> torch.Tensor:
         """One forward pass. Under CUDA graphs an output lives in memory the next replay
         overwrites, so outputs that are kept are cloned."""
         if not self._cuda_graphs:
-            return net(images)
+            return call_model(net, inputs)
         torch.compiler.cudagraph_mark_step_begin()
-        return net(images).clone()
+        return tree_map(torch.clone, call_model(net, inputs))
 
     @property
     def _cuda_graphs(self) -> bool:
@@ -487,62 +499,63 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Loss and top-1 accuracy on the held-out split (one host synchronisation at the end),
-        with the weight average when there is one."""
+        """The loss and the task's metrics on the held-out split (one host synchronisation at
+        the end), with the weight average when there is one: {"loss": ..., metric: ...}."""
         net = self.eval_forward
         was_training = self.model.training
         self.model.eval()
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
-        loss_sum = torch.zeros((), device=self.device)
-        for images, labels in self.eval_loader.batches():
+        tracker = self.metric_tracker
+        for batch in self.eval_loader.batches():
+            inputs, targets = self.task.split(batch)
             with self.precision.autocast(self.device):
-                logits = self._tta_logits(net, images)
-            if not self.counts_metrics:
-                continue  # a pipeline stage before the last: it took part, the last stage has the logits
-            loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
-            correct += (logits.argmax(1) == labels).sum()
+                outputs = self.task.eval_outputs(lambda x: self._call(net, x), inputs)
+            if self.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
+                tracker.update(outputs, targets)
         if self.sharded and self.dist.active:
             self._match_forward_passes(net, len(self.eval_loader))
         self.model.train(was_training)
-        totals = self.dist.all_reduce_sum(torch.stack([loss_sum, correct.float()]))  # every rank has a shard
-        count = self.eval_loader.num_images
-        return {"loss": totals[0].item() / count, "accuracy": totals[1].item() / count}
+        return tracker.compute(self.dist.all_reduce_sum)  # every rank has a shard
 
     def _match_forward_passes(self, net, batches: int) -> None:
         """A sharded model's forward pass is a collective: a rank whose evaluation shard has
-        fewer batches runs as many more on a blank image as the longest shard has."""
+        fewer batches runs as many more on a blank sample as the longest shard has."""
         most = torch.tensor([float(batches)], device=self.device)
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-        ds = self.dataset
-        blank = torch.zeros(1, ds.in_channels, *self._input_size(), device=self.device,
-                            dtype=self.precision.input_dtype)
-        if self.channels_last:
-            blank = blank.contiguous(memory_format=torch.channels_last)
+        blank = tree_map(torch.zeros_like, self._example_inputs)
         for _ in range(int(most.item()) - batches):
             with self.precision.autocast(self.device):
-                self._tta_logits(net, blank)
+                self.task.eval_outputs(lambda x: self._call(net, x), blank)
 
-    def _input_size(self) -> tuple[int, int]:
-        ds = self.dataset
-        if hasattr(ds, "test_images"):
-            return tuple(ds.test_images.shape[2:])
-        return (ds.image_size, ds.image_size)
-
-    def _evaluate_and_record(self, loss_sum, images, seconds, wall_start) -> dict:
+    def _evaluate_and_record(self, loss_sum, samples, seconds, wall_start) -> dict:
         totals = self.dist.all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(
-            float(images), device=loss_sum.device)]))  # over all processes
-        train_loss, images = totals[0].item() / max(1.0, totals[1].item()), int(totals[1].item())
+            float(samples), device=loss_sum.device)]))  # over all processes
+        train_loss, samples = totals[0].item() / max(1.0, totals[1].item()), int(totals[1].item())
         result = self.evaluate()
         self.last_eval = result
-        self.best_accuracy = max(self.best_accuracy, result["accuracy"])
-        target = self.config.target_acc
-        if target is not None and self.time_to_target is None and result["accuracy"] >= target:
+        for name, value in result.items():
+            better = max if self.task.higher_is_better(name) else min
+            self.best_metrics[name] = better(self.best_metrics.get(name, value), value)
+        if self.time_to_target is None and self._reached_target(result):
             self.time_to_target = self.train_seconds
+        rate = round(samples / max(seconds, 1e-9), 1)
         return {"step": self.global_step, "epoch": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4),
-                "train_loss": round(train_loss, 6), "loss": round(result["loss"], 6),
-                "accuracy": round(result["accuracy"], 6), "lr": self.scheduler.get_last_lr()[0],
-                "images_per_second": round(images / max(seconds, 1e-9), 1),
+                "train_loss": round(train_loss, 6), **{name: round(value, 6) for name, value in result.items()},
+                "lr": self.scheduler.get_last_lr()[0], "samples_per_second": rate,
+                **({"images_per_second": rate} if self.dataset is not None else {}),
                 "elapsed": round(self.train_seconds, 4), "wall": round(time.perf_counter() - wall_start, 4)}
+
+    def _reached_target(self, result: dict) -> bool:
+        if self.config.target_metric is None:
+            return False
+        metric, goal = self.config.target_metric
+        value = result.get(metric)
+        if value is None:
+            return False
+        return value >= goal if self.task.higher_is_better(metric) else value <= goal
+
+    @property
+    def best_accuracy(self) -> float:
+        return self.best_metrics.get("accuracy", 0.0)
 
     # ------------------------------------------------------------------ run directory and checkpoints
 
@@ -552,16 +565,31 @@ class Trainer:
             path = Path(cfg.run_dir)
         else:
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            path = Path("runs") / f"{self.dataset.name}-{cfg.model.replace(':', '_').replace('/', '_')}-{stamp}"
+            model = cfg.model.replace(':', '_').replace('/', '_')
+            path = Path("runs") / f"{self.inputs.name}-{model}-{stamp}"
             suffix = 1
             while path.exists():
                 suffix += 1
                 path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
-        if (path / CHECKPOINT).exists():
-            raise GpuaccelError(f"{path} already holds a run; continue it with --resume {path} or pick another --run-dir")
         path.mkdir(parents=True, exist_ok=True)
+        self._lock_run_dir(path)
+        if (path / CHECKPOINT).exists():
+            self._unlock_run_dir()
+            raise GpuaccelError(f"{path} already holds a run; continue it with --resume {path} or pick another --run-dir")
         checkpoint.write_json(path / "config.json", cfg.to_dict())
         return path
+
+    def _lock_run_dir(self, path: Path) -> None:
+        """Only one process trains in a run directory at a time (rank 0 holds the lock for all);
+        what a killed process left half-written there is removed."""
+        if self.dist.is_main and self._lock is None:
+            self._lock = RunLock(path).acquire()
+            remove_stale_temporaries(path)
+
+    def _unlock_run_dir(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _state(self, full: bool) -> dict:
         """What checkpoints hold. Sharded, this gathers the full state to rank 0: a collective."""
@@ -572,11 +600,12 @@ class Trainer:
         else:
             model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
             optimizer_state = self.optimizer.state_dict() if full else None
-        state = {"model_name": self.config.model, "model_args": self.model_args, "classes": self.dataset.classes,
-                 "mean": self.mean, "std": self.std, "config": self.config.to_dict(),
-                 "model": model_state,
+        state = {"model_name": self.config.model, "model_args": self.model_args, "model_path": self.config.model_path,
+                 "task": self.task.describe(), "classes": self.inputs.classes, "mean": self.mean, "std": self.std,
+                 "data_identity": self.inputs.identity, "config": self.config.to_dict(), "model": model_state,
                  "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
-                 "accuracy": self.last_eval.get("accuracy"), "gpuaccel": __version__, "structure": self.structure}
+                 "accuracy": self.last_eval.get("accuracy"), "metrics": self.last_eval, "gpuaccel": __version__,
+                 "structure": self.structure}
         if full:
             state.update(
                 optimizer=optimizer_state, scheduler=self.scheduler.state_dict(),
@@ -584,8 +613,8 @@ class Trainer:
                 rng={"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
                 position={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
-                progress={"train_seconds": self.train_seconds, "images_seen": self.images_seen,
-                          "best_accuracy": self.best_accuracy, "time_to_target": self.time_to_target,
+                progress={"train_seconds": self.train_seconds, "samples_seen": self.samples_seen,
+                          "best_metrics": self.best_metrics, "time_to_target": self.time_to_target,
                           "last_eval": self.last_eval})
         return state
 
@@ -609,10 +638,15 @@ class Trainer:
         if not self.dist.is_main:
             return path
         checkpoint.save(path, state)
+        self._write_position()
+        return path
+
+    def _write_position(self) -> None:
+        """checkpoint.json: a readable copy of where checkpoint.pt stands (checkpoint.pt is the
+        truth; a kill between the two writes is mended when the run resumes)."""
         checkpoint.write_json(self.run_dir / "checkpoint.json",
                               {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                                "global_step": self.global_step})
-        return path
 
     def load_state(self, state: dict) -> None:
         """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped."""
@@ -627,7 +661,7 @@ class Trainer:
             else:
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, KeyError) as exc:
+        except (RuntimeError, KeyError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0]
             raise GpuaccelError(f"the checkpoint does not fit model {self.config.model!r}: {first}") from None
         self.scheduler.load_state_dict(state["scheduler"])
@@ -639,45 +673,64 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
         pos, prog = state["position"], state["progress"]
         self.epoch, self.batch_in_epoch, self.global_step = pos["epoch"], pos["batch_in_epoch"], pos["global_step"]
-        self.train_seconds, self.images_seen = prog["train_seconds"], prog["images_seen"]
-        self.best_accuracy, self.time_to_target = prog["best_accuracy"], prog["time_to_target"]
+        self.train_seconds, self.samples_seen = prog["train_seconds"], prog["samples_seen"]
+        self.best_metrics, self.time_to_target = prog["best_metrics"], prog["time_to_target"]
         self.last_eval = prog["last_eval"]
 
+    # settings a resumed run may change: where and how it runs, when it stops, what it logs
+    RESUME_CHANGEABLE = frozenset({
+        "epochs", "time_limit", "target", "target_acc", "device", "loader", "workers", "monitor", "profile",
+        "tensorboard", "eval_every", "checkpoint_every", "checkpoint_seconds", "cache_dir", "compile",
+        "activation_checkpointing"})
+
     @classmethod
-    def resume(cls, run_dir, *, overrides: dict | None = None, quiet: bool = False) -> "Trainer":
+    def resume(cls, run_dir, *, overrides: dict | None = None, quiet: bool = False, model: nn.Module | None = None,
+               train_data=None, eval_data=None, task=None, loss_fn=None, metrics=None) -> "Trainer":
         """Rebuilds the trainer of ``run_dir`` from its config.json and continues from its checkpoint.
 
         ``overrides`` may change the stop conditions, the device and output settings; the
-        model and data must stay those of the run.
+        model and data must stay those of the run. A run made from Python objects (a model,
+        a Dataset, a loss function) needs the same objects again, passed as to ``Trainer``.
         """
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise GpuaccelError(f"resume directory {run_dir} does not exist")
         if not (run_dir / CHECKPOINT).exists() or not (run_dir / "config.json").exists():
             raise GpuaccelError(f"{run_dir} holds no gpuaccel checkpoint to resume ({CHECKPOINT} and config.json)")
-        with open(run_dir / "config.json") as f:
-            config = TrainConfig.from_dict(json.load(f))
-        state = checkpoint.load(run_dir / CHECKPOINT)
-        changeable = {"epochs", "time_limit", "target_acc", "device", "loader", "workers", "monitor", "profile",
-                      "tensorboard", "eval_every", "checkpoint_every",
-                      "checkpoint_seconds", "cache_dir", "compile", "activation_checkpointing"}
-        for key, value in (overrides or {}).items():
-            if key == "model" and value != state["model_name"]:
-                raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, "
-                                    f"not {value!r}; resume without --model or start a new run")
-            if getattr(config, key) != value and key not in changeable:
-                raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
-                                    f"(changeable: {', '.join(sorted(changeable))})")
-        config = config.replace(**{k: v for k, v in (overrides or {}).items() if k in changeable})
-        trainer = cls(config, structure=state.get("structure"), data_init=False, quiet=quiet)
-        trainer.load_state(state)
-        trainer.run_dir = run_dir
-        # evaluations logged after the checkpoint are redone; drop them so the log stays one line per eval
-        metrics = MetricsFile(run_dir / "metrics.jsonl")
-        kept = [r for r in metrics.read() if r["step"] <= trainer.global_step]
+        lock = RunLock(run_dir).acquire() if Distributed.from_env().is_main else None
+        try:
+            config = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+            state = checkpoint.load(run_dir / CHECKPOINT)
+            overrides = dict(overrides or {})
+            if overrides.get("target_acc") is not None:  # the older spelling of --target
+                overrides["target"], overrides["target_acc"] = f"accuracy={overrides['target_acc']:g}", None
+            for key, value in overrides.items():
+                if key == "model" and value != state["model_name"]:
+                    raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, "
+                                        f"not {value!r}; resume without --model or start a new run")
+                if getattr(config, key) != value and key not in cls.RESUME_CHANGEABLE:
+                    raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
+                                        f"(changeable: {', '.join(sorted(cls.RESUME_CHANGEABLE))})")
+            config = config.replace(**{k: v for k, v in overrides.items() if k in cls.RESUME_CHANGEABLE})
+            if model is not None and not config.model.startswith("object:"):
+                raise GpuaccelError(f"{run_dir} trained model {config.model!r}, which it rebuilds itself; resume "
+                                    f"without model=")
+            trainer = cls(config, model=model, train_data=train_data, eval_data=eval_data, task=task,
+                          loss_fn=loss_fn, metrics=metrics, structure=state.get("structure"), data_init=False,
+                          quiet=quiet)
+            trainer.inputs.check_same(state.get("data_identity"), run_dir)
+            trainer.load_state(state)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        trainer.run_dir, trainer._lock = run_dir, lock
         if trainer.dist.is_main:
-            checkpoint.atomic_write(metrics.path, lambda f: f.write("".join(
-                json.dumps(r) + "\n" for r in kept).encode()))
+            remove_stale_temporaries(run_dir)
+            trainer._write_position()
+            # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
+            # the log stays one line per evaluation
+            MetricsFile(run_dir / "metrics.jsonl").repair(keep=lambda r: r.get("step", 0) <= trainer.global_step)
         return trainer
 
     def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
@@ -685,39 +738,84 @@ class Trainer:
             state = self._state(full=False)
             if self.dist.is_main:
                 checkpoint.save(self.run_dir / FINAL_MODEL, state)
-        images_per_second = self.images_seen / self.train_seconds if self.train_seconds > 0 else 0.0
+        rate = round(self.samples_seen / self.train_seconds if self.train_seconds > 0 else 0.0, 1)
+        target = self.config.target_metric
+        images = self.dataset is not None
         summary = {
             "device": str(self.device), "device_name": device_name(self.device), "precision": self.precision.name,
             "channels_last": self.channels_last, "compile": self.config.compile,
-            "step_graph": self.step_graph is not None,
-            "model": self.config.model, "parameters": self.parameter_count,
-            "data": self.dataset.name, "train_images": len(self.dataset.train_labels),
-            "test_images": len(self.dataset.test_labels), "skipped_images": len(self.dataset.skipped),
+            "step_graph": self.step_graph is not None, "step_graph_off": self.step_graph_off,
+            "model": self.config.model, "parameters": self.parameter_count, "task": self.task.name,
+            "data": self.inputs.name, "train_samples": self.inputs.train_samples,
+            "test_samples": self.inputs.test_samples, "skipped_samples": self.inputs.skipped,
             "epochs": round(self.epochs_done, 4), "steps": self.global_step,
             "stopped_by": stopped_by, "setup_seconds": round(self.setup_seconds, 3),
             "warmup_seconds": round(self.warmup_seconds, 3),
             "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
-            "images_per_second": round(images_per_second, 1),
-            "test_accuracy": self.last_eval.get("accuracy"), "test_loss": self.last_eval.get("loss"),
-            "best_accuracy": self.best_accuracy, "target_acc": self.config.target_acc,
+            "samples_per_second": rate, "metrics": dict(self.last_eval), "best_metrics": dict(self.best_metrics),
+            "target": self.config.target, "target_metric": target[0] if target else None,
             "time_to_target": None if self.time_to_target is None else round(self.time_to_target, 3),
+            "test_loss": self.last_eval.get("loss"),
             "run_dir": str(self.run_dir), "torch": torch.__version__, "gpuaccel": __version__,
             "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
             if self.device.type == "cuda" else None,
             "jpeg_decoder": self.jpeg_decoder,
             "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.data_ranks *
-            self.config.grad_accum, "images_seen": self.images_seen, "restarts": self.dist.restart,
+            self.config.grad_accum, "samples_seen": self.samples_seen, "restarts": self.dist.restart,
         }
+        if "accuracy" in self.last_eval or "accuracy" in self.best_metrics:
+            summary.update(test_accuracy=self.last_eval.get("accuracy"), best_accuracy=self.best_accuracy)
+        if images:  # the names image tools and earlier results use
+            summary.update(train_images=summary["train_samples"], test_images=summary["test_samples"],
+                           skipped_images=summary["skipped_samples"], images_per_second=rate,
+                           images_seen=self.samples_seen)
         if self.dist.is_main:
             checkpoint.write_json(self.run_dir / "summary.json", summary)
         self.dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written
         return summary
 
 
-def _format_record(record: dict, epochs: float) -> str:
+def _resolve_task(config: TrainConfig, inputs, task, loss_fn, metrics) -> Task:
+    """The task object: given, built from ``loss_fn`` (and ``metrics``), named by the config,
+    or the data's own; user ``metrics`` are added to a task's."""
+    if task is not None and loss_fn is not None:
+        raise GpuaccelError("pass task= or loss_fn= (with metrics=), not both")
+    if loss_fn is not None:
+        return CustomTask(loss_fn, metrics)
+    if isinstance(task, str) or task is None:
+        name = task or config.task or ("classification" if inputs.images is not None else None)
+        if name is None:
+            raise GpuaccelError("with train_data= from Python, say what to minimise: task= (e.g. "
+                                "gpuaccel.tasks.Regression()) or loss_fn=")
+        task = create_task(name, label_smoothing=config.label_smoothing, tta=config.tta)
+    if not isinstance(task, Task):
+        raise GpuaccelError(f"task= takes a gpuaccel.tasks.Task or a task name, not {type(task).__name__}")
+    if type(task).loss is Task.loss:
+        raise GpuaccelError(f"task {task.name!r} defines no loss; give it a loss() or pass loss_fn=")
+    return task.with_metrics(metrics) if metrics else task
+
+
+def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) -> str | None:
+    """None when the whole training step is captured as one CUDA graph (step_graph.py), else
+    what prevents it. It needs --compile-mode reduce-overhead on a GPU and a step that is the
+    same kernels every time, on one device's whole model."""
+    if not (config.compile and config.compile_mode == "reduce-overhead") or device.type != "cuda":
+        return "it needs --compile --compile-mode reduce-overhead on a GPU"
+    obstacles = {"--no-step-graph": not config.step_graph, "--pipeline-stages": config.pipeline_stages > 1,
+                 "--shard": config.shard, "--sync-bn": config.sync_bn, "--grad-accum": config.grad_accum > 1,
+                 "fp16 loss scaling": precision.loss_scaling,
+                 f"--optimizer {config.optimizer}": config.optimizer not in ("sgd", "muon"),
+                 "--activation-checkpointing": config.activation_checkpointing}
+    found = [name for name, present in obstacles.items() if present]
+    return f"not with {', '.join(found)}" if found else None
+
+
+def _format_record(record: dict, epochs: float, metric_names) -> str:
+    shown = ", ".join(f"test {name} " + (f"{100 * record[name]:.2f}%" if name == "accuracy" else f"{record[name]:.4g}")
+                      for name in metric_names if name in record)
     return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {record['train_loss']:.4f}, "
-            f"test loss {record['loss']:.4f}, test acc {100 * record['accuracy']:.2f}%, "
-            f"{record['images_per_second']:,.0f} img/s, {record['elapsed']:.1f} s, "
+            f"test loss {record['loss']:.4f}" + (f", {shown}" if shown else "") +
+            f", {record['samples_per_second']:,.0f} samples/s, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
             + (f", GPU busy {record['gpu_util']:.0f}%" if "gpu_util" in record else ""))
 

@@ -1,0 +1,209 @@
+"""Files a run writes, written so that a crash, a full disk or a second process cannot
+leave them wrong: atomic replacement, appends that never leave a torn line for readers,
+a lock on the run directory, and one clear message for a full disk.
+
+train/, bench/ and deploy/ all write through this module.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import GpuaccelError
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def disk_full_error(path, exc: OSError) -> GpuaccelError:
+    return GpuaccelError(f"no space left on device while writing {path}; free some space and resume the run")
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # torch.save reports a failed write as RuntimeError("[enforce fail at inline_container.cc...] ... ")
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("No space left" in text or "file write failed" in text)
+
+
+def atomic_write(path, write) -> None:
+    """Calls ``write(file)`` on a temporary file beside ``path``, flushes and fsyncs it, then
+    renames it over ``path`` (atomic on POSIX file systems) and fsyncs the directory: the
+    file is always either the old one or the new one. The new file gets the permissions a
+    plain ``open`` would give (the umask's), not mkstemp's 0600."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    try:
+        os.fchmod(fd, 0o666 & ~_current_umask())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if _is_disk_full(exc):
+            raise disk_full_error(path, exc) from None
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path, data) -> None:
+    atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
+
+
+def remove_stale_temporaries(directory) -> list[Path]:
+    """Deletes the temporary files a killed process left behind in ``directory`` (an atomic
+    write interrupted before its rename). Call it only while holding the directory's lock."""
+    removed = []
+    for tmp in Path(directory).glob(f".*{TEMPORARY_SUFFIX}"):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+class MetricsFile:
+    """``metrics.jsonl``: one JSON object per line, appended as one write.
+
+    A process killed or a disk filled mid-append can leave a partial last line; readers skip
+    a last line that does not parse (it is the one being written), and :meth:`repair`
+    removes it before a resumed run appends again.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def append(self, record: dict) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):  # a short write: the disk filled
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as exc:
+            if _is_disk_full(exc):
+                raise disk_full_error(self.path, exc) from None
+            raise
+        finally:
+            os.close(fd)
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        records = []
+        lines = self.path.read_bytes().split(b"\n")
+        for number, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                if number >= len(lines) - 2:  # the last line, torn by a crash: not a record yet
+                    break
+                raise GpuaccelError(f"{self.path}: line {number + 1} is not JSON") from None
+        return records
+
+    def rewrite(self, records: list[dict]) -> None:
+        atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+    def repair(self, keep=lambda record: True) -> list[dict]:
+        """Rewrites the file with the readable records that ``keep`` accepts; returns them."""
+        kept = [r for r in self.read() if keep(r)]
+        if self.path.exists():
+            self.rewrite(kept)
+        return kept
+
+
+class RunLock:
+    """An exclusive lock on a run directory while a process trains in it.
+
+    ``.lock`` holds the owner's process id and host. A second process gets a one-line error
+    naming the holder; a lock whose process is gone (killed, crashed) is taken over.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, directory):
+        self.path = Path(directory) / self.NAME
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        me = f"{os.getpid()} {os.uname().nodename}"
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None:
+                    pid, host = holder
+                    raise GpuaccelError(f"{self.path.parent} is in use by process {pid}"
+                                        f"{'' if host == os.uname().nodename else ' on ' + host}; "
+                                        f"wait for it to finish or choose another --run-dir")
+                try:  # the holder is gone: take the lock over
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me + "\n")
+            self.held = True
+            return self
+        raise GpuaccelError(f"could not lock {self.path.parent}: another process keeps taking it")
+
+    def _holder(self) -> tuple[int, str] | None:
+        """(pid, host) of a live holder; None when the lock is stale (or vanished)."""
+        try:
+            text = self.path.read_text().split()
+        except FileNotFoundError:
+            return None
+        if len(text) < 2 or not text[0].isdigit():
+            # being written right now, or garbage: a fresh one is live, an old one is stale
+            try:
+                return (0, "?") if time.time() - self.path.stat().st_mtime < 5 else None
+            except FileNotFoundError:
+                return None
+        pid, host = int(text[0]), text[1]
+        if host != os.uname().nodename:
+            return pid, host  # another machine's process cannot be checked: assume it is alive
+        if pid == os.getpid():
+            return None  # this process's own (a second Trainer in one process, after the first)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid, host
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

@@ -1,0 +1,106 @@
+"""What a parallel strategy is: how this process takes part in training.
+
+A strategy is applied to a plain model once (:meth:`Strategy.wrap`) and then answers the
+few questions the training loop would otherwise branch on: which module a training step
+runs and which one evaluation runs, how a forward and backward pass is done (and when
+gradients are combined across processes), how gradients are clipped, how a checkpoint's
+full state is gathered and loaded, and which processes read different data.
+
+One file per strategy (torchtitan's habit: parallelism applied to a plain model by one
+component per technique):
+
+- :class:`SingleDevice` (here): one process, one device.
+- ``data_parallel.DataParallel``: DistributedDataParallel.
+- ``graph_data_parallel.GraphDataParallel``: data parallel whose gradient all-reduce is
+  inside the whole-step CUDA graph (no DDP hooks).
+- ``fsdp.Sharded``: FSDP2, optionally with CPU offload.
+- ``pipeline.PipelineParallel``: pipeline stages (torch.distributed.pipelining).
+
+``gpuaccel.parallel.build_strategy`` picks one from the settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+
+class Strategy:
+    name = "one device"
+    collective_state = False  # every process takes part in gathering a checkpoint
+    counts_metrics = True  # this process computes the loss and metrics
+    fused_optimizer = True  # PyTorch's fused optimizer kernels can update the parameters
+    reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None  # inside a step graph
+
+    def __init__(self, device: torch.device, rank: int = 0, world_size: int = 1):
+        self.device, self.rank, self.world_size = device, rank, world_size
+        self.model: nn.Module | None = None
+
+    @property
+    def data_rank(self) -> int:
+        """Which shard of the data this process reads."""
+        return self.rank
+
+    @property
+    def data_ranks(self) -> int:
+        """How many processes read different data."""
+        return self.world_size
+
+    def wrap(self, model: nn.Module, *, first_inputs: Callable | None = None, loss_fn: Callable | None = None) -> nn.Module:
+        """Applies the strategy to ``model``; returns the module whose parameters are trained
+        (what the optimizer, the weight average and checkpoints see). ``first_inputs()`` gives a
+        training batch's inputs, for strategies that need an example."""
+        self.model = model
+        return model
+
+    @property
+    def training_module(self) -> nn.Module:
+        """What a training step calls (a wrapper that hooks the backward pass, or the model)."""
+        return self.model
+
+    def training_forward(self, compile: Callable[[nn.Module], Callable]) -> Callable | None:
+        return compile(self.training_module)
+
+    def eval_forward(self, compile: Callable[[nn.Module], Callable], training_forward: Callable | None,
+                     average: nn.Module | None) -> Callable:
+        """What evaluation calls: the weight average when there is one, the bare model rather
+        than a training wrapper, else the training forward (compiled once, not twice)."""
+        if average is not None or self.training_module is not self.model:
+            return compile(average if average is not None else self.model)
+        return training_forward
+
+    def gradient_sync(self, sync: bool):
+        """A context for one forward and backward pass; ``sync=False`` keeps the gradients
+        local (a micro-batch of an accumulation)."""
+        return contextlib.nullcontext()
+
+    def forward_backward(self, step: Callable, inputs, targets, sync: bool) -> torch.Tensor:
+        """Runs ``step(inputs, targets)`` (forward, loss, backward; returns the loss)."""
+        with self.gradient_sync(sync):
+            return step(inputs, targets)
+
+    def clip_gradients(self, max_norm: float) -> None:
+        nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def gather_state(self, optimizer: torch.optim.Optimizer | None):
+        """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0."""
+        model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return model_state, None if optimizer is None else optimizer.state_dict()
+
+    def load_state(self, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state) -> None:
+        self.model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    def finish_evaluation(self, batches: int, run_blank: Callable[[], None]) -> None:
+        """After this process's evaluation batches (strategies whose forward pass is a
+        collective make every process run as many)."""
+
+    def describe(self) -> str:
+        return ""
+
+
+class SingleDevice(Strategy):
+    """One process on one device: nothing to combine or gather."""

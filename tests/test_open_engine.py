@@ -1,0 +1,236 @@
+"""The open engine: a user's own data, model, loss and metrics, through the Python API."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+import gpuaccel
+from gpuaccel import GpuaccelError, TrainConfig, Trainer
+from gpuaccel.data.tensors import DatasetLoader, TensorLoader
+from gpuaccel.tasks import Classification, Regression
+
+
+def config(tmp_path, name="run", **settings) -> TrainConfig:
+    base = dict(device="cpu", epochs=4, batch_size=32, lr=0.05, monitor=False, run_dir=str(tmp_path / name))
+    return TrainConfig(**{**base, **settings})
+
+
+class Sequences(Dataset):
+    """Token sequences whose label is the token that occurs most often: a GRU must count."""
+
+    def __init__(self, n: int, seed: int, length: int = 12, vocab: int = 6):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(0, vocab, (n, length), generator=g)
+        self.y = torch.stack([torch.bincount(row, minlength=vocab).argmax() for row in self.x])
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class GRUClassifier(nn.Module):
+    def __init__(self, vocab: int = 6, width: int = 48):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.gru = nn.GRU(width, width, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        hidden, _ = self.gru(self.embed(tokens))
+        return self.head(hidden[:, -1])
+
+
+def test_own_dataset_model_and_loss_train_far_above_chance(tmp_path):
+    torch.manual_seed(0)
+    summary = Trainer(config(tmp_path, epochs=12, optimizer="adamw", lr=0.01, weight_decay=0.0),
+                      model=GRUClassifier(), train_data=Sequences(1536, 0), eval_data=Sequences(512, 1),
+                      loss_fn=F.cross_entropy,
+                      metrics={"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+                      quiet=True).fit()
+    # chance is about 1/6 (a little more: ties go to the smallest token)
+    assert summary["metrics"]["accuracy"] > 0.6, summary["metrics"]
+    assert summary["task"] == "custom" and summary["model"] == "object:GRUClassifier"
+    assert summary["train_samples"] == 1536 and summary["test_samples"] == 512
+
+
+def test_dataset_that_fits_is_gathered_on_the_device_and_random_items_are_not(tmp_path):
+    trainer = Trainer(config(tmp_path, "a"), model=GRUClassifier(), train_data=Sequences(64, 0),
+                      eval_data=Sequences(32, 1), loss_fn=F.cross_entropy, quiet=True)
+    assert isinstance(trainer.train_loader, TensorLoader)
+
+    class Noisy(Sequences):  # augmentation inside __getitem__: items differ from read to read
+        def __getitem__(self, i):
+            return self.x[i], self.y[i], torch.rand(())
+
+    trainer = Trainer(config(tmp_path, "b", workers=0), model=GRUClassifier(), train_data=Noisy(64, 0),
+                      loss_fn=lambda out, y: F.cross_entropy(out, y), quiet=True)
+    assert isinstance(trainer.train_loader, DatasetLoader)
+    inputs, targets = trainer.task.split(next(iter(trainer.train_loader.batches(0))))
+    assert len(inputs) == 2 and targets.dtype == torch.float32  # (tokens, label) inputs, the noise as target
+
+
+def linear_data(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g)
+    y = x @ torch.tensor([1.5, -2.0, 0.5, 0.0, 3.0]) + 0.7
+    return x, y
+
+
+def test_regression_on_tensors_reports_rmse_and_keeps_float_targets(tmp_path):
+    summary = Trainer(config(tmp_path, epochs=15, optimizer="adamw", lr=0.05, weight_decay=0.0,
+                             schedule="constant"),
+                      model=nn.Linear(5, 1), train_data=linear_data(512, 0), eval_data=linear_data(256, 1),
+                      task=Regression(), quiet=True).fit()
+    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert set(summary["metrics"]) == {"loss", "rmse", "mae"} and "test_accuracy" not in summary
+    # the targets' spread is about 3.7: a model that learnt nothing has an RMSE near it
+    assert records[-1]["rmse"] < 0.3 * records[0]["rmse"] and summary["metrics"]["rmse"] < 0.5
+    assert summary["best_metrics"]["rmse"] == pytest.approx(min(r["rmse"] for r in records), abs=1e-6)  # lower: better
+
+
+def test_per_pixel_classification_with_a_user_metric(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(256, 1, 8, 8, generator=g)
+    labels = (images[:, 0] > 0.5).long()  # per pixel: bright or not
+
+    def pixel_accuracy(out, y):
+        return (out.argmax(1) == y).float().mean()
+
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 2, 1))
+    summary = Trainer(config(tmp_path, epochs=6, lr=0.2), model=model, train_data=(images, labels),
+                      loss_fn=F.cross_entropy, metrics={"pixel_accuracy": pixel_accuracy},
+                      quiet=True).fit()
+    assert 0.9 < summary["metrics"]["pixel_accuracy"] <= 1.0
+    assert summary["train_samples"] == 230 and summary["test_samples"] == 26  # a seeded 10% held out
+
+
+def test_dict_batches_and_the_built_in_classification_task(tmp_path):
+    x, y = linear_data(384, 0)
+    data = {"features": x, "label": (y > 0.7).long()}
+    summary = Trainer(config(tmp_path, epochs=6, lr=0.2), model=nn.Sequential(nn.Linear(5, 16), nn.ReLU(),
+                                                                              nn.Linear(16, 2)),
+                      train_data=data, task="classification", quiet=True).fit()
+    assert summary["metrics"]["accuracy"] > 0.9 and summary["test_accuracy"] == summary["metrics"]["accuracy"]
+
+
+def test_target_on_any_metric_stops_the_run(tmp_path):
+    summary = Trainer(config(tmp_path, epochs=40, optimizer="adamw", lr=0.05, weight_decay=0.0,
+                             schedule="constant", eval_every=4, target="rmse=0.5"),
+                      model=nn.Linear(5, 1), train_data=linear_data(512, 0), task=Regression(), quiet=True).fit()
+    assert summary["stopped_by"] == "target" and summary["metrics"]["rmse"] <= 0.5 and summary["epochs"] < 40
+    assert summary["time_to_target"] is not None
+
+
+def test_a_run_of_a_model_object_resumes_only_with_that_model(tmp_path):
+    run = Trainer(config(tmp_path, epochs=1), model=nn.Linear(5, 1), train_data=linear_data(128, 0),
+                  task=Regression(), quiet=True)
+    run.fit()
+    with pytest.raises(GpuaccelError, match="passed as an object"):
+        Trainer.resume(run.run_dir, overrides={"epochs": 2}, train_data=linear_data(128, 0), task=Regression())
+    with pytest.raises(GpuaccelError, match="came through the Python API"):
+        Trainer.resume(run.run_dir, overrides={"epochs": 2}, model=nn.Linear(5, 1))
+    resumed = Trainer.resume(run.run_dir, overrides={"epochs": 2}, model=nn.Linear(5, 1),
+                             train_data=linear_data(128, 0), task=Regression(), quiet=True)
+    assert resumed.global_step == run.global_step and resumed.fit()["epochs"] == 2
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(task=Classification(), loss_fn=F.cross_entropy), "not both"),
+    (dict(), "say what to minimise"),
+    (dict(task="regression", metrics={"acc": "accuracy"}), "cannot compute metric 'accuracy'"),
+])
+def test_invalid_task_combinations_are_one_line_errors(tmp_path, arguments, message):
+    with pytest.raises(GpuaccelError, match=message) as caught:
+        Trainer(config(tmp_path), model=nn.Linear(5, 1), train_data=linear_data(64, 0), **arguments)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_task_without_a_loss_is_refused(tmp_path):
+    class NoLoss(gpuaccel.tasks.Task):
+        name = "no-loss"
+
+    with pytest.raises(GpuaccelError, match="defines no loss"):
+        Trainer(config(tmp_path), model=nn.Linear(5, 1), train_data=linear_data(64, 0), task=NoLoss())
+
+
+def test_target_naming_an_unknown_metric_is_a_cli_error(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    code = main(["train", "--device", "cpu", "--epochs", "1", "--target", "rmse=0.1",
+                 "--run-dir", str(tmp_path / "r"), "--no-monitor"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "metric 'rmse'" in err and "accuracy" in err and len(err.splitlines()) == 1
+
+
+def test_registry_factories_get_only_the_keywords_they_take():
+    @gpuaccel.register_model("test-two-layer")
+    def two_layer(num_classes: int):  # no in_channels, no image_size
+        return nn.Linear(4, num_classes)
+
+    assert gpuaccel.create_model("test-two-layer", num_classes=3, in_channels=1, image_size=8).out_features == 3
+
+
+FACTORY = """
+import torch.nn as nn
+
+
+def small_cnn(num_classes, in_channels):
+    return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, num_classes))
+"""
+
+
+def test_a_factory_model_run_resumes_exports_and_infers_from_another_directory(tmp_path):
+    project = tmp_path / "project"
+    (project / "mymodels").mkdir(parents=True)
+    (project / "mymodels" / "__init__.py").write_text("")
+    (project / "mymodels" / "cnn.py").write_text(textwrap.dedent(FACTORY))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = project / "runs" / "r"
+    gpuaccel_cli = [sys.executable, "-m", "gpuaccel"]
+
+    def cli(*args, cwd):
+        return subprocess.run([*gpuaccel_cli, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+    # no PYTHONPATH: gpuaccel puts the working directory on the path itself
+    trained = cli("train", "--model", "mymodels.cnn:small_cnn", "--epochs", "1", "--device", "cpu",
+                  "--run-dir", str(run), "--no-monitor", "--quiet", cwd=project)
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads((run / "config.json").read_text())["model_path"] == str(project.resolve())
+    resumed = cli("train", "--resume", str(run), "--epochs", "2", "--quiet", cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    exported = cli("export", str(run), "--out", str(elsewhere / "m.onnx"), cwd=elsewhere)
+    assert exported.returncode == 0, exported.stderr
+    inferred = cli("infer", str(run), "digits", cwd=elsewhere)
+    assert inferred.returncode == 0, inferred.stderr
+
+
+def test_loader_keeps_dtypes_and_shards_every_sample_once():
+    x = torch.arange(50, dtype=torch.float64).unsqueeze(1)
+    y = torch.linspace(0, 1, 50)
+    seen = []
+    for rank in range(2):
+        loader = TensorLoader((x, y), batch_size=8, device=torch.device("cpu"), train=False, rank=rank,
+                              world_size=2)
+        for bx, by in loader.batches():
+            assert bx.dtype == torch.float64 and by.dtype == torch.float32
+            seen += bx[:, 0].long().tolist()
+    assert sorted(seen) == list(range(50))
+    assert math.isclose(sum(seen), 50 * 49 / 2)
+    np.testing.assert_array_equal(np.sort(seen), np.arange(50))

@@ -1,0 +1,117 @@
+"""Run directories a user can trust: one process at a time, no torn or lost records, readable
+files, and a resume that refuses data that changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpuaccel import GpuaccelError, TrainConfig, Trainer
+from gpuaccel.data import ImageDataset, load_dataset
+from gpuaccel.files import MetricsFile, RunLock, atomic_write, remove_stale_temporaries
+
+
+def test_a_run_directory_in_use_refuses_a_second_process(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".lock").write_text(f"{holder.pid} {os.uname().nodename}\n")
+        with pytest.raises(GpuaccelError, match=f"in use by process {holder.pid}"):
+            RunLock(tmp_path).acquire()
+        with pytest.raises(GpuaccelError, match=f"process {holder.pid}"):
+            Trainer(TrainConfig(epochs=1, run_dir=str(tmp_path), monitor=False), quiet=True).fit()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its stale lock does not block the next run
+    summary = Trainer(TrainConfig(epochs=1, run_dir=str(tmp_path), monitor=False), quiet=True).fit()
+    assert summary["epochs"] == 1 and not (tmp_path / ".lock").exists()
+
+
+def test_two_cli_runs_into_one_directory_at_once_do_not_both_succeed(tmp_path):
+    command = [sys.executable, "-m", "gpuaccel", "train", "--epochs", "4", "--run-dir", str(tmp_path / "r"),
+               "--no-monitor", "--quiet"]
+    first, second = (subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2))
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in (first, second)]
+    codes = sorted(code for code, _ in results)
+    assert codes[0] == 0 and codes[1] == 2, results  # one trained; the other was told, in one line
+    refused = next(err for code, err in results if code == 2)
+    assert "in use by process" in refused or "already holds a run" in refused
+    records = MetricsFile(tmp_path / "r" / "metrics.jsonl").read()
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]  # one run's log, not two interleaved
+
+
+def test_a_torn_last_metrics_line_is_skipped_and_repaired_on_resume(tmp_path):
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=2, run_dir=str(run), monitor=False), quiet=True).fit()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "epoch": 2.5, "tra')  # a crash (or a full disk) in the middle of an append
+    assert len(MetricsFile(run / "metrics.jsonl").read()) == 2
+    resumed = Trainer.resume(run, overrides={"epochs": 3}, quiet=True)
+    resumed.fit()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
+
+
+def test_a_torn_line_inside_the_file_is_an_error_not_a_skip(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(GpuaccelError, match="line 2 is not JSON"):
+        MetricsFile(path).read()
+
+
+def test_files_follow_the_umask_and_stale_temporaries_go(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "a.json", lambda f: f.write(b"{}"))
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644  # mkstemp alone gives 0600
+    finally:
+        os.umask(previous)
+    stale = tmp_path / ".checkpoint.pt.abc123.tmp"
+    stale.write_bytes(b"\0" * 1000)
+    assert remove_stale_temporaries(tmp_path) == [stale] and not stale.exists()
+
+
+def test_resume_cleans_what_a_killed_checkpoint_write_left(tmp_path):
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
+    (run / ".checkpoint.pt.x1y2.tmp").write_bytes(b"\0" * 4096)
+    (run / "checkpoint.json").write_text('{"global_step": 1}')  # out of step with checkpoint.pt
+    trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=True)
+    assert not list(run.glob(".*.tmp"))
+    assert json.loads((run / "checkpoint.json").read_text())["global_step"] == trainer.global_step
+    trainer._unlock_run_dir()
+
+
+def test_resume_refuses_data_whose_class_names_changed(tmp_path):
+    digits = load_dataset("digits")
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), dataset=digits, quiet=True).fit()
+    renamed = ImageDataset(digits.name, digits.train_images, digits.train_labels, digits.test_images,
+                           digits.test_labels, [f"digit {c}" for c in digits.classes], source=digits.source)
+    with pytest.raises(GpuaccelError, match="the data changed since .* its classes") as caught:
+        Trainer.resume(run, overrides={"epochs": 2}, train_data=renamed, quiet=True)
+    assert "\n" not in str(caught.value)
+    assert not (run / ".lock").exists()  # a refused resume leaves the directory free
+    assert Trainer.resume(run, overrides={"epochs": 2}, train_data=digits, quiet=True).fit()["epochs"] == 2
+
+
+def test_resume_through_the_cli_refuses_renamed_classes(tmp_path):
+    from gpuaccel.cli import main
+
+    data = tmp_path / "d.npz"
+    rng = np.random.default_rng(0)
+    labels = np.arange(60) % 3
+    images = (rng.integers(0, 40, (60, 1, 8, 8)) + 150 * (labels[:, None, None, None] == np.arange(3)[None, :, None,
+                                                                                                        None])[:, :1]
+              ).astype(np.uint8)
+    np.savez(data, images=images, labels=labels, classes=np.array(["a", "b", "c"]))
+    run = tmp_path / "r"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--run-dir", str(run), "--no-monitor",
+                 "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
+    np.savez(data, images=images, labels=labels, classes=np.array(["x", "b", "c"]))
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--quiet"]) == 2
