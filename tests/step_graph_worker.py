@@ -6,20 +6,21 @@ CPUs cannot capture) with the gradient all-reduce it records on GPUs, instead of
 import contextlib
 import sys
 
+import torch
+
 from gpuaccel import TrainConfig, Trainer
-from gpuaccel.parallel import average_gradients, broadcast_state
+from gpuaccel.parallel import Distributed, GraphDataParallel
 from gpuaccel.train.step_graph import StepGraph
 
 run_dir, batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist = Distributed.from_env()
+# the strategy the trainer picks on GPUs with --compile-mode reduce-overhead: no DDP, rank 0's
+# weights everywhere, the gradients averaged inside the step
 trainer = Trainer(TrainConfig(device="cpu", model="plain_models:plain_cnn", lr=0.05, batch_size=batch, epochs=epochs,
-                              monitor=False, run_dir=run_dir), quiet=True)
-# what the trainer sets up on GPUs with --compile-mode reduce-overhead: no DDP, rank 0's weights
-# everywhere, the gradients averaged inside the step
-trainer.ddp, trainer.forward = None, trainer.model
-broadcast_state(trainer.model)
-trainer.step_graph = StepGraph(trainer.model, trainer.model, trainer.optimizer, loss_fn=trainer.task.loss,
-                               autocast=contextlib.nullcontext,
-                               reduce_gradients=average_gradients)
+                              monitor=False, run_dir=run_dir),
+                  strategy=GraphDataParallel(torch.device("cpu"), dist.rank, dist.world_size), quiet=True)
+trainer.step_graph = StepGraph(trainer.model, trainer.forward, trainer.optimizer, loss_fn=trainer.task.loss,
+                               autocast=contextlib.nullcontext, reduce_gradients=trainer.strategy.reduce_gradients)
 trainer.step_graph.prepare()
 trainer.fit()
 trainer.dist.close()

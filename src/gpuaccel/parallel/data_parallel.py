@@ -17,12 +17,15 @@ Settings, and why:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import GpuaccelError
+from .base import Strategy
 
 
 def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 25.0,
@@ -56,3 +59,31 @@ def average_gradients(grads: list[torch.Tensor]) -> None:
     flat.div_(dist.get_world_size())
     for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
         grad.copy_(part.view_as(grad))
+
+
+class DataParallel(Strategy):
+    """Each process trains a replica on its shard of every batch; DistributedDataParallel
+    averages the gradients in buckets while the backward pass runs."""
+
+    name = "data parallel (DDP)"
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, bucket_cap_mb: float = 25.0,
+                 sync_batchnorm: bool = False):
+        super().__init__(device, rank, world_size)
+        self.bucket_cap_mb, self.sync_batchnorm = bucket_cap_mb, sync_batchnorm
+        self.ddp: DistributedDataParallel | None = None
+
+    def wrap(self, model, *, first_inputs=None, loss_fn=None):
+        self.model, self.ddp = apply_ddp(model, self.device, bucket_cap_mb=self.bucket_cap_mb,
+                                         sync_batchnorm=self.sync_batchnorm)
+        return self.model
+
+    @property
+    def training_module(self):
+        return self.ddp  # training steps go through the wrapper; evaluation and saving use the model
+
+    def gradient_sync(self, sync: bool):
+        return contextlib.nullcontext() if sync else self.ddp.no_sync()
+
+    def describe(self) -> str:
+        return f"{self.world_size} processes, DDP"

@@ -18,12 +18,14 @@ works in one process (a process group of one is created), which is useful with C
 from __future__ import annotations
 
 import atexit
+import contextlib
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import GpuaccelError
+from .base import Strategy
 from .checkpointing import _outermost_blocks
 
 
@@ -86,3 +88,44 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_st
 
     set_model_state_dict(model, model_state, options=_options())
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
+
+
+class Sharded(Strategy):
+    """FSDP2 over all processes (one also works): parameters, gradients and optimizer state
+    split; checkpoints gathered whole to rank 0."""
+
+    name = "fully sharded data parallel (FSDP)"
+    collective_state = True
+    fused_optimizer = False  # sharded parameters are DTensors
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False):
+        super().__init__(device, rank, world_size)
+        self.offload = offload
+        self.places_parameters = offload  # the shards stay in pinned host memory
+
+    def wrap(self, model, *, first_inputs=None, loss_fn=None):
+        self.model = apply_fsdp(model, self.device, offload=self.offload)
+        return self.model
+
+    def gradient_sync(self, sync: bool):
+        self.model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def gather_state(self, optimizer):
+        return full_state(self.model, optimizer)
+
+    def load_state(self, optimizer, model_state, optimizer_state):
+        load_full_state(self.model, optimizer, model_state, optimizer_state)
+
+    def finish_evaluation(self, batches, run_blank):
+        """A sharded model's forward pass is a collective: a process whose evaluation shard has
+        fewer batches runs as many more on a blank sample as the longest shard has."""
+        if self.world_size < 2:
+            return
+        most = torch.tensor([float(batches)], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        for _ in range(int(most.item()) - batches):
+            run_blank()
+
+    def describe(self) -> str:
+        return f"{self.world_size} process(es), FSDP" + (" with CPU offload" if self.offload else "")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from ..compiling import compile_arguments
 from ..errors import GpuaccelError
+from .base import Strategy
 from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -350,3 +351,72 @@ def _units_of(units: list[tuple], points: list[str], stage: int) -> list[tuple]:
     names = [u[0] for u in units]
     bounds = [0] + [names.index(p) if p in names else 0 for p in points] + [len(names)]
     return units[bounds[stage]:bounds[stage + 1]]
+
+
+class PipelineParallel(Strategy):
+    """This process keeps one stage of the model; micro-batches flow through the stages on
+    consecutive processes (``stages`` per pipeline; several pipelines train data parallel)."""
+
+    name = "pipeline parallel"
+    collective_state = True
+    needs_warm_up = True  # the first steps infer the shapes that pass between stages
+    places_parameters = True  # each process moves its stage's parameters only
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, stages: int, microbatches: int,
+                 schedule: str, split_points: list[str] | None, batch_size: int, eval_batch_size: int,
+                 channels_last: bool, compile_mode: str | None, activation_checkpointing: bool, autocast):
+        super().__init__(device, rank, world_size)
+        self.stages, self.autocast = stages, autocast
+        self.options = dict(stages=stages, microbatches=microbatches, schedule=schedule, split_points=split_points,
+                            device=device, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                            channels_last=channels_last, compile_mode=compile_mode,
+                            activation_checkpointing=activation_checkpointing)
+        self.pipeline: Pipeline | None = None
+
+    @property
+    def data_rank(self) -> int:
+        return self.rank // self.stages  # a pipeline's stages share a batch
+
+    @property
+    def data_ranks(self) -> int:
+        return max(1, self.world_size // self.stages)
+
+    def wrap(self, model, *, first_inputs=None, loss_fn=F.cross_entropy):
+        example = first_inputs()
+        self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), loss_fn=loss_fn, **self.options)
+        self.model = self.pipeline.module  # this stage's parameters, named as in the plain model
+        self.counts_metrics = self.pipeline.is_last  # where the outputs and losses are
+        return self.model
+
+    def training_forward(self, compile):
+        return None  # the schedule runs the stage
+
+    def eval_forward(self, compile, training_forward, average):
+        return self.pipeline.logits
+
+    def forward_backward(self, step, inputs, targets, sync):
+        with self.autocast():  # (accumulation is not allowed: micro-batches are the pipeline's own)
+            return self.pipeline.train_step(inputs, targets)
+
+    def clip_gradients(self, max_norm):
+        self.pipeline.clip_gradients(max_norm)  # the norm of the whole model's gradient, over all stages
+
+    def gather_state(self, optimizer):
+        """The whole model's state (and each stage's optimizer state, as a list by stage) on rank
+        0; empty elsewhere. A collective."""
+        from torch.utils._pytree import tree_map_only
+
+        mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(),
+                             (self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
+        parts = self.pipeline.gather_to_first(mine)
+        if parts is None:
+            return {}, None
+        model_state = {key: value for stage_state, _ in parts for key, value in stage_state.items()}
+        return model_state, [stage_optimizer for _, stage_optimizer in parts] if optimizer is not None else None
+
+    def load_state(self, optimizer, model_state, optimizer_state):
+        self.model.load_state_dict({key: model_state[key] for key in self.model.state_dict()})  # this stage's part
+        optimizer.load_state_dict(optimizer_state[self.pipeline.stage_index])
+
+    def describe(self) -> str:
+        return self.pipeline.describe()

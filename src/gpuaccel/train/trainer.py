@@ -12,7 +12,6 @@ value of any metric) happen between optimizer steps.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import itertools
@@ -38,14 +37,12 @@ from ..models.registry import add_search_dir, model_source_dir
 from ..models.structure import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
-from ..parallel import Distributed, apply_activation_checkpointing, apply_ddp, average_gradients, broadcast_state
-from ..parallel.fsdp import apply_fsdp, full_state, load_full_state
-from ..parallel.pipeline import Pipeline
+from ..parallel import Distributed, Strategy, apply_activation_checkpointing, build_strategy
+from ..tasks import CustomTask, MetricTracker, Task, call_model, create_task
+from ..tasks.base import leading_size
 from . import checkpoint
 from .config import TrainConfig
 from .ema import WeightAverage
-from ..tasks import CustomTask, MetricTracker, Task, call_model, create_task
-from ..tasks.base import leading_size
 from .inputs import USER_DATA, open_inputs
 from .optim import build_optimizer, build_scheduler
 from .progress import Progress
@@ -62,7 +59,8 @@ class Stop(Exception):
 class Trainer:
     def __init__(self, config: TrainConfig | None = None, *, model: nn.Module | None = None, train_data=None,
                  eval_data=None, task: Task | str | None = None, loss_fn=None, metrics: dict | None = None,
-                 dataset=None, structure: dict | None = None, data_init: bool = True, quiet: bool = False):
+                 dataset=None, structure: dict | None = None, data_init: bool = True, quiet: bool = False,
+                 strategy: Strategy | None = None):
         """``config``: the settings (``TrainConfig()``'s defaults when None).
 
         What to train on: ``config.data`` (a gpuaccel data spec), ``dataset`` (a data set a
@@ -73,7 +71,8 @@ class Trainer:
         e.g. pruned). What to minimise: ``task`` (a ``gpuaccel.tasks`` object or name; image
         data default to classification) or ``loss_fn(outputs, targets)``, with ``metrics``
         ({name: torchmetrics metric or callable (outputs, targets) -> number}) reported at
-        each evaluation. ``data_init=False`` skips a model's data-dependent initialisation."""
+        each evaluation. ``data_init=False`` skips a model's data-dependent initialisation.
+        ``strategy``: a ``gpuaccel.parallel.Strategy`` instead of the one the settings imply."""
         setup_start = time.perf_counter()
         self.config = config = (config or TrainConfig()).replace().validate()  # (a copy: it records the run)
         self._compile_mode = config.compile_mode if config.compile else None
@@ -105,8 +104,16 @@ class Trainer:
             else config.channels_last
         # FSDP shards contiguous parameters only; the inputs alone are then channels_last
         layout = torch.channels_last if self.channels_last and not config.shard else torch.preserve_format
+        # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
+        # torch.compile's graphs of the forward and backward passes. Decided here, once, and said.
+        self.step_graph_off = whole_step_obstacle(config, self.device, self.precision)
+        whole_step = self.step_graph_off is None
+        # how this process takes part: one device, DDP, data parallel inside the step graph, FSDP
+        # or a pipeline stage (parallel/); the loop below never asks which
+        self.strategy = strategy or build_strategy(config, self.dist, self.device, precision=self.precision,
+                                                   graph_step=whole_step, channels_last=self.channels_last)
         # a pipeline stage or FSDP with CPU offload puts the parameters where they belong, part by part
-        self.on_host = config.pipeline_stages > 1 or config.offload == "cpu"
+        self.on_host = self.strategy.places_parameters
         self.model.to(torch.device("cpu") if self.on_host else self.device, memory_format=layout)
         if config.deterministic:
             # cuDNN's autotuner times its candidates, so which kernel wins, and its rounding, varies
@@ -118,9 +125,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
 
         self.mean, self.std = self.inputs.mean, self.inputs.std
-        # the processes that read different data: all of them, or one per pipeline (its stages share a batch)
-        self.data_rank = self.dist.rank // config.pipeline_stages
-        self.data_ranks = max(1, self.dist.world_size // config.pipeline_stages)
+        self.data_rank, self.data_ranks = self.strategy.data_rank, self.strategy.data_ranks
         self.train_loader, self.eval_loader = self.inputs.loaders(
             config, device=self.device, dtype=self.precision.input_dtype, channels_last=self.channels_last,
             rank=self.data_rank, world_size=self.data_ranks)
@@ -131,58 +136,28 @@ class Trainer:
             sample = self.train_loader.normalised_sample(5000)  # data-dependent initialisation, e.g. patch whitening
             self.model.data_init(sample.float().cpu() if self.on_host else sample)
         self._example_inputs = None  # one sample's inputs (set at the first step): blanks for sharded evaluation
-        self.ddp = None
-        self.pipeline = None
-        self.sharded = config.shard
-        if self.precision.loss_scaling and (self.sharded or config.pipeline_stages > 1):
-            raise GpuaccelError("--shard and --pipeline-stages train in bf16 or fp32; fp16 loss scaling is not "
-                                "supported with them (use --precision bf16 or fp32)")
-        if self.sharded:  # parameters, gradients and optimizer state split across the processes
-            self.model = apply_fsdp(self.model, self.device, offload=config.offload == "cpu")
-        elif config.pipeline_stages > 1:  # this process keeps one stage of the model
-            first_inputs = self.task.split(next(iter(self.train_loader.batches(0))))[0]
-            self.pipeline = Pipeline(
-                self.model, stages=config.pipeline_stages, microbatches=config.pipeline_microbatches,
-                schedule=config.pipeline_schedule, split_points=config.split_points, device=self.device,
-                input_shape=tuple(first_inputs.shape[1:]), batch_size=config.batch_size,
-                eval_batch_size=config.eval_batch_size, channels_last=self.channels_last,
-                loss_fn=self.task.loss, compile_mode=config.compile_mode if config.compile else None,
-                activation_checkpointing=config.activation_checkpointing)
-            self.model = self.pipeline.module
-        # CUDA graphs: the whole step as one graph where it can be captured (see step_graph.py), else
-        # torch.compile's graphs of the forward and backward passes. Decided here, once, and said.
-        self.step_graph_off = whole_step_obstacle(config, self.device, self.precision)
-        whole_step = self.step_graph_off is None
-        if self.dist.active and whole_step:  # data parallel inside the graph: an all-reduce, no DDP hooks
-            broadcast_state(self.model)
-        elif self.dist.active and self.pipeline is None and not self.sharded:
-            # training steps go through the wrapper; evaluation and saving use the model
-            self.model, self.ddp = apply_ddp(self.model, self.device, bucket_cap_mb=config.ddp_bucket_mb,
-                                             sync_batchnorm=config.sync_bn)
-        # checkpoints of sharded and pipelined models are gathered from every process
-        self.collective_state = self.sharded or self.pipeline is not None
-        self.counts_metrics = self.pipeline is None or self.pipeline.is_last  # where losses are computed
+        self.model = self.strategy.wrap(
+            self.model, loss_fn=self.task.loss,
+            first_inputs=lambda: self.task.split(next(iter(self.train_loader.batches(0))))[0])
+        self.collective_state = self.strategy.collective_state  # checkpoints gathered from every process
+        self.counts_metrics = self.strategy.counts_metrics  # where losses are computed
         self.ema = WeightAverage(self.model, config.ema) if config.ema else None
         if whole_step:
             # the step graph captures inductor's kernels itself: torch.compile's own CUDA graphs
             # (mode reduce-overhead) inside it would be graphs within a graph
             self._compile_mode = "default"
-        self.forward = self._compiled(self.ddp or self.model) if self.pipeline is None else None
-        if self.pipeline is not None:
-            self.eval_forward = self.pipeline.logits
-        elif self.ema or self.ddp:
-            self.eval_forward = self._compiled(self.ema.module if self.ema else self.model)
-        else:
-            self.eval_forward = self.forward
+        self.forward = self.strategy.training_forward(self._compiled)
+        self.eval_forward = self.strategy.eval_forward(self._compiled, self.forward,
+                                                       self.ema.module if self.ema else None)
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
-        self.optimizer = build_optimizer(self.model, config, self.device, fused=not self.sharded)
+        self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.step_graph = StepGraph(
             self.model, self.forward, self.optimizer, loss_fn=self.task.loss,
             autocast=lambda: self.precision.autocast(self.device, cache=False), grad_clip=config.grad_clip,
-            ema=self.ema, reduce_gradients=average_gradients if self.dist.active else None) if whole_step else None
+            ema=self.ema, reduce_gradients=self.strategy.reduce_gradients) if whole_step else None
         self.metric_tracker = MetricTracker(self.task, self.device)
 
         # where in the data order training stands, and what it has achieved so far
@@ -252,18 +227,16 @@ class Trainer:
         progress.log(f"{self.inputs.description}; task {self.task.name}; model {cfg.model} "
                      f"({self.parameter_count:,} parameters) on "
                      f"{device_name(self.device)} [{self.device}], {self.precision.name}; run dir {self.run_dir}"
-                     + (f"; {self.dist.world_size} processes, {self.config.batch_size} samples each per step"
-                        if self.dist.active and self.pipeline is None else "")
-                     + (f"; {self.pipeline.describe()}" if self.pipeline is not None else "")
+                     + (f"; {self.strategy.describe()}" if self.strategy.describe() else "")
+                     + (f", {self.config.batch_size} samples each per step" if self.data_ranks > 1 else "")
                      + ("; each training step one CUDA graph (inductor's kernels inside it)"
                         if self.step_graph is not None else "")
                      + (f"; no whole-step CUDA graph: {self.step_graph_off}"
                         if self.step_graph is None and self._cuda_graphs else "")
                      + (f"; JPEG decoding: {self.jpeg_decoder}" if self.jpeg_decoder else ""))
 
-        # (a pipeline's first steps also infer the shapes that pass between stages)
         first_batches = None  # the first epoch's, started before the warm-up: a streaming loader fills meanwhile
-        if self.config.compile or self.device.type == "cuda" or self.pipeline is not None:
+        if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
             first_batches = iter(self.train_loader.batches(self.epoch, start=self.batch_in_epoch))
             first = next(first_batches, None)
             if first is not None:
@@ -409,21 +382,16 @@ class Trainer:
 
     def forward_backward(self, inputs, targets, accumulate: int = 1, sync: bool = True) -> torch.Tensor:
         """One forward and backward pass; gradients of the loss / ``accumulate`` add up in ``.grad``.
-        With several processes, ``sync=False`` skips the gradient all-reduce (an accumulation step).
+        With several processes, ``sync=False`` keeps the gradients local (an accumulation step).
         Returns the (unscaled) loss, detached, on the device."""
-        if self.pipeline is not None:  # micro-batches flow through the stages; accumulation is not allowed
-            with self.precision.autocast(self.device):
-                return self.pipeline.train_step(inputs, targets)
-        if self._cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        if self.sharded:
-            self.model.set_requires_gradient_sync(sync)
-        local = self.ddp.no_sync() if (self.ddp is not None and not sync) else contextlib.nullcontext()
-        with local:
+        def step(inputs, targets):
+            if self._cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.precision.autocast(self.device):
                 loss = self.task.loss(call_model(self.forward, inputs), targets)
             self.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-        return loss.detach()
+            return loss.detach()
+        return self.strategy.forward_backward(step, inputs, targets, sync)
 
     def train_step(self, inputs, targets) -> torch.Tensor:
         """One optimizer step on one batch; returns the loss, on the device."""
@@ -440,10 +408,7 @@ class Trainer:
         if self.step_graph is None:
             if self.config.grad_clip is not None:
                 self.scaler.unscale_(self.optimizer)
-                if self.pipeline is not None:  # the norm of the whole model's gradient, over all stages
-                    self.pipeline.clip_gradients(self.config.grad_clip)
-                else:
-                    nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+                self.strategy.clip_gradients(self.config.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -511,20 +476,15 @@ class Trainer:
                 outputs = self.task.eval_outputs(lambda x: self._call(net, x), inputs)
             if self.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
                 tracker.update(outputs, targets)
-        if self.sharded and self.dist.active:
-            self._match_forward_passes(net, len(self.eval_loader))
+        self.strategy.finish_evaluation(len(self.eval_loader), lambda: self._blank_pass(net))
         self.model.train(was_training)
         return tracker.compute(self.dist.all_reduce_sum)  # every rank has a shard
 
-    def _match_forward_passes(self, net, batches: int) -> None:
-        """A sharded model's forward pass is a collective: a rank whose evaluation shard has
-        fewer batches runs as many more on a blank sample as the longest shard has."""
-        most = torch.tensor([float(batches)], device=self.device)
-        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-        blank = tree_map(torch.zeros_like, self._example_inputs)
-        for _ in range(int(most.item()) - batches):
-            with self.precision.autocast(self.device):
-                self.task.eval_outputs(lambda x: self._call(net, x), blank)
+    def _blank_pass(self, net) -> None:
+        """One evaluation forward pass on a blank sample (for strategies whose forward pass is a
+        collective, on processes with fewer evaluation batches)."""
+        with self.precision.autocast(self.device):
+            self.task.eval_outputs(lambda x: self._call(net, x), tree_map(torch.zeros_like, self._example_inputs))
 
     def _evaluate_and_record(self, loss_sum, samples, seconds, wall_start) -> dict:
         totals = self.dist.all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(
@@ -593,13 +553,7 @@ class Trainer:
 
     def _state(self, full: bool) -> dict:
         """What checkpoints hold. Sharded, this gathers the full state to rank 0: a collective."""
-        if self.sharded:
-            model_state, optimizer_state = full_state(self.model, self.optimizer if full else None)
-        elif self.pipeline is not None:
-            model_state, optimizer_state = self._gather_stages(full)
-        else:
-            model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            optimizer_state = self.optimizer.state_dict() if full else None
+        model_state, optimizer_state = self.strategy.gather_state(self.optimizer if full else None)
         state = {"model_name": self.config.model, "model_args": self.model_args, "model_path": self.config.model_path,
                  "task": self.task.describe(), "classes": self.inputs.classes, "mean": self.mean, "std": self.std,
                  "data_identity": self.inputs.identity, "config": self.config.to_dict(), "model": model_state,
@@ -617,19 +571,6 @@ class Trainer:
                           "best_metrics": self.best_metrics, "time_to_target": self.time_to_target,
                           "last_eval": self.last_eval})
         return state
-
-    def _gather_stages(self, full: bool):
-        """The whole model's state (and each stage's optimizer state, as a list by stage) on rank 0;
-        empty elsewhere. A collective."""
-        from torch.utils._pytree import tree_map_only
-
-        mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(),
-                             (self.model.state_dict(), self.optimizer.state_dict() if full else None))
-        parts = self.pipeline.gather_to_first(mine)
-        if parts is None:
-            return {}, None
-        model_state = {key: value for stage_state, _ in parts for key, value in stage_state.items()}
-        return model_state, [optimizer_state for _, optimizer_state in parts] if full else None
 
     def save_checkpoint(self) -> Path:
         """Writes checkpoint.pt (rank 0; sharded and pipelined runs call this on every rank to gather)."""
@@ -653,14 +594,7 @@ class Trainer:
         if state["model_name"] != self.config.model:
             raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {self.config.model!r}")
         try:
-            if self.sharded:
-                load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-            elif self.pipeline is not None:  # this stage's part
-                self.model.load_state_dict({key: state["model"][key] for key in self.model.state_dict()})
-                self.optimizer.load_state_dict(state["optimizer"][self.pipeline.stage_index])
-            else:
-                self.model.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
+            self.strategy.load_state(self.optimizer, state["model"], state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0]
             raise GpuaccelError(f"the checkpoint does not fit model {self.config.model!r}: {first}") from None

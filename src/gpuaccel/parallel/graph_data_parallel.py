@@ -1,0 +1,23 @@
+"""Data parallel for a training step captured as one CUDA graph (train/step_graph.py): rank
+0's weights are broadcast once, and the step itself averages the gradients in one
+all-reduce of a flat buffer, recorded inside the graph. DDP cannot serve here: its
+reducer's hooks and bucket bookkeeping run on the host during the backward pass, which a
+replayed graph skips."""
+
+from __future__ import annotations
+
+from .base import Strategy
+from .data_parallel import average_gradients, broadcast_state
+
+
+class GraphDataParallel(Strategy):
+    name = "data parallel (all-reduce inside the step graph)"
+    reduce_gradients = staticmethod(average_gradients)
+
+    def wrap(self, model, *, first_inputs=None, loss_fn=None):
+        broadcast_state(model)
+        self.model = model
+        return model
+
+    def describe(self) -> str:
+        return f"{self.world_size} processes, the gradient all-reduce inside the step graph"
