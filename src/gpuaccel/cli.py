@@ -35,8 +35,8 @@ def _comma_list(text: str) -> list[str]:
 
 def _train_parser(sub) -> None:
     p = sub.add_parser(
-        "train", help="train an image classifier",
-        description="Train an image classifier on the best device present (a CUDA GPU if there is one, else the "
+        "train", help="train a model (image classification from the command line; any task from Python)",
+        description="Train a model on the best device present (a CUDA GPU if there is one, else the "
                     "CPU). Every option has a sensible default: 'gpuaccel train' alone trains LeNet-5 on the "
                     "built-in 8x8 digits. The run directory receives config.json, metrics.jsonl, summary.json, "
                     "checkpoint.pt (to resume) and model.pt (the trained model).",
@@ -47,144 +47,63 @@ def _train_parser(sub) -> None:
                "  gpuaccel train --data cifar10:~/cifar-10-batches-py --model resnet18 --target accuracy=0.9\n"
                "  gpuaccel train --resume runs/mnist-lenet5-20260101-120000   # continue a stopped run",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = p.add_argument_group("data")
-    d.add_argument("--data", metavar="SPEC",
-                   help="'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle "
-                        "directory, image folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), "
-                        ".tar/.tar.gz of such a folder, a directory of .tar shards (streamed), or .npz; "
-                        "or KIND:PATH with KIND one of "
-                        "cifar10, cifar100, digits, fashion-mnist, idx, imagefolder, mnist, npz, tar")
-    d.add_argument("--val-split", type=float, metavar="F",
-                   help="hold out fraction F of the training images for evaluation, for data without a test split "
-                        "(default 0.1; 0.2 for digits)")
-    d.add_argument("--image-size", type=int, metavar="N",
-                   help="resize every image to NxN (default: keep; mixed sizes go to the most common size; "
-                        "streamed data: crops of 224)")
-    d.add_argument("--skip-bad", action="store_true", default=None,
-                   help="skip images that cannot be decoded (they are counted) instead of stopping")
-    d.add_argument("--cache-dir", metavar="DIR", help="where decoded images are cached (default ~/.cache/gpuaccel)")
-    d.add_argument("--loader", metavar="WHERE",
-                   help="auto (default: the data set lives in GPU memory when it fits), gpu, cpu (worker "
-                        "processes augment on the host; batches are copied to the GPU one step ahead), or stream "
-                        "(JPEG files read and decoded every step, on the GPU with nvJPEG where there is one: for "
-                        "data larger than memory; a directory of .tar shards is always streamed)")
-    d.add_argument("--workers", type=int, metavar="N",
-                   help="processes of the cpu loader (default: cores - 1, max 8); with --loader stream, reader "
-                        "processes (default: cores - 2)")
-    d.add_argument("--cpu-decode", type=float, metavar="F",
-                   help="with --loader stream on a GPU: the share of each batch the reader processes decode with "
-                        "Pillow, nvJPEG decoding the rest (default 0: nvJPEG is far faster where it exists)")
-    d.add_argument("--crop-padding", type=int, metavar="P", help="random translation by up to P pixels (default 0)")
-    d.add_argument("--flip", metavar="MODE", help="horizontal flips: none (default), random, alternate")
-    d.add_argument("--cutout", type=int, metavar="S", help="zero a random SxS square in each image (default 0)")
-
-    m = p.add_argument_group("model and hardware")
-    m.add_argument("--model", metavar="NAME",
-                   help="lenet5 (default), mlp, resnet18, resnet34, resnet50, mobilenet_v2, fastnet, "
-                        "fastnet_wide, fastnet_res ('gpuaccel models' lists them), package.module:factory for "
-                        "your own, or timm:NAME when timm is installed")
-    m.add_argument("--device", metavar="DEV", help="auto (default), cpu, cuda or cuda:N")
-    m.add_argument("--precision", metavar="P",
-                   help="auto (default: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on the CPU), "
-                        "fp32, bf16 or fp16")
-    m.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="NHWC memory layout (default: on for GPUs)")
+    _add_config_options(p)
+    m = p.add_argument_group("processes")
     m.add_argument("--gpus", type=int, metavar="N",
                    help="train with N processes on N GPUs of this machine (data parallel, through "
                         "torch.distributed.run); --batch-size is per process")
     m.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="with --gpus: restart the processes up to K times after a failure; they resume from "
                         "the last checkpoint")
-    m.add_argument("--sync-bn", action="store_true", default=None,
-                   help="several processes: batch-norm statistics over the global batch (SyncBatchNorm)")
-    m.add_argument("--activation-checkpointing", action="store_true", default=None,
-                   help="recompute each block's activations in the backward pass instead of keeping them: "
-                        "less memory for about one more forward pass of compute")
-    m.add_argument("--shard", action="store_true", default=None,
-                   help="fully sharded data parallel (FSDP): each process keeps 1/N of the parameters, "
-                        "gradients and optimizer state; checkpoints stay whole")
-    m.add_argument("--offload", metavar="WHERE",
-                   help="with --shard: 'cpu' keeps parameters, gradients and optimizer state in host memory and "
-                        "runs the optimizer step on the CPU (default none)")
-    m.add_argument("--pipeline-stages", type=int, metavar="S",
-                   help="split the model into S stages on S processes (torch.distributed.pipelining); with "
-                        "--gpus N, N/S pipelines train data parallel")
-    m.add_argument("--microbatches", type=int, metavar="M",
-                   help="with --pipeline-stages: micro-batches per batch (default: the fewest, at least "
-                        "max(4, 2 x stages), that divide the batch evenly)")
-    m.add_argument("--pipeline-schedule", metavar="NAME", help="with --pipeline-stages: 1f1b (default) or gpipe")
-    m.add_argument("--split-points", metavar="A,B", type=_comma_list,
-                   help="with --pipeline-stages: the modules each new stage starts at (default: chosen to even "
-                        "out the stages' FLOPs)")
-    m.add_argument("--deterministic", action="store_true", default=None,
-                   help="deterministic GPU kernels (cuDNN without autotuning, deterministic cuBLAS): the same "
-                        "seed gives the same weights, and a resumed run those of an uninterrupted one, on a "
-                        "GPU as on the CPU; slower")
-    m.add_argument("--ddp-bucket-mb", type=float, metavar="MB",
-                   help="several processes: gradient all-reduce bucket size (default 25)")
-    m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model (slower start, faster steps; compiled kernels are cached on disk)")
-    m.add_argument("--compile-mode", metavar="MODE",
-                   help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
-                        "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: "
-                        "minutes more compiling once per machine, about 8%% faster ResNet-50 steps on an H200)")
-    m.add_argument("--step-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --compile-mode reduce-overhead on GPUs: capture the whole training step "
-                        "(forward, backward, gradient all-reduce with --gpus, optimizer, weight average) as one "
-                        "CUDA graph (default: on, where the step allows it)")
-
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--optimizer", metavar="NAME",
-                   help="sgd (default, Nesterov momentum), adamw, or muon (orthogonalised updates for "
-                        "convolution filters, SGD for the rest)")
-    o.add_argument("--lr", type=float, help="peak learning rate (default 0.05)")
-    o.add_argument("--momentum", type=float, help="SGD momentum or AdamW beta1 (default 0.9)")
-    o.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None, help="Nesterov momentum")
-    o.add_argument("--weight-decay", type=float, help="on weights, not on biases or norms (default 5e-4)")
-    o.add_argument("--schedule", metavar="NAME", help="onecycle (default), cosine (with warm-up) or constant")
-    o.add_argument("--warmup-epochs", type=float, help="length of the rising part of the schedule (default 1)")
-    o.add_argument("--bias-lr-scale", type=float, metavar="X",
-                   help="learning-rate multiplier for biases and norm parameters (default 1)")
-    o.add_argument("--muon-lr", type=float, help="with --optimizer muon: the filters' learning rate (default 0.24)")
-    o.add_argument("--muon-momentum", type=float, help="with --optimizer muon: the filters' momentum (default 0.6)")
-    o.add_argument("--label-smoothing", type=float, help="(default 0)")
-    o.add_argument("--ema", type=float, metavar="DECAY",
-                   help="evaluate an exponential moving average of the weights (e.g. 0.99 per step)")
-    o.add_argument("--tta", type=int, metavar="LEVEL",
-                   help="test-time augmentation: 0 none (default), 1 flip, 2 flip and one-pixel translations")
-    o.add_argument("--grad-accum", type=int, metavar="K",
-                   help="accumulate K batches per optimizer step (effective batch = K x batch size)")
-    o.add_argument("--grad-clip", type=float, metavar="NORM", help="clip the gradient norm to NORM")
-    o.add_argument("--batch-size", type=int, help="images per step (default 128)")
-    o.add_argument("--eval-batch-size", type=int, help="(default 1024)")
-    o.add_argument("--seed", type=int, help="seeds model init, data order and augmentation (default 0)")
-
-    s = p.add_argument_group("stopping and output")
-    s.add_argument("--epochs", type=float,
-                   help="passes over the training set (default 10; a fraction stops inside the last one)")
-    s.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop after this much training time")
-    s.add_argument("--target", metavar="METRIC=VALUE",
-                   help="stop as soon as the held-out METRIC reaches VALUE (e.g. accuracy=0.99, or loss=0.05: "
-                        "lower is better for losses and errors); records the time to it")
-    s.add_argument("--target-acc", type=float, metavar="F", help="the same as --target accuracy=F")
-    s.add_argument("--eval-every", type=int, metavar="STEPS", help="evaluate every STEPS steps (default: each epoch)")
-    s.add_argument("--checkpoint-every", type=int, metavar="STEPS",
-                   help="also checkpoint every STEPS steps (always at each epoch's end and every 5 minutes)")
-    s.add_argument("--run-dir", metavar="DIR", help="where to save the run (default runs/<data>-<model>-<time>)")
-    s.add_argument("--monitor", action=argparse.BooleanOptionalAction, default=None,
-                   help="sample GPU utilisation, memory, power, temperature and clock every 0.1 s into gpu.jsonl "
-                        "(default on; needs nvidia-ml-py)")
-    s.add_argument("--profile", action="store_true", default=None,
-                   help="write a torch.profiler trace of steps 6-12 to profile/trace.json and an operator table")
-    s.add_argument("--tensorboard", action="store_true", default=None,
-                   help="log the metrics as TensorBoard scalars in tensorboard/ (needs tensorboard)")
+    s = p.add_argument_group("recipes, resuming and output")
     s.add_argument("--recipe", metavar="NAME|FILE",
-                   help="start from a recipe: a shipped one (digits) or your own YAML file of settings; "
-                        "options given here override it")
+                   help="start from a recipe: a shipped one (" + ", ".join(_shipped_recipes()) + ") or your own "
+                        "YAML file of settings (flat, or nested by section); options given here override it")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings as a recipe (YAML, by section) and exit without training")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR from its last checkpoint")
     s.add_argument("--quiet", action="store_true", help="print only the summary")
     s.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.set_defaults(handler=_run_train)
+
+
+def _shipped_recipes() -> list[str]:
+    from .train.recipes import list_recipes
+
+    return list_recipes()
+
+
+def _add_config_options(parser, names=None, shown_defaults: dict | None = None) -> None:
+    """TrainConfig's settings (all, or those in ``names``) as options, one group per section,
+    made from the schema (train/config.py): type, help, valid values and default declared
+    there once. Every option defaults to None here, so that what the user typed is known."""
+    import typing
+
+    from .train.config import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if not meta["cli"] or (names is not None and f.name not in names):
+            continue
+        group = groups.get(meta["section"]) or groups.setdefault(
+            meta["section"], parser.add_argument_group(meta["section"] + " settings"))
+        kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+        default = (shown_defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING
+                                             else f.default_factory())
+        text = meta["help"]
+        if meta["choices"] and not all(c in text for c in meta["choices"]):
+            text += f"; one of: {', '.join(meta['choices'])}"
+        if default not in (None, False, "default") and "default" not in text:
+            text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+        options = dict(help=text.replace("%", "%%"), default=None)
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options.update(type=_comma_list if typing.get_origin(kind) is list else kind,
+                           metavar=meta["metavar"] or f.name.upper())
+        group.add_argument("--" + f.name.replace("_", "-"), **options)
 
 
 def _explicit_options(args: argparse.Namespace) -> dict:
@@ -233,7 +152,8 @@ def _train(args) -> int:
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
     if args.recipe:
         options = {**load_recipe(args.recipe), **options}
-        options = {k: v for k, v in TrainConfig.from_dict(options).to_dict().items() if k in options}
+    if args.print_config:
+        return _print_config(args.resume, options)
     if args.resume:
         trainer = Trainer.resume(args.resume, overrides=options, quiet=args.quiet or args.json)
     else:
@@ -257,6 +177,23 @@ def _train(args) -> int:
         print(json.dumps(summary, indent=2))
     else:
         _print_summary(summary)
+    return 0
+
+
+def _print_config(resume: str | None, options: dict) -> int:
+    """The settings a train command would use, as a recipe nested by section."""
+    import yaml
+
+    from .train import TrainConfig
+
+    if resume:
+        saved = Path(resume) / "config.json"
+        if not saved.is_file():
+            raise GpuaccelError(f"{resume} holds no config.json")
+        config = TrainConfig.from_dict(json.loads(saved.read_text())).replace(**options)
+    else:
+        config = TrainConfig(**options)
+    print(yaml.safe_dump(config.validate().to_sections(), sort_keys=False, default_flow_style=False), end="")
     return 0
 
 
@@ -565,7 +502,7 @@ def _run_env(args) -> int:
 
 
 def _bench_parsers(sub) -> None:
-    from .bench.ladder import RUNG_NAMES
+    from .bench.ladder import RUNG_NAMES, BenchOptions
 
     b = sub.add_parser(
         "bench", help="how much faster than the CPU, and why: a ladder of optimisations, measured",
@@ -579,24 +516,18 @@ def _bench_parsers(sub) -> None:
                "  gpuaccel bench --data ~/cifar10 --model resnet18 --time-to-acc 0.9\n"
                "  gpuaccel bench --data ~/cifar10 --model resnet18 --only cpu,cuda-graphs,max-batch",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--data", default="digits", metavar="SPEC", help="any data spec 'gpuaccel train' takes")
-    b.add_argument("--model", default="lenet5", metavar="NAME")
-    b.add_argument("--batch-size", type=int, default=128, help="of every rung but max-batch (default 128)")
-    b.add_argument("--lr", type=float, default=0.05, help="for --time-to-acc training (default 0.05)")
-    b.add_argument("--crop-padding", type=int, default=4, metavar="P", help="augmentation (default 4)")
-    b.add_argument("--flip", default="random", metavar="MODE", help="augmentation (default random)")
-    b.add_argument("--image-size", type=int, metavar="N")
-    b.add_argument("--val-split", type=float, metavar="F")
-    b.add_argument("--precision", default="auto", metavar="P", help="of the mixed-precision rungs: auto, bf16, fp16")
-    b.add_argument("--device", default="auto", metavar="DEV", help="the GPU to use (default auto; cpu: CPU only)")
+    # the settings a bench shares with training come from the training schema, with bench's defaults
+    shared = ("data", "model", "batch_size", "lr", "crop_padding", "flip", "image_size", "val_split", "device",
+              "workers", "run_dir")
+    defaults = {f.name: f.default for f in dataclasses.fields(BenchOptions) if f.name in shared}
+    _add_config_options(b, names=shared, shown_defaults=defaults)
+    b.add_argument("--precision", metavar="P", help="of the mixed-precision rungs: auto (default), bf16, fp16")
     b.add_argument("--only", metavar="RUNGS", type=_comma_list,
                    help="comma-separated rungs to run (default all)")
     b.add_argument("--quick", action="store_true", help="shorter timing windows: a rough answer in less time")
     b.add_argument("--time-to-acc", type=float, metavar="F",
                    help="also train each GPU rung until held-out accuracy F and report the time")
-    b.add_argument("--epochs", type=int, default=10, help="at most this many epochs for --time-to-acc")
-    b.add_argument("--workers", type=int, metavar="N", help="processes of the CPU DataLoader rungs")
-    b.add_argument("--run-dir", metavar="DIR", help="default runs/bench-<model>-<time>")
+    b.add_argument("--epochs", type=int, help="at most this many epochs for --time-to-acc (default 10)")
     b.add_argument("--json", action="store_true", help="print results.json on stdout")
     b.set_defaults(handler=_run_bench)
 
@@ -612,7 +543,7 @@ def _run_bench(args) -> int:
     from .bench.report import write_report
 
     fields = {f.name for f in dataclasses.fields(BenchOptions)} - {"command"}
-    options = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields},
+    options = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields and v is not None},
                            command=["gpuaccel", *sys.argv[1:]])
     log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     results = run_bench(options, log=log)

@@ -1,7 +1,11 @@
-"""The training configuration: plain data, validated once at the edge.
+"""The training configuration: one schema, validated once at the edge.
 
-Every field is a command-line option of ``gpuaccel train`` (underscores become dashes)
-and a key of a recipe file; ``config.json`` in each run directory is this, resolved.
+Each setting is declared once below, with its section (data, model, runtime, parallel,
+optimizer, loop, logging), help text and valid values. From that declaration come the
+options of ``gpuaccel train`` (underscores become dashes: cli/options.py builds them), the
+keys a recipe may use (flat, or nested by section), the shared options of ``gpuaccel
+bench``, and ``gpuaccel train --print-config``. ``config.json`` in each run directory is
+this, resolved. Each section validates its own values (``_validate_<section>``).
 """
 
 from __future__ import annotations
@@ -16,119 +20,228 @@ from ..data.stream import check_cpu_decode
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from ..tasks import TASKS
 
-OPTIMIZERS = ("sgd", "adamw", "muon")
-SCHEDULES = ("onecycle", "cosine", "constant")
-LOADERS = PLACEMENTS + ("stream",)
-OFFLOADS = ("none", "cpu")
+SECTIONS = ("data", "model", "runtime", "parallel", "optimizer", "loop", "logging")
+
+
+def setting(default, section: str, help: str, *, choices=None, metavar: str | None = None, cli: bool = True):
+    """A field of TrainConfig, declared once: its default, the section it belongs to, its help
+    text and valid values. The command line, recipes and ``gpuaccel bench`` are made from these."""
+    factory = dict(default_factory=lambda: list(default)) if isinstance(default, list) else dict(default=default)
+    return dataclasses.field(**factory, metadata={"section": section, "help": help, "choices": choices,
+                                                  "metavar": metavar, "cli": cli})
 
 
 @dataclass
 class TrainConfig:
-    # what to train on what
-    data: str = "digits"  # a data spec; "python" when train_data came through the Python API
-    model: str = "lenet5"  # a registry name, package.module:factory, timm:NAME; "object:Class" for a passed module
-    model_path: str | None = None  # where package.module:factory was imported from (recorded by the trainer)
-    task: str | None = None  # classification or regression; None: the data's own (image data: classification)
-    val_split: float | None = None
-    image_size: int | None = None
-    skip_bad: bool = False
-    cache_dir: str | None = "default"
-    # where and how precisely
-    device: str = "auto"
-    precision: str = "auto"
-    channels_last: bool | None = None  # None: on for GPUs
-    compile: bool = False
-    compile_mode: str = "default"
-    step_graph: bool = True  # with compile mode reduce-overhead: the whole step as one CUDA graph where possible
-    deterministic: bool = False  # deterministic kernels (process-wide): the same weights from the same seed on GPUs
-    sync_bn: bool = False  # several processes: batch-norm statistics over the global batch (GPUs)
-    ddp_bucket_mb: float = 25.0  # several processes: gradient all-reduce bucket size
-    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
-    shard: bool = False  # FSDP: parameters, gradients and optimizer state split across the processes
-    offload: str = "none"  # with shard: "cpu" keeps parameters, gradients and optimizer state in host memory
-    pipeline_stages: int = 1  # >1: the model split into this many stages on consecutive processes
-    microbatches: int | None = None  # per batch, with pipeline stages; None: see pipeline_microbatches
-    pipeline_schedule: str = "1f1b"  # or gpipe
-    split_points: list[str] | None = None  # module names to split before; None: balanced by FLOPs
-    loader: str = "auto"  # auto: on the GPU when the data fits; gpu; cpu (worker processes); stream (JPEG files)
-    workers: int | None = None  # loader processes (cpu loader: None is cores / local ranks - 1, at most 8;
-    #   stream: reader processes, None is cores / local ranks - 2)
-    cpu_decode: float | None = None  # stream with nvJPEG: share of each batch the reader processes decode
-    # optimisation
-    optimizer: str = "sgd"  # sgd; adamw; muon: orthogonalised updates for convolution filters, SGD for the rest
-    lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 5e-4
-    bias_lr_scale: float = 1.0  # learning-rate multiplier for biases and norm parameters (no weight decay)
-    muon_lr: float = 0.24  # optimizer muon: learning rate of the convolution filters
-    muon_momentum: float = 0.6  # optimizer muon: the filters' momentum
-    schedule: str = "onecycle"
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.0
-    grad_accum: int = 1
-    grad_clip: float | None = None
-    batch_size: int = 128
-    eval_batch_size: int = 1024
-    seed: int = 0
-    ema: float | None = None  # decay of an exponential moving average of the weights, used for evaluation
-    tta: int = 0  # test-time augmentation: 0 none, 1 + horizontal flip, 2 + one-pixel translations
-    # augmentation (applied on the device; see data/augment.py)
-    crop_padding: int = 0
-    flip: str = "none"
-    cutout: int = 0
-    # when to stop
-    epochs: float = 10  # may end inside an epoch: 9.5 stops halfway through the tenth
-    time_limit: float | None = None
-    target: str | None = None  # METRIC=VALUE: stop once the held-out METRIC reaches VALUE (e.g. accuracy=0.99)
-    target_acc: float | None = None  # the older spelling of target accuracy=F; validate() turns it into target
-    # bookkeeping
-    run_dir: str | None = None
-    eval_every: int | None = None  # optimizer steps; None: at the end of every epoch
-    checkpoint_every: int | None = None  # optimizer steps; epochs are always checkpointed
-    checkpoint_seconds: float = 300.0
-    monitor: bool = True  # sample GPU telemetry into gpu.jsonl (needs nvidia-ml-py)
-    profile: bool = False  # a torch.profiler trace of a few steps in profile/
-    tensorboard: bool = False  # TensorBoard scalars in tensorboard/
+    # -- data: what is read, and how it reaches the device
+    data: str = setting(
+        "digits", "data",
+        "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
+        "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
+        "directory of .tar shards (streamed), or .npz; or KIND:PATH with KIND one of cifar10, cifar100, digits, "
+        "fashion-mnist, idx, imagefolder, mnist, npz, tar ('python' in a run whose data came from Python)",
+        metavar="SPEC")
+    val_split: float | None = setting(
+        None, "data", "hold out fraction F of the training samples for evaluation, for data without a test split "
+        "(default 0.1; 0.2 for digits)", metavar="F")
+    image_size: int | None = setting(
+        None, "data", "resize every image to NxN (default: keep; mixed sizes go to the most common size; "
+        "streamed data: crops of 224)", metavar="N")
+    skip_bad: bool = setting(False, "data", "skip images that cannot be decoded (they are counted) instead of "
+                                            "stopping")
+    cache_dir: str | None = setting("default", "data", "where decoded images are cached (default "
+                                                       "~/.cache/gpuaccel or $GPUACCEL_CACHE_DIR)", metavar="DIR")
+    loader: str = setting(
+        "auto", "data", "auto (the data set lives in GPU memory when it fits), gpu, cpu (worker processes; "
+        "batches are copied to the GPU one step ahead), or stream (JPEG files read and decoded every step, on "
+        "the GPU with nvJPEG where there is one: for data larger than memory; .tar shards are always streamed)",
+        choices=PLACEMENTS + ("stream",), metavar="WHERE")
+    workers: int | None = setting(
+        None, "data", "processes of the cpu loader (default: cores - 1, at most 8); with --loader stream, reader "
+        "processes (default: cores - 2)", metavar="N")
+    cpu_decode: float | None = setting(
+        None, "data", "with --loader stream on a GPU: the share of each batch the reader processes decode with "
+        "Pillow, nvJPEG decoding the rest (default 0: nvJPEG is far faster where it exists)", metavar="F")
+    crop_padding: int = setting(0, "data", "random translation by up to P pixels", metavar="P")
+    flip: str = setting("none", "data", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
+    cutout: int = setting(0, "data", "zero a random SxS square in each image", metavar="S")
+    # -- model: what is trained, for which task
+    model: str = setting(
+        "lenet5", "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
+        "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
+        "directory), or timm:NAME when timm is installed", metavar="NAME")
+    model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
+                                     cli=False)
+    task: str | None = setting(None, "model", "classification or regression (default: the data's own; image "
+                                              "data: classification)", choices=tuple(TASKS),
+                               metavar="NAME")
+    activation_checkpointing: bool = setting(
+        False, "model", "recompute each block's activations in the backward pass instead of keeping them: less "
+        "memory for about one more forward pass of compute")
+    # -- runtime: where, how precisely, how compiled
+    device: str = setting("auto", "runtime", "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N",
+                          metavar="DEV")
+    precision: str = setting("auto", "runtime", "auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on "
+                                                "the CPU), fp32, bf16 or fp16", choices=PRECISIONS, metavar="P")
+    channels_last: bool | None = setting(None, "runtime", "NHWC memory layout (default: on for GPUs, for "
+                                                          "models with convolutions)")
+    compile: bool = setting(False, "runtime", "torch.compile the model (slower start, faster steps; compiled "
+                                              "kernels are cached on disk)")
+    compile_mode: str = setting(
+        "default", "runtime", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
+        "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
+        "once per machine, about 8% faster ResNet-50 steps on an H200)", choices=COMPILE_MODES, metavar="MODE")
+    step_graph: bool = setting(
+        True, "runtime", "with --compile-mode reduce-overhead on GPUs: capture the whole training step (forward, "
+        "backward, gradient all-reduce with --gpus, optimizer, weight average) as one CUDA graph where the step "
+        "allows it")
+    deterministic: bool = setting(
+        False, "runtime", "deterministic GPU kernels (cuDNN without autotuning, deterministic cuBLAS): the same "
+        "seed gives the same weights, and a resumed run those of an uninterrupted one, on a GPU as on the CPU; "
+        "slower")
+    # -- parallel: several processes (started by --gpus or torchrun)
+    sync_bn: bool = setting(False, "parallel", "several processes: batch-norm statistics over the global batch "
+                                               "(SyncBatchNorm, GPUs)")
+    ddp_bucket_mb: float = setting(25.0, "parallel", "several processes: gradient all-reduce bucket size",
+                                   metavar="MB")
+    shard: bool = setting(False, "parallel", "fully sharded data parallel (FSDP): each process keeps 1/N of the "
+                                             "parameters, gradients and optimizer state; checkpoints stay whole")
+    offload: str = setting("none", "parallel", "with --shard: 'cpu' keeps parameters, gradients and optimizer "
+                                               "state in host memory and runs the optimizer step on the CPU",
+                           choices=("none", "cpu"), metavar="WHERE")
+    pipeline_stages: int = setting(1, "parallel", "split the model into S stages on S processes "
+                                                  "(torch.distributed.pipelining); with --gpus N, N/S pipelines "
+                                                  "train data parallel", metavar="S")
+    microbatches: int | None = setting(None, "parallel", "with --pipeline-stages: micro-batches per batch "
+                                                         "(default: the fewest, at least max(4, 2 x stages), that "
+                                                         "divide the batch evenly)", metavar="M")
+    pipeline_schedule: str = setting("1f1b", "parallel", "with --pipeline-stages: the schedule",
+                                     choices=PIPELINE_SCHEDULES, metavar="NAME")
+    split_points: list[str] | None = setting(None, "parallel", "with --pipeline-stages: the modules each new "
+                                                               "stage starts at (default: chosen to even out the "
+                                                               "stages' FLOPs)", metavar="A,B")
+    # -- optimizer: how the weights move
+    optimizer: str = setting("sgd", "optimizer", "sgd (Nesterov momentum), adamw, or muon (orthogonalised "
+                                                 "updates for convolution filters, SGD for the rest)",
+                             choices=("sgd", "adamw", "muon"), metavar="NAME")
+    lr: float = setting(0.05, "optimizer", "peak learning rate")
+    momentum: float = setting(0.9, "optimizer", "SGD momentum or AdamW beta1")
+    nesterov: bool = setting(True, "optimizer", "Nesterov momentum")
+    weight_decay: float = setting(5e-4, "optimizer", "on weights, not on biases or norms")
+    bias_lr_scale: float = setting(1.0, "optimizer", "learning-rate multiplier for biases and norm parameters",
+                                   metavar="X")
+    muon_lr: float = setting(0.24, "optimizer", "with --optimizer muon: the filters' learning rate")
+    muon_momentum: float = setting(0.6, "optimizer", "with --optimizer muon: the filters' momentum")
+    schedule: str = setting("onecycle", "optimizer", "the learning-rate schedule: onecycle, cosine (with "
+                                                     "warm-up) or constant",
+                            choices=("onecycle", "cosine", "constant"), metavar="NAME")
+    warmup_epochs: float = setting(1.0, "optimizer", "length of the rising part of the schedule")
+    label_smoothing: float = setting(0.0, "optimizer", "classification: the share of each target spread over "
+                                                       "all classes")
+    grad_accum: int = setting(1, "optimizer", "accumulate K batches per optimizer step (effective batch = K x "
+                                              "batch size)", metavar="K")
+    grad_clip: float | None = setting(None, "optimizer", "clip the gradient norm to NORM", metavar="NORM")
+    ema: float | None = setting(None, "optimizer", "evaluate an exponential moving average of the weights "
+                                                   "(e.g. 0.99 per step)", metavar="DECAY")
+    # -- loop: batches, evaluation and when to stop
+    batch_size: int = setting(128, "loop", "samples per step (per process)")
+    eval_batch_size: int = setting(1024, "loop", "samples per evaluation batch")
+    seed: int = setting(0, "loop", "seeds model init, data order and augmentation")
+    tta: int = setting(0, "loop", "classification: test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel "
+                                  "translations", metavar="LEVEL")
+    epochs: float = setting(10, "loop", "passes over the training set (a fraction stops inside the last one)")
+    time_limit: float | None = setting(None, "loop", "stop after this much training time", metavar="SECONDS")
+    target: str | None = setting(None, "loop", "stop as soon as the held-out METRIC reaches VALUE (e.g. "
+                                               "accuracy=0.99, or loss=0.05: lower is better for losses and "
+                                               "errors); records the time to it", metavar="METRIC=VALUE")
+    target_acc: float | None = setting(None, "loop", "the same as --target accuracy=F", metavar="F")
+    eval_every: int | None = setting(None, "loop", "evaluate every STEPS optimizer steps (default: each epoch)",
+                                     metavar="STEPS")
+    # -- logging: what the run directory receives
+    run_dir: str | None = setting(None, "logging", "where to save the run (default runs/<data>-<model>-<time>)",
+                                  metavar="DIR")
+    checkpoint_every: int | None = setting(None, "logging", "also checkpoint every STEPS steps (always at each "
+                                                            "epoch's end and every --checkpoint-seconds)",
+                                           metavar="STEPS")
+    checkpoint_seconds: float = setting(300.0, "logging", "checkpoint at least this often", metavar="SECONDS")
+    monitor: bool = setting(True, "logging", "sample GPU utilisation, memory, power, temperature and clock every "
+                                             "0.1 s into gpu.jsonl (needs nvidia-ml-py)")
+    profile: bool = setting(False, "logging", "write a torch.profiler trace of steps 6-12 to profile/trace.json "
+                                              "and an operator table")
+    tensorboard: bool = setting(False, "logging", "log the metrics as TensorBoard scalars in tensorboard/ (needs "
+                                                  "tensorboard)")
 
     def validate(self) -> "TrainConfig":
-        """Raises GpuaccelError naming the first bad value and the valid ones."""
-        for name, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
-                            ("flip", FLIP_MODES), ("loader", LOADERS), ("compile_mode", COMPILE_MODES),
-                            ("offload", OFFLOADS), ("pipeline_schedule", PIPELINE_SCHEDULES)):
-            if getattr(self, name) not in valid:
-                raise choice_error(name.replace("_", " "), getattr(self, name), valid)
-        positive = ("batch_size", "eval_batch_size", "grad_accum", "pipeline_stages")
-        for name in positive:
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(self, name)}")
+        """Checks every section (its own values, then how they combine with other sections');
+        raises GpuaccelError naming the first bad value and the valid ones."""
+        for f in dataclasses.fields(self):  # the named choices, for every section at once
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise choice_error(f.name.replace("_", " "), value, choices)
+        for section in SECTIONS:
+            getattr(self, f"_validate_{section}")()
+        return self
+
+    def _validate_data(self) -> None:
+        for name in ("crop_padding", "cutout"):
+            _at_least(self, name, 0)
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
+        check_cpu_decode(self.cpu_decode)
+
+    def _validate_model(self) -> None:
+        pass  # a model name is checked when the model is built (the registry lists the valid ones)
+
+    def _validate_runtime(self) -> None:
+        pass  # the device is checked when it is resolved (whether it exists is known only then)
+
+    def _validate_parallel(self) -> None:
+        _whole(self, "pipeline_stages")
+        if not self.ddp_bucket_mb > 0:
+            raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
+        if self.shard and self.ema is not None:
+            raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
+        if self.shard and self.sync_bn:
+            raise GpuaccelError("--sync-bn is for data parallel without --shard")
+        if self.offload == "cpu" and not self.shard:
+            raise GpuaccelError("--offload cpu works with --shard (FSDP moves each block's parameters to the GPU "
+                                "when it runs); add --shard")
+        if self.optimizer == "muon" and self.shard:
+            raise GpuaccelError("--optimizer muon needs each filter bank whole and does not work with --shard; "
+                                "use sgd or adamw")
+        if self.pipeline_stages > 1:
+            self._validate_pipeline()
+        elif self.microbatches is not None or self.split_points is not None:
+            raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
+
+    def _validate_optimizer(self) -> None:
+        _whole(self, "grad_accum")
+        for name in ("lr", "muon_lr", "bias_lr_scale"):
+            if not getattr(self, name) > 0:
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        for name in ("momentum", "muon_momentum", "label_smoothing"):
+            if not 0 <= getattr(self, name) < 1:
+                raise GpuaccelError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("weight_decay", "warmup_epochs"):
+            _at_least(self, name, 0)
         if self.ema is not None and not 0 < self.ema < 1:
             raise GpuaccelError(f"--ema is a decay in (0, 1) (e.g. 0.99), got {self.ema}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise GpuaccelError(f"--grad-clip must be positive, got {self.grad_clip}")
+
+    def _validate_loop(self) -> None:
+        for name in ("batch_size", "eval_batch_size"):
+            _whole(self, name)
         if self.tta not in (0, 1, 2):
             raise GpuaccelError(f"--tta must be 0 (none), 1 (flip) or 2 (flip and translate), got {self.tta}")
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float)) or not self.epochs > 0:
             raise GpuaccelError(f"--epochs must be a positive number, got {self.epochs}")
-        if not self.lr > 0:
-            raise GpuaccelError(f"--lr must be positive, got {self.lr}")
-        if not self.ddp_bucket_mb > 0:
-            raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
-        if not self.muon_lr > 0:
-            raise GpuaccelError(f"--muon-lr must be positive, got {self.muon_lr}")
-        if not 0 <= self.muon_momentum < 1:
-            raise GpuaccelError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}")
-        if self.optimizer == "muon" and self.shard:
-            raise GpuaccelError("--optimizer muon needs each filter bank whole and does not work with --shard; "
-                                "use sgd or adamw")
-        if not self.bias_lr_scale > 0:
-            raise GpuaccelError(f"--bias-lr-scale must be positive, got {self.bias_lr_scale}")
-        for name in ("weight_decay", "crop_padding", "cutout", "warmup_epochs", "checkpoint_seconds"):
-            if getattr(self, name) < 0:
-                raise GpuaccelError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.momentum < 1:
-            raise GpuaccelError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 <= self.label_smoothing < 1:
-            raise GpuaccelError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise GpuaccelError(f"--time-limit must be positive, got {self.time_limit}")
+        if self.eval_every is not None:
+            _whole(self, "eval_every")
         if self.target_acc is not None:
             if not 0 < self.target_acc <= 1:
                 raise GpuaccelError(f"--target-acc is a fraction in (0, 1] (e.g. 0.99), got {self.target_acc}")
@@ -138,34 +251,11 @@ class TrainConfig:
             self.target, self.target_acc = alias, None
         if self.target is not None:
             parse_target(self.target)
-        if self.task is not None:
-            from ..tasks import TASKS
 
-            if self.task not in TASKS:
-                raise choice_error("task", self.task, sorted(TASKS))
-        for name in ("time_limit", "grad_clip"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.shard and self.ema is not None:
-            raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
-        if self.shard and self.sync_bn:
-            raise GpuaccelError("--sync-bn is for data parallel without --shard")
-        if self.offload == "cpu" and not self.shard:
-            raise GpuaccelError("--offload cpu works with --shard (FSDP moves each block's parameters to the GPU "
-                                "when it runs); add --shard")
-        if self.pipeline_stages > 1:
-            self._validate_pipeline()
-        elif self.microbatches is not None or self.split_points is not None:
-            raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
-        check_cpu_decode(self.cpu_decode)
-        for name in ("eval_every", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
-        return self
+    def _validate_logging(self) -> None:
+        _at_least(self, "checkpoint_seconds", 0)
+        if self.checkpoint_every is not None:
+            _whole(self, "checkpoint_every")
 
     @property
     def target_metric(self) -> tuple[str, float] | None:
@@ -202,18 +292,52 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def to_sections(self) -> dict[str, dict]:
+        """The settings by section ({"data": {...}, "model": {...}, ...}): a recipe's nested form."""
+        nested = {section: {} for section in SECTIONS}
+        for f in dataclasses.fields(self):
+            nested[f.metadata["section"]][f.name] = getattr(self, f.name)
+        return nested
+
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        """Builds a config from a recipe or a saved config.json; unknown keys are errors."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise GpuaccelError(f"unknown training setting(s) {', '.join(unknown)}; "
-                                f"valid ones: {', '.join(sorted(known))}")
-        return cls(**values)
+        """Builds a config from a recipe or a saved config.json, flat or nested by section;
+        unknown keys are errors."""
+        return cls(**flatten_sections(values))
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def flatten_sections(values: dict) -> dict:
+    """A recipe's settings as flat keys: a section's mapping ({"optimizer": {"lr": 0.1}}) is
+    opened, and every key is checked against the schema."""
+    known = {f.name: f.metadata["section"] for f in dataclasses.fields(TrainConfig)}
+    flat = {}
+    for key, value in values.items():
+        if key in SECTIONS and isinstance(value, dict):
+            wrong = sorted(k for k in value if known.get(k) != key)
+            if wrong:
+                raise GpuaccelError(f"section {key} has no setting(s) {', '.join(wrong)}; it has: "
+                                    f"{', '.join(k for k, s in known.items() if s == key)}")
+            flat.update(value)
+        else:
+            flat[key] = value
+    unknown = sorted(set(flat) - set(known))
+    if unknown:
+        raise GpuaccelError(f"unknown training setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
+    return flat
+
+
+def _whole(config, name: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
+
+
+def _at_least(config, name: str, low: float) -> None:
+    if getattr(config, name) < low:
+        raise GpuaccelError(f"--{name.replace('_', '-')} must be >= {low:g}, got {getattr(config, name)}")
 
 
 def parse_target(text: str) -> tuple[str, float]:

@@ -1,7 +1,9 @@
 """Recipes: named, plain-data training settings (YAML files) that a user can copy and edit.
 
 ``--recipe NAME`` reads ``gpuaccel/recipes/NAME.yaml`` shipped with the package;
-``--recipe PATH.yaml`` reads the user's own. Command-line options override it.
+``--recipe PATH.yaml`` reads the user's own. Command-line options override it. A recipe
+is flat (``lr: 0.1``) or nested by the config's sections (``optimizer: {lr: 0.1}``), which
+is how ``gpuaccel train --print-config`` writes one.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import GpuaccelError, choice_error
+from .config import flatten_sections
 
 
 def list_recipes() -> list[str]:
@@ -17,6 +20,8 @@ def list_recipes() -> list[str]:
 
 
 def load_recipe(name_or_path: str) -> dict:
+    """The recipe's settings as flat keys (a recipe may also nest them by section); unknown
+    keys are errors."""
     import yaml
 
     path = Path(name_or_path)
@@ -34,4 +39,4 @@ def load_recipe(name_or_path: str) -> dict:
         raise GpuaccelError(f"recipe {name_or_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(values, dict):
         raise GpuaccelError(f"recipe {name_or_path} must be a mapping of setting: value")
-    return values
+    return flatten_sections(values)
