@@ -8,7 +8,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 RUN=/tmp/deploy-run
 python3 -m gpuaccel train --data "$DATA" --model resnet18 --epochs 18 --batch-size 512 --lr 0.2 --crop-padding 4 \
     --flip random --label-smoothing 0.1 --run-dir $RUN --json > "$OUT/train.json"
-python3 -m gpuaccel export $RUN --format onnx --dynamic-batch --json > "$OUT/export.json"
+python3 -m gpuaccel export $RUN --format onnx --json > "$OUT/export.json"
 python3 -m gpuaccel quantize $RUN --int8 --per-channel --calib 512 --json > "$OUT/quantize.json"
 python3 -m gpuaccel bench-infer $RUN --json > "$OUT/bench_infer.json"
 lscpu | grep -E "Model name|^CPU\(s\)" > "$OUT/cpu.txt"

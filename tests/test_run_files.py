@@ -115,3 +115,121 @@ def test_resume_through_the_cli_refuses_renamed_classes(tmp_path):
                  "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
     np.savez(data, images=images, labels=labels, classes=np.array(["x", "b", "c"]))
     assert main(["train", "--resume", str(run), "--epochs", "2", "--quiet"]) == 2
+
+
+def test_a_full_disk_is_one_clear_error():
+    with pytest.raises(GpuaccelError, match="no space left on device while writing /dev/full"):
+        MetricsFile("/dev/full").append({"step": 1})
+
+
+def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", "--epochs", "1", "--run-dir", str(run), "--no-monitor", "--quiet"]) == 0
+    assert main(["export", str(run), "--out", str(tmp_path / "m.onnx"), "--verify-images", "50"]) == 0
+    assert json.loads((tmp_path / "m.onnx.json").read_text())["dynamic_batch"] is True
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    for name in ("a.png", "b.png", "c.png"):
+        Image.new("L", (8, 8), 200).save(images / name)
+    os.rename(images / "c.png", os.fsencode(images) + b"/odd-\xff.png")  # not valid UTF-8
+    out = tmp_path / "predictions.csv"
+    out.write_text("earlier results\n")
+    capsys.readouterr()
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out)]) == 0  # 3 images, not 2
+    rows = out.read_text().splitlines()
+    assert len(rows) == 4 and any("odd-\\udcff.png" in row for row in rows)
+    assert main(["infer", str(tmp_path / "m.onnx"), str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert len(out.read_text().splitlines()) == 4  # a failed command leaves the earlier file as it was
+
+
+def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    trainer = Trainer(TrainConfig(epochs=2, run_dir=str(run), monitor=False), quiet=True)
+    evaluate = Trainer.evaluate
+    calls = []
+
+    def interrupted_at_the_end(self):
+        calls.append(self.global_step)
+        if self.epochs_done >= self.config.epochs:
+            raise KeyboardInterrupt  # Ctrl-C during the final evaluation
+        return evaluate(self)
+    monkeypatch.setattr(Trainer, "evaluate", interrupted_at_the_end)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    assert len(MetricsFile(run / "metrics.jsonl").read()) == 1
+    summary = Trainer.resume(run, quiet=True).fit()
+    records = MetricsFile(run / "metrics.jsonl").read()
+    assert [r["epoch"] for r in records] == [1, 2] and records[-1]["train_loss"] is None
+    assert summary["test_accuracy"] == pytest.approx(records[-1]["accuracy"], abs=1e-6)
+    assert summary["steps"] == trainer.global_step
+
+
+def test_a_diverging_run_stops_with_a_clear_error(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    code = main(["train", "--lr", "1e30", "--epochs", "2", "--run-dir", str(tmp_path / "r"), "--no-monitor",
+                 "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "training diverged" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r" / "model.pt").exists()
+
+
+def test_resume_with_more_epochs_says_so_and_updates_config_json(tmp_path, capsys):
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
+    capsys.readouterr()
+    Trainer.resume(run, overrides={"epochs": 2}).fit()
+    err = capsys.readouterr().err
+    assert "resuming with --epochs 2 (was 1)" in err and "config.json updated" in err
+    assert json.loads((run / "config.json").read_text())["epochs"] == 2
+
+
+def test_a_run_with_a_relative_data_path_resumes_from_elsewhere(tmp_path, monkeypatch, mnist_dir):
+    from gpuaccel.cli import main
+
+    monkeypatch.chdir(mnist_dir.parent)
+    run = tmp_path / "r"
+    assert main(["train", "--data", mnist_dir.name, "--epochs", "1", "--run-dir", str(run), "--no-monitor",
+                 "--quiet", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert json.loads((run / "config.json").read_text())["data"] == str(mnist_dir.resolve())
+    monkeypatch.chdir(tmp_path)
+    # the same data spelled another way is not a change
+    assert main(["train", "--resume", str(run), "--data", str(mnist_dir) + "/", "--epochs", "2", "--quiet"]) == 0
+
+
+def _npz(path, images, labels, **arrays):
+    np.savez(path, images=images, labels=labels, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("images, labels, message", [
+    (np.full((20, 1, 8, 8), np.nan, dtype=np.float32), np.arange(20) % 2, "NaN or infinite"),
+    (np.zeros((20, 1, 8, 8), np.uint8), np.arange(19) % 2, "20 training images but 19 labels"),
+    (np.zeros((20, 1, 8, 8), np.uint8), np.zeros(20, int), "has one class"),
+])
+def test_bad_npz_data_is_a_one_line_error(tmp_path, capsys, images, labels, message):
+    from gpuaccel.cli import main
+
+    spec = _npz(tmp_path / "d.npz", images, labels)
+    code = main(["train", "--data", spec, "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--quiet",
+                 "--cache-dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_sparse_labels_become_that_many_classes_named_by_label(tmp_path):
+    spec = _npz(tmp_path / "d.npz", np.random.default_rng(0).integers(0, 255, (40, 1, 8, 8), dtype=np.uint8),
+                np.where(np.arange(40) % 2, 7, 0))
+    with pytest.warns(UserWarning, match="labels 0, 7 are used as classes 0..1"):
+        ds = load_dataset(spec, cache_dir=None)
+    assert ds.classes == ["0", "7"] and set(np.unique(ds.train_labels)) == {0, 1}
+
+
+def test_batch_size_one_with_batch_norm_is_refused(tmp_path):
+    with pytest.raises(GpuaccelError, match="batch norms need two or more"):
+        Trainer(TrainConfig(model="resnet18", batch_size=1, run_dir=str(tmp_path / "r"), monitor=False))

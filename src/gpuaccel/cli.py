@@ -249,7 +249,9 @@ def _deploy_parsers(sub) -> None:
     e.add_argument("checkpoint", metavar="CKPT", help="a run directory, or its model.pt / checkpoint.pt")
     e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
-    e.add_argument("--dynamic-batch", action="store_true", help="accept any batch size (default: fixed at 2)")
+    e.add_argument("--static-batch", type=int, metavar="N",
+                   help="fix the batch size at N, for runtimes that need static shapes (default: any batch size)")
+    e.add_argument("--dynamic-batch", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
     e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images to compare (1000)")
@@ -445,8 +447,13 @@ def _run_export(args) -> int:
     trained = load_trained(args.checkpoint)
     out = Path(args.out) if args.out else trained.source.with_name(f"model{FORMAT_SUFFIX[args.format]}")
     data = trained.load_data(args.data, "cannot load held-out images to verify the export")
-    path = export(trained, args.format, out, dynamic_batch=args.dynamic_batch, opset=args.opset)
-    report = verify(trained, path, data.test_images[: args.verify_images], dynamic_batch=args.dynamic_batch)
+    static = args.static_batch is not None
+    if static and args.dynamic_batch:
+        raise GpuaccelError("--static-batch and --dynamic-batch disagree; give one")
+    path = export(trained, args.format, out, dynamic_batch=not static, static_batch=args.static_batch or 2,
+                  opset=args.opset)
+    report = verify(trained, path, data.test_images[: args.verify_images], dynamic_batch=not static,
+                    static_batch=args.static_batch or 2)
     report.update(artifact=str(path), format=args.format, size_bytes=path.stat().st_size)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -476,10 +483,12 @@ def _run_infer(args) -> int:
     names, images, labels = gather_inputs(args.inputs)
     images = fit_to_model(images, runner.in_channels, runner.image_size)
     probs, stats = predict(runner, images, args.batch)
-    text = predictions_csv(names, probs, runner.classes, args.top_k)
-    if args.out:
-        with open(args.out, "w", newline="") as f:
-            f.write(text)
+    # a file name that is not valid UTF-8 is written with its odd bytes escaped (\udcXX), not refused
+    text = predictions_csv(names, probs, runner.classes, args.top_k).encode("utf-8", "backslashreplace").decode()
+    if args.out:  # a new file replaces the old one only once it is whole
+        from .files import atomic_write
+
+        atomic_write(args.out, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
     line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "

@@ -185,9 +185,11 @@ def _train_body(results: dict, run_dir: Path) -> str:
 
 def _metrics_table(records: list[dict]) -> str:
     cols = [("epoch", "{:g}"), ("step", "{}"), ("train_loss", "{:.4f}"), ("loss", "{:.4f}"),
-            ("accuracy", "{:.2%}"), ("images_per_second", "{:,.0f}"), ("data_wait", "{:.1%}"),
-            ("gpu_util", "{:.0f}%"), ("elapsed", "{:.2f} s")]
+            ("accuracy", "{:.2%}"), ("images_per_second", "{:,.0f}"), ("samples_per_second", "{:,.0f}"),
+            ("data_wait", "{:.1%}"), ("gpu_util", "{:.0f}%"), ("elapsed", "{:.2f} s")]
     cols = [(k, f) for k, f in cols if any(k in r for r in records)]
+    if any(k == "images_per_second" for k, _ in cols):  # image data: one rate column, named as before
+        cols = [(k, f) for k, f in cols if k != "samples_per_second"]
     out = ["<table id=\"evaluations\"><thead><tr>" + "".join(f"<th>{k.replace('_', ' ')}</th>" for k, _ in cols)
            + "</tr></thead><tbody>"]
     for r in records:

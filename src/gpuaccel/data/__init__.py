@@ -15,7 +15,8 @@ from .dataset import ImageDataset
 from .formats import READERS, ReadOptions, detect_kind
 from .stream import StreamingDataset, find_shards, open_stream
 
-__all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "DATA_KINDS"]
+__all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "resolved_spec",
+           "DATA_KINDS"]
 
 DATA_KINDS = tuple(sorted(READERS))
 STREAMABLE_KINDS = ("imagefolder",)
@@ -38,6 +39,19 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
         raise GpuaccelError(f"data path {str(path)!r} does not exist; give a data directory or file, "
                             f"or 'digits' for the built-in data set")
     return kind or detect_kind(path), path
+
+
+def resolved_spec(spec: str) -> str:
+    """``spec`` with its path made absolute (``KIND:`` kept), so that a run's record of its data
+    holds from any working directory and two spellings of one path compare equal."""
+    text = str(spec).strip()
+    kind, sep, rest = text.partition(":")
+    if text.lower() == "digits" or text == "python":
+        return text
+    if sep and kind.lower() in READERS and len(kind) > 1:
+        return f"{kind.lower()}:{Path(rest).expanduser().resolve()}"
+    path = Path(text).expanduser()
+    return str(path.resolve()) if path.exists() else text
 
 
 def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_size: int | None = None,

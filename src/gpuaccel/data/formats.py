@@ -11,6 +11,7 @@ import os
 import pickle
 import struct
 import tarfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,8 +342,12 @@ def _to_nchw_uint8(x: np.ndarray, path) -> np.ndarray:
     if x.dtype != np.uint8:
         if not np.issubdtype(x.dtype, np.number):
             raise GpuaccelError(f"{path}: images must be numeric, got {x.dtype}")
-        scale = 255.0 if np.issubdtype(x.dtype, np.floating) and float(np.nanmax(x)) <= 1.0 else 1.0
-        x = np.clip(np.nan_to_num(x.astype(np.float64) * scale), 0, 255).round().astype(np.uint8)
+        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+            bad = int((~np.isfinite(x)).sum())
+            raise GpuaccelError(f"{path}: {bad} image value(s) are NaN or infinite; replace them before training "
+                                f"(gpuaccel does not guess a value)")
+        scale = 255.0 if np.issubdtype(x.dtype, np.floating) and float(x.max()) <= 1.0 else 1.0
+        x = np.clip(x.astype(np.float64) * scale, 0, 255).round().astype(np.uint8)
     return np.ascontiguousarray(x)
 
 
@@ -368,9 +373,18 @@ def read_npz(path, opts: ReadOptions) -> ImageDataset:
     if "classes" in arrays:
         classes = [str(c) for c in arrays["classes"]]
     else:
-        classes = [str(i) for i in range(int(max(y.max() for y in labels)) + 1)]
+        used = np.unique(np.concatenate(labels))
+        classes = [str(int(c)) for c in used]
+        if len(used) != int(used.max()) + 1:  # e.g. labels {0, 7}: two classes, not eight
+            warnings.warn(f"{path.name}: labels {', '.join(classes[:8])}{', ...' if len(used) > 8 else ''} are "
+                          f"used as classes 0..{len(used) - 1} (named by their labels); add a 'classes' array to "
+                          f"name them", stacklevel=2)
+            labels = [np.searchsorted(used, y) for y in labels]
     train_x = _to_nchw_uint8(arrays[xk], path)
     test_x = _to_nchw_uint8(arrays[txk], path) if txk in arrays else None
+    for split, x, y in (("training", train_x, labels[0]), ("test", test_x, labels[-1] if test_x is not None else None)):
+        if x is not None and len(x) != len(y):
+            raise GpuaccelError(f"{path}: {len(x)} {split} images but {len(y)} labels; they must pair up")
     return _finish(path.stem, path, opts, train_x, labels[0], classes, test_x,
                    labels[1] if test_x is not None else None)
 

@@ -17,14 +17,19 @@ FORMATS = tuple(FORMAT_SUFFIX)
 AGREEMENT_REQUIRED = 0.999
 
 
-def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = False,
+def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = True, static_batch: int = 2,
            opset: int | None = None) -> Path:
-    """Writes the artefact and, beside it, ``<name>.json`` with class names and input shape."""
+    """Writes the artefact and, beside it, ``<name>.json`` with class names and input shape.
+    The artefact takes any batch size, or (``dynamic_batch=False``, for runtimes that need it)
+    exactly ``static_batch`` images."""
+    if not dynamic_batch and static_batch < 1:
+        raise GpuaccelError(f"--static-batch must be at least 1, got {static_batch}")
     if fmt not in FORMATS:
         raise choice_error("export format", fmt, FORMATS)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    example = torch.rand(2, trained.in_channels, trained.image_size, trained.image_size)
+    example = torch.rand(2 if dynamic_batch else static_batch, trained.in_channels, trained.image_size,
+                         trained.image_size)
     module = trained.module.eval()
     batch = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else None
     try:
@@ -46,6 +51,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
         raise GpuaccelError(f"the model cannot be exported as {fmt}: {reason}; try --format {others}") from None
     meta = {"classes": trained.classes, "in_channels": trained.in_channels, "image_size": trained.image_size,
             "model": trained.model_name, "format": fmt, "dynamic_batch": dynamic_batch,
+            "batch_size": None if dynamic_batch else static_batch,
             "input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
             "source": str(trained.source)}
     metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
@@ -60,12 +66,12 @@ def _require(module: str) -> None:
 
 
 def verify(trained: TrainedModel, artifact: Path, images: np.ndarray, *, batch_size: int = 256,
-           dynamic_batch: bool = True) -> dict:
+           dynamic_batch: bool = True, static_batch: int = 2) -> dict:
     """Runs the original and the exported model on the same images (uint8 NCHW) and compares
     logits and top-1 predictions. A fixed-batch export is fed batches of its own size."""
     runner = load_runner(artifact)
     if not dynamic_batch:
-        batch_size = 2  # the example batch the export was traced with
+        batch_size = static_batch  # the example batch the export was traced with
         images = images[: len(images) - len(images) % batch_size]
     diffs, agree, count = [], 0, 0
     with torch.no_grad():

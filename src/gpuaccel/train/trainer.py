@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from torch.utils._pytree import tree_map
 
 from .. import __version__
 from ..compiling import compile_arguments
+from ..data import resolved_spec
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..files import MetricsFile, RunLock, remove_stale_temporaries
@@ -82,6 +84,8 @@ class Trainer:
         self.device = self.dist.device(config.device) if self.dist.active else resolve_device(config.device)
         self.dist.init(self.device)
         self.precision = resolve_precision(config.precision, self.device)
+        if train_data is None and dataset is None:
+            config.data = resolved_spec(config.data)  # recorded so that a resume works from anywhere
         self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data,
                                   dist=self.dist, device=self.device)
         if train_data is not None and self.inputs.images is None:
@@ -90,6 +94,9 @@ class Trainer:
         self.task = _resolve_task(config, self.inputs, task, loss_fn, metrics)
         if config.target_metric is not None:
             self.task.check_target(config.target_metric[0])
+        if self.inputs.classes is not None and len(self.inputs.classes) < 2:
+            raise GpuaccelError(f"{self.inputs.name} has one class ({self.inputs.classes[0]!r}); a classifier needs "
+                                f"two or more to learn anything")
 
         torch.manual_seed(config.seed)
         self.model_args = self.inputs.model_args
@@ -99,6 +106,9 @@ class Trainer:
             apply_activation_checkpointing(model)
         self.model = model
         self.parameter_count = sum(p.numel() for p in model.parameters())
+        if config.batch_size == 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise GpuaccelError(f"--batch-size 1 cannot train {config.model}: its batch norms need two or more "
+                                f"samples per batch; use a larger --batch-size")
         has_conv = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
         self.channels_last = (self.device.type == "cuda" and has_conv) if config.channels_last is None \
             else config.channels_last
@@ -168,6 +178,7 @@ class Trainer:
         self.samples_seen = 0
         self.best_metrics: dict[str, float] = {}
         self.last_eval: dict = {}
+        self.evaluated_at = 0  # the global step of the last finished evaluation
         self.time_to_target: float | None = None
         self.run_dir: Path | None = None
         self._lock: RunLock | None = None
@@ -269,8 +280,34 @@ class Trainer:
         if freezing:
             gc.collect()
             gc.freeze()
+
+        def evaluate_and_log() -> dict:
+            """Evaluates, appends the record to metrics.jsonl and prints it; the time it takes is
+            not training time."""
+            nonlocal samples_since_eval, seconds_at_eval, wall_at_eval, segment_start
+            synchronize(self.device)
+            self.train_seconds += time.perf_counter() - segment_start
+            record = {**self._evaluate_and_record(loss_sum, samples_since_eval,
+                                                  self.train_seconds - seconds_at_eval, wall_start),
+                      "data_wait": round(data_wait.read()["data_share"], 4)}
+            gpu_util = sampler.mean("util", since=wall_at_eval) if sampler is not None else None
+            if gpu_util is not None:
+                record["gpu_util"] = round(gpu_util, 1)
+            wall_at_eval = record["wall"]
+            if main:
+                metrics.append(record)
+            if scalars is not None:
+                scalars.add(record, self.global_step)
+            progress.log(_format_record(record, cfg.epochs, self.metric_tracker.metrics))
+            loss_sum.zero_()
+            samples_since_eval, seconds_at_eval = 0, self.train_seconds
+            segment_start = time.perf_counter()
+            return record
+
         try:
             segment_start = time.perf_counter()
+            if self.epochs_done >= cfg.epochs and self.global_step > self.evaluated_at:
+                evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
             while stopped_by is None and self.epochs_done < cfg.epochs:
                 batches = self.train_loader.batches(self.epoch, start=self.batch_in_epoch) \
                     if first_batches is None else first_batches
@@ -313,25 +350,8 @@ class Trainer:
                         (not self.dist.active or self.global_step % 16 == 0) and \
                         self.dist.any(elapsed >= cfg.time_limit, self.device)
                     if due_eval or out_of_time:
-                        synchronize(self.device)
-                        self.train_seconds += time.perf_counter() - segment_start
-                        record = {**self._evaluate_and_record(loss_sum, samples_since_eval,
-                                                              self.train_seconds - seconds_at_eval, wall_start),
-                                  "data_wait": round(data_wait.read()["data_share"], 4)}
-                        gpu_util = sampler.mean("util", since=wall_at_eval) if sampler is not None else None
-                        if gpu_util is not None:
-                            record["gpu_util"] = round(gpu_util, 1)
-                        wall_at_eval = record["wall"]
-                        if main:
-                            metrics.append(record)
-                        if scalars is not None:
-                            scalars.add(record, self.global_step)
-                        progress.log(_format_record(record, cfg.epochs, self.metric_tracker.metrics))
-                        loss_sum.zero_()
-                        samples_since_eval, seconds_at_eval = 0, self.train_seconds
-                        if self._reached_target(record):
+                        if self._reached_target(evaluate_and_log()):
                             stopped_by = "target"
-                        segment_start = time.perf_counter()
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
                     due_checkpoint = end_of_epoch or finished or stopped_by is not None or \
@@ -489,9 +509,14 @@ class Trainer:
     def _evaluate_and_record(self, loss_sum, samples, seconds, wall_start) -> dict:
         totals = self.dist.all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(
             float(samples), device=loss_sum.device)]))  # over all processes
-        train_loss, samples = totals[0].item() / max(1.0, totals[1].item()), int(totals[1].item())
+        samples = int(totals[1].item())
+        train_loss = totals[0].item() / samples if samples else None  # (none after a resume's redone evaluation)
+        if train_loss is not None and not math.isfinite(train_loss):
+            raise GpuaccelError(f"the training loss is {train_loss} at step {self.global_step}: training diverged "
+                                f"(no checkpoint of it was saved); try a lower --lr (this run: {self.config.lr:g}), "
+                                f"--grad-clip, or --precision fp32")
         result = self.evaluate()
-        self.last_eval = result
+        self.last_eval, self.evaluated_at = result, self.global_step
         for name, value in result.items():
             better = max if self.task.higher_is_better(name) else min
             self.best_metrics[name] = better(self.best_metrics.get(name, value), value)
@@ -499,7 +524,8 @@ class Trainer:
             self.time_to_target = self.train_seconds
         rate = round(samples / max(seconds, 1e-9), 1)
         return {"step": self.global_step, "epoch": round(self.epoch + self.batch_in_epoch / len(self.train_loader), 4),
-                "train_loss": round(train_loss, 6), **{name: round(value, 6) for name, value in result.items()},
+                "train_loss": None if train_loss is None else round(train_loss, 6),
+                **{name: round(value, 6) for name, value in result.items()},
                 "lr": self.scheduler.get_last_lr()[0], "samples_per_second": rate,
                 **({"images_per_second": rate} if self.dataset is not None else {}),
                 "elapsed": round(self.train_seconds, 4), "wall": round(time.perf_counter() - wall_start, 4)}
@@ -569,7 +595,7 @@ class Trainer:
                 position={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
                 progress={"train_seconds": self.train_seconds, "samples_seen": self.samples_seen,
                           "best_metrics": self.best_metrics, "time_to_target": self.time_to_target,
-                          "last_eval": self.last_eval})
+                          "last_eval": self.last_eval, "evaluated_at": self.evaluated_at})
         return state
 
     def save_checkpoint(self) -> Path:
@@ -609,7 +635,7 @@ class Trainer:
         self.epoch, self.batch_in_epoch, self.global_step = pos["epoch"], pos["batch_in_epoch"], pos["global_step"]
         self.train_seconds, self.samples_seen = prog["train_seconds"], prog["samples_seen"]
         self.best_metrics, self.time_to_target = prog["best_metrics"], prog["time_to_target"]
-        self.last_eval = prog["last_eval"]
+        self.last_eval, self.evaluated_at = prog["last_eval"], prog.get("evaluated_at", self.global_step)
 
     # settings a resumed run may change: where and how it runs, when it stops, what it logs
     RESUME_CHANGEABLE = frozenset({
@@ -638,6 +664,8 @@ class Trainer:
             overrides = dict(overrides or {})
             if overrides.get("target_acc") is not None:  # the older spelling of --target
                 overrides["target"], overrides["target_acc"] = f"accuracy={overrides['target_acc']:g}", None
+            if "data" in overrides and resolved_spec(overrides["data"]) == config.data:
+                overrides["data"] = config.data  # the same data, spelled another way
             for key, value in overrides.items():
                 if key == "model" and value != state["model_name"]:
                     raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, "
@@ -645,6 +673,8 @@ class Trainer:
                 if getattr(config, key) != value and key not in cls.RESUME_CHANGEABLE:
                     raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
                                         f"(changeable: {', '.join(sorted(cls.RESUME_CHANGEABLE))})")
+            changed = {k: (getattr(config, k), v) for k, v in overrides.items()
+                       if k in cls.RESUME_CHANGEABLE and getattr(config, k) != v}
             config = config.replace(**{k: v for k, v in overrides.items() if k in cls.RESUME_CHANGEABLE})
             if model is not None and not config.model.startswith("object:"):
                 raise GpuaccelError(f"{run_dir} trained model {config.model!r}, which it rebuilds itself; resume "
@@ -660,6 +690,13 @@ class Trainer:
             raise
         trainer.run_dir, trainer._lock = run_dir, lock
         if trainer.dist.is_main:
+            if changed:  # config.json says what the rest of the run uses; the change is said once
+                checkpoint.write_json(run_dir / "config.json", trainer.config.to_dict())
+                if not quiet:
+                    print("gpuaccel: resuming with " + ", ".join(
+                        f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items()) +
+                        ("; the learning-rate schedule is re-planned for the new length" if "epochs" in changed
+                         else "") + "; config.json updated", file=sys.stderr)
             remove_stale_temporaries(run_dir)
             trainer._write_position()
             # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
@@ -747,7 +784,8 @@ def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) ->
 def _format_record(record: dict, epochs: float, metric_names) -> str:
     shown = ", ".join(f"test {name} " + (f"{100 * record[name]:.2f}%" if name == "accuracy" else f"{record[name]:.4g}")
                       for name in metric_names if name in record)
-    return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {record['train_loss']:.4f}, "
+    train = "n/a" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
+    return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {train}, "
             f"test loss {record['loss']:.4f}" + (f", {shown}" if shown else "") +
             f", {record['samples_per_second']:,.0f} samples/s, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
