@@ -233,3 +233,18 @@ def test_sparse_labels_become_that_many_classes_named_by_label(tmp_path):
 def test_batch_size_one_with_batch_norm_is_refused(tmp_path):
     with pytest.raises(GpuaccelError, match="batch norms need two or more"):
         Trainer(TrainConfig(model="resnet18", batch_size=1, run_dir=str(tmp_path / "r"), monitor=False))
+
+
+def test_a_damaged_export_sidecar_is_a_one_line_error(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", "--epochs", "1", "--run-dir", str(run), "--no-monitor", "--quiet"]) == 0
+    assert main(["export", str(run), "--out", str(tmp_path / "m.onnx"), "--verify-images", "20"]) == 0
+    sidecar = tmp_path / "m.onnx.json"
+    assert json.loads(sidecar.read_text())["task"]["name"] == "classification"
+    sidecar.write_text(sidecar.read_text()[:40])  # truncated
+    capsys.readouterr()
+    assert main(["infer", str(tmp_path / "m.onnx"), "digits"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is damaged" in err and len(err.splitlines()) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from ..errors import GpuaccelError
 from ..models import create_model
+from ..tasks import Classification, Task, create_task
 from ..models.registry import add_search_dir
 from ..train import checkpoint
 from ..models.structure import apply_structure
@@ -37,6 +38,11 @@ class TrainedModel:
     model_args: dict
     config: dict
     source: Path
+    task: Task = field(default_factory=Classification)
+
+    def example_input(self, batch: int) -> torch.Tensor:
+        """What an export is traced with: images as the deployed model takes them (float32 in [0, 1])."""
+        return self.task.example_input(batch, (self.in_channels, self.image_size, self.image_size))
 
     @property
     def in_channels(self) -> int:
@@ -85,5 +91,6 @@ def load_trained(path) -> TrainedModel:
     except (KeyError, RuntimeError) as exc:
         raise GpuaccelError(f"{path}: the checkpoint's weights do not fit its model ({exc!s:.200})") from None
     module = Normalized(model, state["mean"], state["std"]).eval()
+    task = create_task(state.get("task", {}).get("name", "classification"))  # (older runs: classification)
     return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),
-                        dict(state["config"]), path)
+                        dict(state["config"]), path, task)

@@ -28,8 +28,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
         raise choice_error("export format", fmt, FORMATS)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    example = torch.rand(2 if dynamic_batch else static_batch, trained.in_channels, trained.image_size,
-                         trained.image_size)
+    example = trained.example_input(2 if dynamic_batch else static_batch)
     module = trained.module.eval()
     batch = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else None
     try:
@@ -50,7 +49,8 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
         others = ", ".join(f for f in FORMATS if f != fmt)
         raise GpuaccelError(f"the model cannot be exported as {fmt}: {reason}; try --format {others}") from None
     meta = {"classes": trained.classes, "in_channels": trained.in_channels, "image_size": trained.image_size,
-            "model": trained.model_name, "format": fmt, "dynamic_batch": dynamic_batch,
+            "model": trained.model_name, "task": trained.task.describe(), "format": fmt,
+            "dynamic_batch": dynamic_batch,
             "batch_size": None if dynamic_batch else static_batch,
             "input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
             "source": str(trained.source)}

@@ -66,14 +66,15 @@ def fit_to_model(images: np.ndarray, channels: int, size: int) -> np.ndarray:
 
 
 def predict(runner: Runner, images: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, dict]:
-    """Softmax probabilities for every image, and latency statistics per batch (seconds)."""
+    """What the run's task reports for every image (a classifier's class probabilities), and
+    latency statistics per batch (seconds)."""
     probs, latencies = [], []
     for start in range(0, len(images), batch_size):
         x = images[start:start + batch_size].astype(np.float32) / 255.0
         begin = time.perf_counter()
         logits = runner(x)  # returns host memory, so the GPU has finished
         latencies.append(time.perf_counter() - begin)
-        probs.append(torch.softmax(torch.from_numpy(logits).float(), 1).numpy())
+        probs.append(runner.task.predict(torch.from_numpy(logits)).numpy())
     warm = latencies[1:] or latencies  # the first batch pays for start-up
     stats = {"batches": len(latencies), "batch_size": batch_size, "latency_median_ms": 1000 * statistics.median(warm),
              "latency_p90_ms": 1000 * float(np.percentile(warm, 90)),

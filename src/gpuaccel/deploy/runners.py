@@ -10,7 +10,7 @@ loaded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
+from ..tasks import Classification, Task, create_task
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
@@ -30,6 +31,7 @@ class Runner:
     in_channels: int
     image_size: int
     kind: str
+    task: Task = field(default_factory=Classification)  # decodes the outputs (task.predict)
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         return self.run(np.ascontiguousarray(images, dtype=np.float32))
@@ -75,12 +77,18 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
 
         trained = load_trained(path)
         return Runner(torch_runner(trained.module, dev), trained.classes, trained.in_channels,
-                      trained.image_size, "pytorch")
+                      trained.image_size, "pytorch", trained.task)
     meta_file = metadata_path(path)
     if not meta_file.exists():
         raise GpuaccelError(f"{path} has no {meta_file.name} beside it (class names, input size); "
                             f"export models with 'gpuaccel export'")
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = json.loads(meta_file.read_text())
+        meta["classes"], meta["in_channels"], meta["image_size"]  # noqa: B018  (all three must be there)
+    except (ValueError, KeyError, TypeError):
+        raise GpuaccelError(f"{meta_file} is damaged (not the JSON 'gpuaccel export' writes); export the model "
+                            f"again") from None
+    task = create_task(meta.get("task", {}).get("name", "classification"))
     if path.suffix == ".onnx":
         run = openvino_runner(path, dev, threads) if runtime == "openvino" else _onnx_runner(path, dev, threads)
         kind = runtime
@@ -98,7 +106,7 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
         run, kind = torch_runner(module, dev), "torchscript"
     else:
         raise GpuaccelError(f"cannot run {path}: expected a gpuaccel checkpoint (.pt), .onnx, .pt2 or .ts")
-    return Runner(run, meta["classes"], meta["in_channels"], meta["image_size"], kind)
+    return Runner(run, meta["classes"], meta["in_channels"], meta["image_size"], kind, task)
 
 
 def onnx_has_cuda() -> bool:

@@ -9,6 +9,8 @@ torchtitan's habit: the loss is a component, not a line inside the loop):
 - ``metrics()`` -> ``{name: Metric}``, each accumulated on the device over an evaluation;
 - ``eval_outputs(call, inputs)`` -> outputs at evaluation (image classification averages
   test-time augmentations here);
+- ``predict(outputs)`` -> what inference reports; ``example_input(batch, shape)`` -> what an
+  export is traced with;
 - ``describe()`` -> what a checkpoint records of the task.
 
 Metrics are reduced without a host synchronisation per batch: each evaluation batch adds
@@ -213,6 +215,15 @@ class Task:
     def eval_outputs(self, call: Callable, inputs):
         """The outputs evaluation scores; ``call(inputs)`` runs the model once."""
         return call(inputs)
+
+    def predict(self, outputs: torch.Tensor) -> torch.Tensor:
+        """What inference reports for a model's outputs (classification: class probabilities)."""
+        return outputs.float()
+
+    def example_input(self, batch: int, sample_shape) -> torch.Tensor:
+        """Inputs to trace a model with for export: ``batch`` samples of ``sample_shape``, as the
+        exported model receives them."""
+        return torch.rand(batch, *sample_shape)
 
     def check_target(self, metric: str) -> None:
         known = ["loss", *self.all_metrics()]

@@ -56,5 +56,8 @@ class Classification(Task):
                 logits = logits + 0.5 * call(shifted)
         return logits / 4
 
+    def predict(self, logits):
+        return torch.softmax(logits.float(), 1)
+
     def describe(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "tta": self.tta}
