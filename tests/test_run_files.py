@@ -248,3 +248,30 @@ def test_a_damaged_export_sidecar_is_a_one_line_error(tmp_path, capsys):
     assert main(["infer", str(tmp_path / "m.onnx"), "digits"]) == 2
     err = capsys.readouterr().err.strip()
     assert "is damaged" in err and len(err.splitlines()) == 1
+
+
+def test_a_symbolic_link_loop_in_an_image_folder_is_a_one_line_error(tmp_path, capsys):
+    from PIL import Image
+
+    from gpuaccel.cli import main
+
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (8, 8), 60 * i).save(tmp_path / "imgs" / cls / f"{i}.png")
+    os.symlink("..", tmp_path / "imgs" / "a" / "up")
+    assert main(["train", "--data", str(tmp_path / "imgs"), "--epochs", "1", "--quiet", "--run-dir",
+                 str(tmp_path / "r"), "--cache-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "symbolic link loop" in err and len(err.splitlines()) == 1
+
+
+def test_a_decompression_bomb_is_a_bad_image_not_a_traceback(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from gpuaccel.data.images import ImageSource, _decode_one
+
+    Image.new("L", (64, 64)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 4096 pixels is over twice the limit: an error
+    array, reason = _decode_one(ImageSource("big.png", str(tmp_path / "big.png")), None)
+    assert array is None and "too large to decode safely" in reason

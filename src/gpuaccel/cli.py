@@ -214,7 +214,10 @@ def _print_summary(s: dict) -> None:
         ("data", f"{s['data']}: {s['train_samples']} train / {s['test_samples']} test {unit}" +
          (f", {s['skipped_samples']} bad skipped" if s["skipped_samples"] else "")),
         ("epochs", f"{s['epochs']:g} ({s['steps']} steps, stopped by {s['stopped_by']})"),
-        ("wall time", f"{s['wall_seconds']:.2f} s (training {s['train_seconds']:.2f} s, set-up {s['setup_seconds']:.2f} s)"),
+        ("time", f"training {s['train_seconds']:.2f} s" + (" (all segments of the run)" if s["restarts"] or
+                                                             s.get("resumed") else "") +
+         f"; this process: set-up {s['setup_seconds']:.2f} s, warm-up {s['warmup_seconds']:.2f} s, "
+         f"loop {s['wall_seconds']:.2f} s (training, evaluation, saving)"),
         ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s"),
     ]
     for name, value in s["metrics"].items():

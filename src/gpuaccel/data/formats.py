@@ -252,6 +252,11 @@ def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fi
     return _finish(name, source, opts, images, labels, meta["classes"], skipped=meta["bad"])
 
 
+def _dir_key(path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def _scan_tree(root: Path):
     """(image names, folder names, fingerprint) below ``root``, names relative with '/'.
 
@@ -259,6 +264,7 @@ def _scan_tree(root: Path):
     under a second, which a warm-cache run would otherwise spend here)."""
     images, dirs, fingerprint = [], [], []
     pending = [""]
+    seen = {_dir_key(root)}  # folders already listed: a symbolic link back up the tree is a loop
     while pending:
         rel = pending.pop()
         with os.scandir(os.path.join(root, rel) if rel else root) as entries:
@@ -267,6 +273,11 @@ def _scan_tree(root: Path):
                     continue
                 name = rel + entry.name
                 if entry.is_dir():
+                    key = _dir_key(os.path.join(root, name))
+                    if key in seen:
+                        raise GpuaccelError(f"{root}/{name} leads back to a folder already read (a symbolic "
+                                            f"link loop or a second link to it); remove the link")
+                    seen.add(key)
                     dirs.append(name)
                     pending.append(name + "/")
                 elif is_image_name(entry.name):

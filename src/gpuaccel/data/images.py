@@ -54,6 +54,8 @@ def _decode_one(source: ImageSource, size: int | None):
             if size is not None and img.size != (size, size):
                 img = img.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
             array = np.asarray(img, dtype=np.uint8)
+    except Image.DecompressionBombError as exc:  # Pillow's guard against a file that inflates to gigapixels
+        return None, f"too large to decode safely ({exc})"
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     if array.ndim == 2:

@@ -3,7 +3,10 @@ against the original on real held-out images."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,16 +35,8 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
     module = trained.module.eval()
     batch = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else None
     try:
-        if fmt == "onnx":
-            _require("onnxscript")
-            program = torch.onnx.export(module, (example,), dynamo=True, opset_version=opset,
-                                        dynamic_shapes={"x": batch} if batch else None, verbose=False)
-            program.save(str(out))
-        elif fmt == "pt2":
-            program = torch.export.export(module, (example,), dynamic_shapes={"x": batch} if batch else None)
-            torch.export.save(program, str(out))
-        else:
-            torch.jit.trace(module, example).save(str(out))
+        with _quiet_exporters():
+            _write(fmt, module, example, out, batch, opset)
     except GpuaccelError:
         raise
     except Exception as exc:  # an operator or construct the format cannot express
@@ -56,6 +51,35 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
             "source": str(trained.source)}
     metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
     return out
+
+
+def _write(fmt: str, module, example, out: Path, batch, opset) -> None:
+    if fmt == "onnx":
+        _require("onnxscript")
+        program = torch.onnx.export(module, (example,), dynamo=True, opset_version=opset,
+                                    dynamic_shapes={"x": batch} if batch else None, verbose=False)
+        program.save(str(out))
+    elif fmt == "pt2":
+        program = torch.export.export(module, (example,), dynamic_shapes={"x": batch} if batch else None)
+        torch.export.save(program, str(out))
+    else:
+        torch.jit.trace(module, example).save(str(out))
+
+
+@contextlib.contextmanager
+def _quiet_exporters():
+    """PyTorch's exporters report what a user cannot act on: the ONNX registry notes, operator
+    by operator, that torchvision is not installed, and torch.export's pytree code warns about
+    a deprecated check inside itself (LeafSpec). Both are silenced here, nothing else."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _require(module: str) -> None:

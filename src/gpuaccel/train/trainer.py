@@ -179,6 +179,7 @@ class Trainer:
         self.best_metrics: dict[str, float] = {}
         self.last_eval: dict = {}
         self.evaluated_at = 0  # the global step of the last finished evaluation
+        self.resumed = False
         self.time_to_target: float | None = None
         self.run_dir: Path | None = None
         self._lock: RunLock | None = None
@@ -245,6 +246,10 @@ class Trainer:
                      + (f"; no whole-step CUDA graph: {self.step_graph_off}"
                         if self.step_graph is None and self._cuda_graphs else "")
                      + (f"; JPEG decoding: {self.jpeg_decoder}" if self.jpeg_decoder else ""))
+        if self.inputs.classes:  # folder names sort as strings: "10" before "2"; say which index is which
+            shown = [f"{i}={name}" for i, name in enumerate(self.inputs.classes[:20])]
+            more = len(self.inputs.classes) - len(shown)
+            progress.log("classes (index=name): " + ", ".join(shown) + (f", ... ({more} more)" if more else ""))
 
         first_batches = None  # the first epoch's, started before the warm-up: a streaming loader fills meanwhile
         if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
@@ -688,7 +693,7 @@ class Trainer:
             if lock is not None:
                 lock.release()
             raise
-        trainer.run_dir, trainer._lock = run_dir, lock
+        trainer.run_dir, trainer._lock, trainer.resumed = run_dir, lock, True
         if trainer.dist.is_main:
             if changed:  # config.json says what the rest of the run uses; the change is said once
                 checkpoint.write_json(run_dir / "config.json", trainer.config.to_dict())
@@ -720,7 +725,7 @@ class Trainer:
             "data": self.inputs.name, "train_samples": self.inputs.train_samples,
             "test_samples": self.inputs.test_samples, "skipped_samples": self.inputs.skipped,
             "epochs": round(self.epochs_done, 4), "steps": self.global_step,
-            "stopped_by": stopped_by, "setup_seconds": round(self.setup_seconds, 3),
+            "stopped_by": stopped_by, "resumed": self.resumed, "setup_seconds": round(self.setup_seconds, 3),
             "warmup_seconds": round(self.warmup_seconds, 3),
             "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
             "samples_per_second": rate, "metrics": dict(self.last_eval), "best_metrics": dict(self.best_metrics),
@@ -782,12 +787,13 @@ def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) ->
 
 
 def _format_record(record: dict, epochs: float, metric_names) -> str:
-    shown = ", ".join(f"test {name} " + (f"{100 * record[name]:.2f}%" if name == "accuracy" else f"{record[name]:.4g}")
-                      for name in metric_names if name in record)
+    shown = "".join(f", test {name} " + (f"{100 * record[name]:.2f}%" if name == "accuracy" else f"{record[name]:.4g}")
+                    for name in metric_names if name in record)
     train = "n/a" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
+    rate = f"{record['images_per_second']:,.0f} img/s" if "images_per_second" in record \
+        else f"{record['samples_per_second']:,.0f} samples/s"
     return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {train}, "
-            f"test loss {record['loss']:.4f}" + (f", {shown}" if shown else "") +
-            f", {record['samples_per_second']:,.0f} samples/s, {record['elapsed']:.1f} s, "
+            f"test loss {record['loss']:.4f}{shown}, {rate}, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
             + (f", GPU busy {record['gpu_util']:.0f}%" if "gpu_util" in record else ""))
 
