@@ -187,3 +187,14 @@ def test_the_multi_gpu_rung_launches_a_valid_recipe_and_reports_a_failed_launch(
     assert (settings.batch_size, settings.lr, settings.compile_mode, settings.device) == \
         (256, 0.2, "reduce-overhead", "auto")  # per GPU, as the rung before; each process takes its own GPU
     assert settings.time_limit == 0.9 and settings.eval_every == 10**9 and settings.target is None
+
+
+def test_the_headline_rung_with_a_target_is_the_one_that_reached_it_soonest():
+    from gpuaccel.bench.ladder import best_rung
+
+    rows = [{"rung": "fast-but-wrong", "images_per_second": 9000.0, "time_to_acc": None, "final_accuracy": 0.225},
+            {"rung": "slower", "images_per_second": 5000.0, "time_to_acc": 3.0, "final_accuracy": 0.8},
+            {"rung": "slowest", "images_per_second": 3000.0, "time_to_acc": 4.5, "final_accuracy": 0.8}]
+    assert best_rung(rows, 0.8)["rung"] == "slower" and best_rung(rows, 0.8)["ranked_by"] == "time to 80% accuracy"
+    assert best_rung(rows, None)["rung"] == "fast-but-wrong"
+    assert best_rung(rows[:1], 0.8)["unreached"] is True

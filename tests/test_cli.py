@@ -24,7 +24,7 @@ def test_help_explains_the_options(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0
-    for text in ("--data SPEC", "--target-acc", "--resume RUN_DIR", "examples:", "digits"):
+    for text in ("--data SPEC", "--target METRIC=VALUE", "--target-acc", "--resume RUN", "examples:", "digits"):
         assert text in out
 
 
@@ -43,7 +43,7 @@ def test_json_summary_on_stdout(capsys, tmp_path, quick):
 def test_human_summary(capsys, tmp_path, quick):
     code, out, _ = run(capsys, "train", "--recipe", "digits", "--run-dir", str(tmp_path / "r"), *quick)
     assert code == 0
-    for label in ("device", "precision", "epochs", "wall time", "throughput", "test accuracy", "saved to"):
+    for label in ("device", "precision", "epochs", "time", "set-up", "throughput", "test accuracy", "saved to"):
         assert label in out
 
 

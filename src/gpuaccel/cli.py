@@ -61,7 +61,7 @@ def _train_parser(sub) -> None:
                         "YAML file of settings (flat, or nested by section); options given here override it")
     s.add_argument("--print-config", action="store_true",
                    help="print the resolved settings as a recipe (YAML, by section) and exit without training")
-    s.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR from its last checkpoint")
+    s.add_argument("--resume", metavar="RUN", help="continue the run saved in the directory RUN from its last checkpoint")
     s.add_argument("--quiet", action="store_true", help="print only the summary")
     s.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.set_defaults(handler=_run_train)
@@ -246,10 +246,10 @@ def _deploy_parsers(sub) -> None:
     e = sub.add_parser("export", help="export a trained model (ONNX, torch.export, TorchScript) and verify it",
                        description="Export a trained model and verify the export: the original and the exported "
                                    "model run on real held-out images of the run's data set; the command fails "
-                                   "(exit 1) if their top-1 predictions agree on fewer than 99.9%% of them. The "
+                                   "(exit 1) if their top-1 predictions agree on fewer than 99.9% of them. The "
                                    "exported model takes float32 images in [0, 1] (normalisation is inside it); "
                                    "class names and input shape are written to <artefact>.json beside it.")
-    e.add_argument("checkpoint", metavar="CKPT", help="a run directory, or its model.pt / checkpoint.pt")
+    e.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
     e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
     e.add_argument("--static-batch", type=int, metavar="N",
@@ -267,8 +267,10 @@ def _deploy_parsers(sub) -> None:
                                    ".ts file. Writes CSV (input, class_1, prob_1, ...) and prints latency statistics.")
     i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
     i.add_argument("inputs", nargs="+", metavar="INPUTS", help="image files, a folder of images, or a data set spec")
-    i.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    i.add_argument("--batch", type=int, default=256, help="images per batch (default 256)")
+    i.add_argument("--device", default="auto",
+                   help="auto (default: a CUDA GPU when there is one and the model's runtime can use it), cpu, "
+                        "cuda or cuda:N")
+    i.add_argument("--batch-size", "--batch", type=int, default=256, help="images per batch (default 256)")
     i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
     i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
     i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
@@ -281,7 +283,8 @@ def _deploy_parsers(sub) -> None:
                                    "--int8 with ONNX Runtime's static quantisation, calibrated on N real training "
                                    "images, or --fp16 for GPU runtimes; reports size, held-out accuracy and "
                                    "latency before and after (on the GPU for --fp16 where onnxruntime-gpu can use one).")
-    q.add_argument("model", metavar="CKPT|MODEL.onnx")
+    q.add_argument("model", metavar="RUN|MODEL.onnx", help="a run directory (or its model.pt), or an .onnx file "
+                                                           "made by 'gpuaccel export'")
     q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ), for CPUs")
     q.add_argument("--fp16", action="store_true",
                    help="weights and compute in fp16, inputs and outputs float32, for GPU runtimes")
@@ -293,7 +296,7 @@ def _deploy_parsers(sub) -> None:
                                                    "cuda for --fp16 where onnxruntime-gpu and a GPU are present, else cpu)")
     q.add_argument("--runtime", default="onnxruntime",
                    help="what evaluates and times the models: onnxruntime (default) or openvino (CPU only)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.set_defaults(handler=_run_quantize)
 
     p = sub.add_parser("prune", help="prune a trained model (weights or whole channels), fine-tune, report",
@@ -302,7 +305,7 @@ def _deploy_parsers(sub) -> None:
                                    "Optionally fine-tunes with the training engine on the run's data. Writes a run "
                                    "directory (model.pt, prune.json) usable by export, quantize, infer; reports "
                                    "parameters, FLOPs, file size, held-out accuracy and CPU latency before and after.")
-    p.add_argument("checkpoint", metavar="CKPT", help="a run directory, or its model.pt / checkpoint.pt")
+    p.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
     p.add_argument("--sparsity", type=float, default=0.5,
                    help="share of weights (or, with --structured, of each layer's channels) to remove (default 0.5)")
     p.add_argument("--structured", action="store_true", help="remove whole channels (needs torch-pruning)")
@@ -310,7 +313,7 @@ def _deploy_parsers(sub) -> None:
     p.add_argument("--lr", type=float, help="fine-tuning peak learning rate (default: half the run's)")
     p.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
     p.add_argument("--out", metavar="DIR", help="default: pruned-<method>-<sparsity>/ beside the checkpoint")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_run_prune)
 
     b = sub.add_parser("bench-infer", help="inference latency and throughput on every backend available",
@@ -319,13 +322,13 @@ def _deploy_parsers(sub) -> None:
                                    "int8 on the CPU, and on a GPU "
                                    "PyTorch fp32, bf16 and bf16 compiled with CUDA graphs, and (with onnxruntime-gpu) "
                                    "ONNX Runtime fp32, fp16 and fp16 with CUDA graphs.")
-    b.add_argument("model", metavar="CKPT")
+    b.add_argument("model", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
     b.add_argument("--data", metavar="SPEC", help="calibration data for the int8 row (default: the run's)")
     b.add_argument("--repeats", type=int, default=200, help="timed batch-1 calls (default 200)")
     b.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads of the CPU backends (default: every core); small models at batch 1 are "
                         "often fastest on a few")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.set_defaults(handler=_run_bench_infer)
 
 
@@ -404,8 +407,10 @@ def _run_prune(args) -> int:
               f"test accuracy {100 * r['test_accuracy']:.2f}%, CPU batch-1 {r['latency_p50_ms']:.3f} ms, "
               f"{r['best_images_per_second']:,.0f} images/s")
     print(f"{report['method']} pruning at {report['sparsity']:g}: accuracy {100 * report['pruned_accuracy']:.2f}% "
-          f"before fine-tuning; CPU batch-1 {report['speedup_batch1']:.2f}x faster, throughput "
-          f"{report['speedup_throughput']:.2f}x; saved {report['out']}")
+          f"before fine-tuning; CPU batch-1 speed {report['speedup_batch1']:.2f}x the original "
+          f"({report['speedup_batch1_min']:.2f}-{report['speedup_batch1_max']:.2f} over "
+          f"{report['speedup_batch1_rounds']} alternating rounds), throughput {report['speedup_throughput']:.2f}x; "
+          f"saved {report['out']}")
     return 0
 
 
@@ -474,18 +479,25 @@ def _run_infer(args) -> int:
     from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
     from .deploy.runners import load_runner
 
-    if args.batch < 1 or args.top_k < 1:
-        raise GpuaccelError("--batch and --top-k must be at least 1")
+    if args.batch_size < 1 or args.top_k < 1:
+        raise GpuaccelError("--batch-size and --top-k must be at least 1")
     if args.threads is not None:
         import torch
 
         if args.threads < 1:
             raise GpuaccelError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        from .deploy.runners import onnx_has_cuda
+        from .device import resolve_device
+
+        gpu = resolve_device("auto").type == "cuda"
+        usable = not str(args.model).endswith(".onnx") or (args.runtime == "onnxruntime" and onnx_has_cuda())
+        args.device = "cuda" if gpu and usable else "cpu"
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     names, images, labels = gather_inputs(args.inputs)
     images = fit_to_model(images, runner.in_channels, runner.image_size)
-    probs, stats = predict(runner, images, args.batch)
+    probs, stats = predict(runner, images, args.batch_size)
     # a file name that is not valid UTF-8 is written with its odd bytes escaped (\udcXX), not refused
     text = predictions_csv(names, probs, runner.classes, args.top_k).encode("utf-8", "backslashreplace").decode()
     if args.out:  # a new file replaces the old one only once it is whole
@@ -544,9 +556,9 @@ def _bench_parsers(sub) -> None:
     b.set_defaults(handler=_run_bench)
 
     r = sub.add_parser("report", help="write report.html (tables and charts) for a bench or training run",
-                       description="Write RUN_DIR/report.html, one self-contained page with the tables and charts "
-                                   "of a bench or training run (charts need matplotlib), and RUN_DIR/results.json.")
-    r.add_argument("run_dir", metavar="RUN_DIR")
+                       description="Write RUN/report.html, one self-contained page with the tables and charts "
+                                   "of a bench or training run (charts need matplotlib), and RUN/results.json.")
+    r.add_argument("run_dir", metavar="RUN", help="a run directory of 'gpuaccel train' or 'gpuaccel bench'")
     r.set_defaults(handler=_run_report)
 
 
@@ -593,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "copy bandwidth and host-to-device bandwidth, pinned and pageable.")
     env.add_argument("--measure", action="store_true", help="measure the GPU's ceilings (takes seconds)")
     env.add_argument("--device", default="auto", help="the GPU to measure (default: auto)")
-    env.add_argument("--json", action="store_true")
+    env.add_argument("--json", action="store_true", help="print the report as JSON")
     env.set_defaults(handler=_run_env)
     return parser
 

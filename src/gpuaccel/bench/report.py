@@ -78,8 +78,11 @@ def _bench_body(results: dict, run_dir: Path) -> str:
                     ("command", " ".join(results["command"]))])]
     best = results.get("best")
     if best and best.get("speedup_vs_cpu"):
-        parts.append(f"<p><b>Best rung: {html.escape(best['rung'])}, {best['images_per_second']:,.0f} images/s, "
-                     f"{best['speedup_vs_cpu']:,.1f}&times; the CPU.</b></p>")
+        reached = f", {best['time_to_acc']:.2f} s to the target accuracy" if best.get("time_to_acc") else ""
+        caveat = " No rung reached the target accuracy." if best.get("unreached") else ""
+        parts.append(f"<p><b>Best rung by {html.escape(best.get('ranked_by', 'throughput'))}: "
+                     f"{html.escape(best['rung'])}, {best['images_per_second']:,.0f} images/s{reached}, "
+                     f"{best['speedup_vs_cpu']:,.1f}&times; the CPU.</b>{caveat}</p>")
     parts += ["<h2>The ladder</h2>", _ladder_table(results["rungs"]),
               "<p class=\"meta\">Throughput: median of timed windows of whole optimizer steps after warm-up, "
               "synchronised at window edges (range in brackets). Data wait: share of step time the GPU spent "
