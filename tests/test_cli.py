@@ -124,3 +124,9 @@ def test_resume_can_extend_a_finished_run(capsys, tmp_path, quick):
     assert run(capsys, "train", "--run-dir", str(run_dir), *quick)[0] == 0
     code, out, _ = run(capsys, "train", "--resume", str(run_dir), "--epochs", "2", "--json")
     assert code == 0 and json.loads(out)["epochs"] == 2
+
+
+def test_plain_train_is_the_demo_and_reaches_97_percent(capsys, tmp_path):
+    code, out, _ = run(capsys, "train", "--run-dir", str(tmp_path / "r"), "--json", "--no-monitor")
+    summary = json.loads(out)
+    assert code == 0 and summary["test_accuracy"] >= 0.97 and summary["epochs"] == 15

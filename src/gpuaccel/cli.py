@@ -38,7 +38,7 @@ def _train_parser(sub) -> None:
         "train", help="train a model (image classification from the command line; any task from Python)",
         description="Train a model on the best device present (a CUDA GPU if there is one, else the "
                     "CPU). Every option has a sensible default: 'gpuaccel train' alone trains LeNet-5 on the "
-                    "built-in 8x8 digits. The run directory receives config.json, metrics.jsonl, summary.json, "
+                    "built-in 8x8 digits with the digits recipe (what 'make demo' runs; options given override it). The run directory receives config.json, metrics.jsonl, summary.json, "
                     "checkpoint.pt (to resume) and model.pt (the trained model).",
         epilog="examples:\n"
                "  gpuaccel train                                   # LeNet-5 on the built-in digits\n"
@@ -150,6 +150,8 @@ def _train(args) -> int:
         args.recipe = None
     if args.resume and args.recipe:
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
+    if not args.resume and not args.recipe and "data" not in options:
+        args.recipe = "digits"  # the built-in data set trains with its own recipe, as `make demo` does
     if args.recipe:
         options = {**load_recipe(args.recipe), **options}
     if args.print_config:
