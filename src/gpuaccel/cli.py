@@ -38,7 +38,7 @@ def _train_parser(sub) -> None:
         "train", help="train a model (image classification from the command line; any task from Python)",
         description="Train a model on the best device present (a CUDA GPU if there is one, else the "
                     "CPU). Every option has a sensible default: 'gpuaccel train' alone trains LeNet-5 on the "
-                    "built-in 8x8 digits with the digits recipe (what 'make demo' runs; options given override it). The run directory receives config.json, metrics.jsonl, summary.json, "
+                    "built-in 8x8 digits with the digits recipe (what 'make demo' runs; with any training option the plain defaults apply instead). The run directory receives config.json, metrics.jsonl, summary.json, "
                     "checkpoint.pt (to resume) and model.pt (the trained model).",
         epilog="examples:\n"
                "  gpuaccel train                                   # LeNet-5 on the built-in digits\n"
@@ -106,6 +106,12 @@ def _add_config_options(parser, names=None, shown_defaults: dict | None = None) 
         group.add_argument("--" + f.name.replace("_", "-"), **options)
 
 
+def _section(name: str) -> str:
+    from .train import TrainConfig
+
+    return next(f.metadata["section"] for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
 def _explicit_options(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the user set on the command line (every option defaults to None)."""
     from .train import TrainConfig
@@ -150,8 +156,10 @@ def _train(args) -> int:
         args.recipe = None
     if args.resume and args.recipe:
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
-    if not args.resume and not args.recipe and "data" not in options:
-        args.recipe = "digits"  # the built-in data set trains with its own recipe, as `make demo` does
+    if not args.resume and not args.recipe and all(_section(k) == "logging" for k in options):
+        # `gpuaccel train` alone is the demo: the built-in data set with its own recipe. Any training
+        # setting given means the user chose: then the plain defaults apply, with no recipe underneath
+        args.recipe = "digits"
     if args.recipe:
         options = {**load_recipe(args.recipe), **options}
     if args.print_config:

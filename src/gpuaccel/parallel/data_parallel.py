@@ -18,6 +18,7 @@ Settings, and why:
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,9 +37,13 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
         if device.type != "cuda":
             raise GpuaccelError("--sync-bn needs GPUs: SyncBatchNorm does not run on the CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
-                                  broadcast_buffers=False)
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, whose False still syncs the
+        # buffers once at the start; the per-process statistics described above need the old flag
+        warnings.filterwarnings("ignore", message=r".*broadcast_buffers.*", category=FutureWarning)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
+                                      broadcast_buffers=False)
     return model, ddp
 
 

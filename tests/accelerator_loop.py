@@ -1,0 +1,58 @@
+"""A plain PyTorch training loop, with or without gpuaccel.Accelerator (the lines marked ACC are
+the changes), run by tests/test_accelerator.py in one process or under torchrun.
+
+    python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate} GLOBAL_BATCH STEPS [--no-resident]
+"""
+import contextlib
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import gpuaccel
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 12, generator=g)
+    return TensorDataset(x, (x[:, :3].sum(1) > 0).long())
+
+
+def model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 2))
+
+
+def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = True) -> None:
+    net, dataset = model(), data()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    acc = gpuaccel.Accelerator(device="cpu") if mode != "plain" else None
+    world = acc.world_size if acc else 1
+    micro = 2 if mode == "acc-accumulate" else 1
+    loader = DataLoader(dataset, batch_size=global_batch // world // micro, shuffle=False)
+    if acc:
+        net, optimizer, loader = acc.prepare(net, optimizer, loader, device_resident=resident)  # ACC
+    losses, batches = [], iter(loader)
+    for _ in range(steps):
+        for k in range(micro):
+            x, y = next(batches)
+            # ACC: the first micro-batch of an accumulation (forward and backward) without the all-reduce
+            local = acc.no_sync(net) if acc and k < micro - 1 else contextlib.nullcontext()
+            with local:
+                with (acc.autocast() if acc else contextlib.nullcontext()):  # ACC
+                    loss = F.cross_entropy(net(x), y) / micro
+                acc.backward(loss) if acc else loss.backward()  # ACC
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item() * micro)
+    if acc is None or acc.is_main:
+        plain = net.module if hasattr(net, "module") else net
+        torch.save({"losses": losses, "params": {k: v.detach().clone() for k, v in plain.state_dict().items()}}, out)
+    if acc:
+        acc.end()  # ACC: the process group goes after what uses it
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--no-resident" not in sys.argv)

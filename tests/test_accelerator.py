@@ -1,0 +1,83 @@
+"""gpuaccel.Accelerator on a user's own loop: the same training as the plain loop, on one or
+two processes, and a save/load round trip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gpuaccel
+from gpuaccel import GpuaccelError
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))
+import accelerator_loop  # noqa: E402
+
+
+def _result(path):
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_same_loop_gives_the_same_losses_with_and_without_the_accelerator(tmp_path, resident):
+    accelerator_loop.main(str(tmp_path / "plain.pt"), "plain", 32, 6)
+    accelerator_loop.main(str(tmp_path / "acc.pt"), "acc", 32, 6, resident=resident)
+    plain, acc = _result(tmp_path / "plain.pt"), _result(tmp_path / "acc.pt")
+    assert max(abs(a - b) for a, b in zip(plain["losses"], acc["losses"])) < 1e-6
+    for key, value in plain["params"].items():
+        torch.testing.assert_close(acc["params"][key], value, atol=1e-6, rtol=0)
+
+
+def _torchrun(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(TESTS / "accelerator_loop.py"), *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("mode", ["acc", "acc-accumulate"])
+def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_path, mode):
+    accelerator_loop.main(str(tmp_path / "one.pt"), "plain", 32, 5)
+    _torchrun(str(tmp_path / "two.pt"), mode, "32", "5")
+    one, two = _result(tmp_path / "one.pt"), _result(tmp_path / "two.pt")
+    for key, value in one["params"].items():
+        torch.testing.assert_close(two["params"][key], value, atol=2e-6, rtol=0)
+
+
+def test_save_and_load_resume_to_identical_weights(tmp_path):
+    def setup():
+        net = accelerator_loop.model()
+        return acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+
+    def train(net, optimizer, steps, start):
+        x, y = accelerator_loop.data().tensors
+        for i in range(start, start + steps):
+            loss = nn.functional.cross_entropy(net(x[i * 16:(i + 1) * 16]), y[i * 16:(i + 1) * 16])
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    acc = gpuaccel.Accelerator(device="cpu")
+    net, optimizer = setup()
+    train(net, optimizer, 3, 0)
+    acc.save(tmp_path / "state.pt", model=net, optimizer=optimizer)
+    train(net, optimizer, 3, 3)
+    resumed, resumed_optimizer = setup()
+    acc.load(tmp_path / "state.pt", model=resumed, optimizer=resumed_optimizer)
+    train(resumed, resumed_optimizer, 3, 3)
+    for a, b in zip(net.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(GpuaccelError, match="holds no state for scheduler"):
+        acc.load(tmp_path / "state.pt", scheduler=torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1))
+
+
+def test_prepare_refuses_what_it_cannot_prepare():
+    with pytest.raises(GpuaccelError, match="not str"):
+        gpuaccel.Accelerator(device="cpu").prepare("model")
