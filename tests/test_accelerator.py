@@ -81,3 +81,14 @@ def test_save_and_load_resume_to_identical_weights(tmp_path):
 def test_prepare_refuses_what_it_cannot_prepare():
     with pytest.raises(GpuaccelError, match="not str"):
         gpuaccel.Accelerator(device="cpu").prepare("model")
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_image_batches_come_in_the_prepared_models_layout(resident):
+    acc = gpuaccel.Accelerator(device="cpu", channels_last=True)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+    images = torch.utils.data.TensorDataset(torch.rand(16, 3, 8, 8), torch.arange(16))
+    model, loader = acc.prepare(model, torch.utils.data.DataLoader(images, batch_size=4), device_resident=resident)
+    x, y = next(iter(loader))
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() and y.dim() == 1
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)

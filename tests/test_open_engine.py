@@ -194,7 +194,7 @@ def small_cnn(num_classes, in_channels):
 """
 
 
-def test_a_factory_model_run_resumes_exports_and_infers_from_another_directory(tmp_path):
+def test_a_factory_model_run_resumes_exports_and_infers_from_another_directory(tmp_path, monkeypatch):
     project = tmp_path / "project"
     (project / "mymodels").mkdir(parents=True)
     (project / "mymodels" / "__init__.py").write_text("")
@@ -212,13 +212,16 @@ def test_a_factory_model_run_resumes_exports_and_infers_from_another_directory(t
                   "--run-dir", str(run), "--no-monitor", "--quiet", cwd=project)
     assert trained.returncode == 0, trained.stderr
     assert json.loads((run / "config.json").read_text())["model_path"] == str(project.resolve())
-    resumed = cli("train", "--resume", str(run), "--epochs", "2", "--quiet", cwd=elsewhere)
-    assert resumed.returncode == 0, resumed.stderr
+    # the rest in this process, from another directory, where mymodels is not importable by itself
+    from gpuaccel.cli import main
+
+    monkeypatch.chdir(elsewhere)
+    assert "mymodels" not in sys.modules
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--quiet"]) == 0
     assert json.loads((run / "summary.json").read_text())["epochs"] == 2
-    exported = cli("export", str(run), "--out", str(elsewhere / "m.onnx"), cwd=elsewhere)
-    assert exported.returncode == 0, exported.stderr
-    inferred = cli("infer", str(run), "digits", cwd=elsewhere)
-    assert inferred.returncode == 0, inferred.stderr
+    assert main(["export", str(run), "--out", str(elsewhere / "m.onnx"), "--verify-images", "100"]) == 0
+    sys.modules.pop("mymodels.cnn"), sys.modules.pop("mymodels")  # infer finds it again from the run's record
+    assert main(["infer", str(run), "digits"]) == 0
 
 
 def test_loader_keeps_dtypes_and_shards_every_sample_once():

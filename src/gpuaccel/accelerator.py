@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
 from .compiling import COMPILE_MODES, compile_arguments
@@ -61,6 +62,7 @@ class Accelerator:
         self.channels_last = channels_last
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self._strategies: "weakref.WeakKeyDictionary[nn.Module, Strategy]" = weakref.WeakKeyDictionary()
+        self._layout = torch.contiguous_format  # of image batches: channels_last once a model is
         self._optimizers: list[PreparedOptimizer] = []
 
     # ------------------------------------------------------------------ who this process is
@@ -121,6 +123,8 @@ class Accelerator:
         # FSDP shards contiguous parameters only
         layout = torch.channels_last if channels_last and self.strategy_name != "fsdp" else torch.preserve_format
         model.to(self.device, memory_format=layout)
+        if channels_last:
+            self._layout = torch.channels_last  # the loaders lay out image batches to match
         strategy = self._strategy()
         strategy.wrap(model)
         prepared = strategy.training_module
@@ -156,14 +160,15 @@ class Accelerator:
             seed = self.dist.broadcast(torch.initial_seed() % 2**31) if self.dist.active else \
                 torch.initial_seed() % 2**31
             return ResidentLoader(tensors, batch_size=loader.batch_size, device=self.device, shuffle=shuffle,
-                                  drop_last=loader.drop_last, rank=self.rank, world_size=self.world_size, seed=seed)
+                                  drop_last=loader.drop_last, rank=self.rank, world_size=self.world_size, seed=seed,
+                                  layout=self._layout)
         if self.dist.active and not isinstance(loader.sampler, DistributedSampler):
             sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle)
             loader = DataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
                                 num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                 pin_memory=self.device.type == "cuda", drop_last=loader.drop_last,
                                 persistent_workers=loader.persistent_workers)
-        return PrefetchLoader(loader, self.device)
+        return PrefetchLoader(loader, self.device, layout=self._layout)
 
     # ------------------------------------------------------------------ the step
 
@@ -290,9 +295,10 @@ class ResidentLoader:
     new seeded order, this process's shard, batched by indexing on the device."""
 
     def __init__(self, tensors, *, batch_size: int, device: torch.device, shuffle: bool, drop_last: bool,
-                 rank: int, world_size: int, seed: int):
+                 rank: int, world_size: int, seed: int, layout=torch.contiguous_format):
         self._loader = TensorLoader(tensors, batch_size=batch_size, device=device, train=shuffle, seed=seed,
                                     rank=rank, world_size=world_size, drop_last=drop_last)
+        self.layout = layout
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -300,15 +306,15 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator:
         epoch, self.epoch = self.epoch, self.epoch + 1
-        return self._loader.batches(epoch)
+        return (_laid_out(batch, self.layout) for batch in self._loader.batches(epoch))
 
 
 class PrefetchLoader:
     """A DataLoader whose batches arrive on the device, copied from pinned memory one step
     ahead on a side stream (``set_epoch`` on a DistributedSampler at each ``iter``)."""
 
-    def __init__(self, loader: DataLoader, device: torch.device):
-        self.loader, self.device = loader, device
+    def __init__(self, loader: DataLoader, device: torch.device, layout=torch.contiguous_format):
+        self.loader, self.device, self.layout = loader, device, layout
         self._copies = DeviceCopies(device)
         self.epoch = 0
 
@@ -319,4 +325,14 @@ class PrefetchLoader:
         if hasattr(self.loader.sampler, "set_epoch"):
             self.loader.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return self._copies(iter(self.loader))
+        return (_laid_out(batch, self.layout) for batch in self._copies(iter(self.loader)))
+
+
+def _laid_out(batch, layout):
+    """Image batches (4-D floating tensors) in the prepared model's memory layout, as the
+    trainer's loaders deliver them: a channels-last convolution fed NCHW would convert it itself,
+    every layer."""
+    if layout is torch.contiguous_format:
+        return batch
+    return tree_map(lambda t: t.contiguous(memory_format=layout)
+                    if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point() else t, batch)
