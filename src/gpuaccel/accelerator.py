@@ -32,8 +32,8 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
 from .compiling import COMPILE_MODES, compile_arguments
-from .data.loader import DeviceCopies
-from .data.tensors import TensorLoader, gather_tensors, resident_budget
+from .data.loader import DeviceCopies, resident_budget
+from .data.tensors import TensorLoader, gather_tensors
 from .device import resolve_device, resolve_precision
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
@@ -229,8 +229,6 @@ class Accelerator:
             strategy = self._strategies.get(obj)
             return strategy.gather_state(None)[0] if strategy is not None else \
                 {k: v.detach().cpu() for k, v in obj.state_dict().items()}
-        if isinstance(obj, PreparedOptimizer):
-            return obj.state_dict()
         return obj.state_dict()
 
     def save(self, path, **objects) -> None:

@@ -323,10 +323,21 @@ def default_workers(reserved: int = 1, limit: int | None = 8) -> int:
     return max(1, share if limit is None else min(limit, share))
 
 
+def resident_budget(device: torch.device, share: float = 0.5) -> float:
+    """Bytes a data set may take to live on ``device``: ``share`` of a GPU's free memory, or a
+    quarter of the host's memory for the CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return share * free
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4
+    except (ValueError, OSError, AttributeError):
+        return 2 * 2**30
+
+
 def fits_on_device(images: torch.Tensor, device: torch.device, max_share: float = 0.5) -> bool:
     """True when the uint8 images take under ``max_share`` of the free memory of a GPU."""
-    free, _total = torch.cuda.mem_get_info(device)
-    return images.numel() * images.element_size() < max_share * free
+    return images.numel() * images.element_size() < resident_budget(device, max_share)
 
 
 def build_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.device, placement: str = "auto",

@@ -15,7 +15,6 @@ resumed run treat them alike; the first two give each rank its shard of a seeded
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import torch
@@ -23,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset, default_collate
 
 from ..errors import GpuaccelError
-from .loader import DeviceCopies, PassReader, _next_epoch, _ShardedOrder, default_workers
+from .loader import DeviceCopies, PassReader, _next_epoch, _ShardedOrder, default_workers, resident_budget
 
 
 def _is_tensor(x) -> bool:
@@ -182,18 +181,6 @@ def gather_tensors(dataset: Dataset, max_bytes: float, workers: int = 0):
         return tree_unflatten([torch.cat(column) for column in zip(*leaves)], spec)
     except RuntimeError:
         return None
-
-
-def resident_budget(device: torch.device, share: float = 0.5) -> float:
-    """Bytes a data set may take to live on ``device``: ``share`` of a GPU's free memory, or a
-    quarter of the host's memory for the CPU."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return share * free
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4
-    except (ValueError, OSError, AttributeError):
-        return 2 * 2**30
 
 
 def split_off(data, fraction: float, seed: int):

@@ -48,6 +48,12 @@ def leading_size(tree) -> int:
     raise GpuaccelError("a batch holds no tensor")
 
 
+def _on_device(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A host number as a 0-d float tensor beside ``like``, filled by a kernel: torch.tensor(x,
+    device=...) would copy it from pageable host memory, once per batch and metric."""
+    return torch.full((), float(value), device=like.device)
+
+
 class Metric:
     """A metric summed on the device over an evaluation: ``sums`` gives a batch's
     contribution (a 1-D float tensor), ``finish`` turns the totals into the value."""
@@ -67,7 +73,7 @@ class Accuracy(Metric):
 
     def sums(self, outputs, targets):
         correct = (outputs.argmax(1) == targets).sum()
-        return torch.stack([correct.float(), torch.tensor(float(targets.numel()), device=targets.device)])
+        return torch.stack([correct.float(), _on_device(targets.numel(), targets)])
 
 
 class MeanSquaredError(Metric):
@@ -78,8 +84,7 @@ class MeanSquaredError(Metric):
 
     def sums(self, outputs, targets):
         outputs, targets = _matched(outputs, targets)
-        return torch.stack([(outputs - targets).square().sum(), torch.tensor(float(targets.numel()),
-                                                                             device=targets.device)])
+        return torch.stack([(outputs - targets).square().sum(), _on_device(targets.numel(), targets)])
 
     def finish(self, totals):
         mean = super().finish(totals)
@@ -91,8 +96,7 @@ class MeanAbsoluteError(Metric):
 
     def sums(self, outputs, targets):
         outputs, targets = _matched(outputs, targets)
-        return torch.stack([(outputs - targets).abs().sum(), torch.tensor(float(targets.numel()),
-                                                                          device=targets.device)])
+        return torch.stack([(outputs - targets).abs().sum(), _on_device(targets.numel(), targets)])
 
 
 class BatchMean(Metric):
@@ -107,9 +111,9 @@ class BatchMean(Metric):
         if value.numel() != 1:
             raise GpuaccelError(f"metric {getattr(self.fn, '__name__', self.fn)!r} returned a tensor of shape "
                                 f"{tuple(value.shape)}; a metric returns one number per batch")
-        n = float(leading_size(targets))
-        device = targets.device if isinstance(targets, torch.Tensor) else value.device
-        return torch.stack([value.to(device).reshape(()) * n, torch.tensor(n, device=device)])
+        n = leading_size(targets)
+        like = targets if isinstance(targets, torch.Tensor) else value
+        return torch.stack([value.to(like.device).reshape(()) * n, _on_device(n, like)])
 
 
 class TorchMetric(Metric):
