@@ -203,11 +203,12 @@ def test_training_runs_with_the_warm_up_objects_frozen_and_leaves_the_collector_
     assert gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "muon"])
+@pytest.mark.parametrize("optimizer", ["sgd", "muon", "adamw"])
 def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, optimizer):
     """What the CUDA graph of a whole step records (learning rates and the weight average's
-    blend read from tensors, momentum buffers created as zeros beforehand), run eagerly here,
-    gives the same weights, average, momentum and losses as the trainer's usual step."""
+    blend read from tensors, momentum buffers and Adam's moments created as zeros beforehand),
+    run eagerly here, gives the same weights, average, optimizer state and losses as the
+    trainer's usual step."""
     import contextlib
     import itertools
 
@@ -229,9 +230,10 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
         assert torch.allclose(a.float(), b.float(), atol=1e-5)
     for a, b in zip(usual.ema.module.state_dict().values(), graphed.ema.module.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), atol=1e-5)
+    names = ["exp_avg", "exp_avg_sq", "step"] if optimizer == "adamw" else ["momentum_buffer"]
     for p, q in zip(usual.model.parameters(), graphed.model.parameters()):
-        if p.requires_grad:
-            assert torch.allclose(usual.optimizer.state[p]["momentum_buffer"],
-                                  graphed.optimizer.state[q]["momentum_buffer"], atol=1e-5)
+        for name in names:
+            assert torch.allclose(usual.optimizer.state[p][name].float(), graphed.optimizer.state[q][name].float(),
+                                  atol=1e-5)
     assert usual.scheduler.get_last_lr() == graphed.scheduler.get_last_lr()
     assert all(isinstance(group["lr"], float) for group in graphed.optimizer.param_groups)

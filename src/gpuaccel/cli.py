@@ -33,6 +33,23 @@ def _comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def _keywords(text: str) -> dict:
+    """'layers=6,width=384,activation=gelu' -> {'layers': 6, 'width': 384, 'activation': 'gelu'}
+    (values read as YAML scalars: numbers, booleans, null, else strings)."""
+    import yaml
+
+    result = {}
+    for item in _comma_list(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            result[key.strip()] = yaml.safe_load(value.strip())
+        except yaml.YAMLError:
+            result[key.strip()] = value.strip()
+    return result
+
+
 def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a model (image classification from the command line; any task from Python)",
@@ -101,7 +118,8 @@ def _add_config_options(parser, names=None, shown_defaults: dict | None = None) 
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options.update(type=_comma_list if typing.get_origin(kind) is list else kind,
+            parse = {list: _comma_list, dict: _keywords}.get(typing.get_origin(kind) or kind, kind)
+            options.update(type=parse,
                            metavar=meta["metavar"] or f.name.upper())
         group.add_argument("--" + f.name.replace("_", "-"), **options)
 
@@ -214,7 +232,7 @@ def _metric_text(name: str, value) -> str:
 
 
 def _print_summary(s: dict) -> None:
-    unit = "images" if "images_per_second" in s else "samples"
+    unit = s.get("sample_unit") or ("images" if "images_per_second" in s else "samples")
     rows = [
         ("device", f"{s['device_name']} [{s['device']}]"),
         ("precision", s["precision"] + (", channels_last" if s["channels_last"] else "") +
@@ -228,10 +246,11 @@ def _print_summary(s: dict) -> None:
                                                              s.get("resumed") else "") +
          f"; this process: set-up {s['setup_seconds']:.2f} s, warm-up {s['warmup_seconds']:.2f} s, "
          f"loop {s['wall_seconds']:.2f} s (training, evaluation, saving)"),
-        ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s"),
+        ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s" +
+         (f" ({s['tokens_per_second']:,.0f} tokens/s)" if s.get("tokens_per_second") else "")),
     ]
     for name, value in s["metrics"].items():
-        if name != "loss" or len(s["metrics"]) == 1:
+        if name != "loss" or len(s["metrics"]) == 1 or s.get("main_metric") == "loss":
             best = s["best_metrics"].get(name)
             rows.append((f"test {name}", _metric_text(name, value) +
                          (f" (best {_metric_text(name, best)})" if best is not None else "")))
@@ -287,6 +306,25 @@ def _deploy_parsers(sub) -> None:
     i.add_argument("--runtime", default="onnxruntime",
                    help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
     i.set_defaults(handler=_run_infer)
+
+    g = sub.add_parser("generate", help="sample text from a trained language model",
+                       description="Continue a prompt with a language model trained by 'gpuaccel train' on text "
+                                   "(a key/value cache makes each new token one position's work); prints the "
+                                   "text, and the speed in tokens per second on standard error.")
+    g.add_argument("run", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    g.add_argument("--prompt", default="\n", metavar="TEXT", help="the text to continue (default: a new line)")
+    g.add_argument("--tokens", type=int, default=500, metavar="N", help="tokens to generate (default 500)")
+    g.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="sampling temperature; 0 takes the most likely token (default 0.8)")
+    g.add_argument("--top-k", type=int, default=200, metavar="K",
+                   help="sample among the K most likely tokens (default 200; 0: all)")
+    g.add_argument("--samples", type=int, default=1, metavar="S", help="independent continuations (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the sampling (default 0)")
+    g.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole context for every token (for comparison; slower)")
+    g.add_argument("--json", action="store_true", help="print the texts and the speed as JSON")
+    g.set_defaults(handler=_run_generate)
 
     q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
                        description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export'): "
@@ -482,6 +520,22 @@ def _run_export(args) -> int:
     if not report["passed"]:
         print("gpuaccel: export verification FAILED: top-1 agreement under 99.9%", file=sys.stderr)
         return 1
+    return 0
+
+
+def _run_generate(args) -> int:
+    from .deploy.generate import generate
+
+    result = generate(args.run, args.prompt, args.tokens, temperature=args.temperature, top_k=args.top_k or None,
+                      samples=args.samples, device=args.device, seed=args.seed, use_cache=not args.no_cache)
+    speed = (f"{result.new_tokens} tokens x {len(result.texts)} sample(s) in {result.seconds:.2f} s on "
+             f"{result.device}: {result.tokens_per_second:,.0f} tokens/s")
+    if args.json:
+        print(json.dumps({"texts": result.texts, "new_tokens": result.new_tokens, "seconds": round(result.seconds, 4),
+                          "tokens_per_second": round(result.tokens_per_second, 1), "device": result.device}))
+    else:
+        print("\n---\n".join(result.texts))
+        print(f"gpuaccel: {speed}", file=sys.stderr)
     return 0
 
 

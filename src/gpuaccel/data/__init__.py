@@ -2,7 +2,9 @@
 
 ``load_dataset(spec)`` accepts ``digits`` (the embedded default), a path whose format
 is detected (IDX directory, CIFAR pickle directory, ImageFolder tree, .tar[.gz] of such
-a tree, .npz), or ``KIND:PATH`` to name the format explicitly.
+a tree, .npz), or ``KIND:PATH`` to name the format explicitly. Text (a .txt file or a
+folder of them, kind ``text``) is read by ``text.load_corpus``; labelled sentences (kind
+``sentences``) by ``sentences.load_sentences``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,31 @@ from . import cache
 from .dataset import ImageDataset
 from .formats import READERS, ReadOptions, detect_kind
 from .stream import StreamingDataset, find_shards, open_stream
+from .sentences import SENTENCE_SUFFIXES
+from .text import TEXT_SUFFIXES
 
 __all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "resolved_spec",
            "DATA_KINDS"]
 
-DATA_KINDS = tuple(sorted(READERS))
+TEXT_KINDS = ("text", "sentences")  # read into token ids (data/text.py, data/sentences.py), not images
+DATA_KINDS = tuple(sorted((*READERS, *TEXT_KINDS)))
 STREAMABLE_KINDS = ("imagefolder",)
+
+
+def detect(path: Path) -> str:
+    """The format at ``path``: text (a .txt file, or a folder of text files only), labelled
+    sentences (a .tsv/.csv/.jsonl file, or a folder with train.tsv/.csv/.jsonl), else an image
+    format (formats.detect_kind)."""
+    if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
+        return "text"
+    if path.is_file() and path.suffix.lower() in SENTENCE_SUFFIXES or \
+            path.is_dir() and any((path / f"train{suffix}").is_file() for suffix in SENTENCE_SUFFIXES):
+        return "sentences"
+    if path.is_dir():
+        files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        if files and all(p.suffix.lower() in TEXT_SUFFIXES for p in files):
+            return "text"
+    return detect_kind(path)
 
 
 def parse_spec(spec: str) -> tuple[str, Path | None]:
@@ -28,7 +49,7 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
     if spec.lower() == "digits":
         return "digits", None
     kind, sep, rest = spec.partition(":")
-    if sep and kind.lower() in READERS and len(kind) > 1:
+    if sep and kind.lower() in DATA_KINDS and len(kind) > 1:
         path = Path(rest).expanduser()
         kind = kind.lower()
     elif sep and not Path(spec).exists() and len(kind) > 1 and "/" not in kind:
@@ -38,7 +59,7 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
     if not path.exists():
         raise GpuaccelError(f"data path {str(path)!r} does not exist; give a data directory or file, "
                             f"or 'digits' for the built-in data set")
-    return kind or detect_kind(path), path
+    return kind or detect(path), path
 
 
 def resolved_spec(spec: str) -> str:
@@ -48,7 +69,7 @@ def resolved_spec(spec: str) -> str:
     kind, sep, rest = text.partition(":")
     if text.lower() == "digits" or text == "python":
         return text
-    if sep and kind.lower() in READERS and len(kind) > 1:
+    if sep and kind.lower() in DATA_KINDS and len(kind) > 1:
         return f"{kind.lower()}:{Path(rest).expanduser().resolve()}"
     path = Path(text).expanduser()
     return str(path.resolve()) if path.exists() else text
@@ -64,6 +85,8 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     (and torchvision installed), JPEG files are decoded on that GPU in batches.
     """
     kind, path = parse_spec(spec)
+    if kind in TEXT_KINDS:
+        raise GpuaccelError(f"{path} is text; image tools read image data")
     if cache_dir == "default":
         cache_dir = cache.default_cache_dir()
     if image_size is not None and image_size < 4:

@@ -67,30 +67,47 @@ class TrainedModel:
         return data
 
 
-def load_trained(path) -> TrainedModel:
-    """Reads ``model.pt`` or ``checkpoint.pt`` of a run (or the run directory itself).
-    Where the run kept a weight average, that is the model it evaluated, so it is used."""
+def load_run_state(path) -> tuple[dict, Path]:
+    """The state in ``model.pt`` or ``checkpoint.pt`` of a run (or of the run directory itself),
+    and the file it came from."""
     path = Path(path)
     if path.is_dir():
         path = path / "model.pt" if (path / "model.pt").exists() else path / "checkpoint.pt"
+    if not path.exists():
+        raise GpuaccelError(f"{path} does not exist; give a run directory or its model.pt")
     state = checkpoint.load(path)
     name = state["model_name"]
     if name.startswith("object:"):
         raise GpuaccelError(f"{path} holds the weights of a model passed to the trainer as an object "
                             f"({name[7:]}); build that model in Python and load_state_dict(torch.load(...)['model']), "
                             f"or train with a registered model or package.module:factory")
-    if state.get("classes") is None or state.get("mean") is None:
-        raise GpuaccelError(f"{path} is not an image classifier (task {state.get('task', {}).get('name')!r}); "
-                            f"export and infer work on image classification runs")
+    return state, path
+
+
+def rebuild_model(state: dict, path: Path) -> nn.Module:
+    """The run's model with its trained weights (the weight average where the run kept one: that
+    is the model it evaluated), in training mode, on the CPU."""
     add_search_dir(state.get("model_path"))
     try:
-        model = create_model(name, **state["model_args"])
+        model = create_model(state["model_name"], **state["model_args"])
         if state.get("structure"):  # a channel-pruned model: narrower layers than the registry's
             apply_structure(model, state["structure"])
         model.load_state_dict(state.get("ema_model") or state["model"])
     except (KeyError, RuntimeError) as exc:
         raise GpuaccelError(f"{path}: the checkpoint's weights do not fit its model ({exc!s:.200})") from None
-    module = Normalized(model, state["mean"], state["std"]).eval()
+    return model
+
+
+def load_trained(path) -> TrainedModel:
+    """An image classifier of a run, ready to export or infer with."""
+    state, path = load_run_state(path)
+    if state.get("tokenizer"):
+        raise GpuaccelError(f"{path} is a text model (task {state.get('task', {}).get('name')!r}); export and infer "
+                            f"work on image classifiers so far (a language model samples with 'gpuaccel generate')")
+    if state.get("classes") is None or state.get("mean") is None:
+        raise GpuaccelError(f"{path} is not an image classifier (task {state.get('task', {}).get('name')!r}); "
+                            f"export and infer work on image classification runs")
+    module = Normalized(rebuild_model(state, path), state["mean"], state["std"]).eval()
     task = create_task(state.get("task", {}).get("name", "classification"))  # (older runs: classification)
     return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),
                         dict(state["config"]), path, task)

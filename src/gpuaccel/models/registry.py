@@ -34,27 +34,39 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_model(name: str, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, **kwargs) -> nn.Module:
+def create_model(name: str, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, *,
+                 required: tuple[str, ...] = (), **kwargs) -> nn.Module:
     """Builds a model by name: a registered one (``list_models()``), ``package.module:factory``
     for a user's own, or ``timm:<name>`` when timm is installed.
 
     The data offers ``num_classes``, ``in_channels`` and ``image_size`` (and a task may offer
     more, e.g. ``vocab_size``); a factory gets those of them it accepts, so a model that has
-    no use for ``image_size`` need not take it."""
+    no use for ``image_size`` need not take it. The keywords in ``required`` (a user's own
+    model arguments) must be ones the factory takes."""
     offered = dict(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs)
     if name.startswith("timm:"):
-        return _create_timm(name[5:], num_classes, in_channels)
+        return _create_timm(name[5:], num_classes, in_channels, **{k: offered[k] for k in required})
     if ":" in name:
-        return _checked(name, _call_with_accepted(_import_factory(name), offered))
+        return _checked(name, _call_with_accepted(_import_factory(name), offered, required, name))
     if name not in _REGISTRY:
         raise choice_error("model", name, list_models() + ["package.module:factory", "timm:<name>"])
-    return _call_with_accepted(_REGISTRY[name], offered)
+    return _call_with_accepted(_REGISTRY[name], offered, required, name)
 
 
-def _call_with_accepted(factory: Callable[..., nn.Module], offered: dict) -> nn.Module:
+def _call_with_accepted(factory: Callable[..., nn.Module], offered: dict, required=(), name: str = "") -> nn.Module:
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return factory(**{k: v for k, v in offered.items() if takes_any or k in params})
+    unknown = [k for k in required if not (takes_any or k in params)]
+    if unknown:
+        accepted = [p for p in params if p not in ("num_classes", "in_channels", "image_size", "vocab_size")]
+        raise GpuaccelError(f"model {name} takes no argument(s) {', '.join(unknown)}; it takes: "
+                            f"{', '.join(accepted) or 'none'}")
+    try:
+        return factory(**{k: v for k, v in offered.items() if takes_any or k in params})
+    except TypeError as exc:
+        if required:  # a user's argument of the wrong type, most likely
+            raise GpuaccelError(f"model {name}: {exc}") from None
+        raise
 
 
 def model_source_dir(spec: str) -> str | None:
@@ -105,11 +117,11 @@ def _checked(spec: str, model) -> nn.Module:
     return model
 
 
-def _create_timm(name: str, num_classes: int, in_channels: int) -> nn.Module:
+def _create_timm(name: str, num_classes: int, in_channels: int, **kwargs) -> nn.Module:
     try:
         import timm
     except ImportError:
         raise GpuaccelError("timm models need the timm package: pip install timm") from None
     if not timm.list_models(name):
         raise GpuaccelError(f"timm has no model {name!r}; see timm.list_models()")
-    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels)
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **kwargs)

@@ -1,15 +1,17 @@
 """Tasks: what a kind of problem brings to training (loss, metrics, evaluation).
 
-``Classification`` and ``Regression`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
+``Classification``, ``Regression`` and ``LanguageModelling`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
 a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting).
 """
 
 from ..errors import choice_error
 from .base import Accuracy, BatchMean, CustomTask, Metric, MetricTracker, Task, as_metric, call_model
 from .classification import Classification
+from .language import LanguageModelling
 from .regression import Regression
 
-TASKS = {"classification": Classification, "regression": Regression}
+TASKS = {"classification": Classification, "regression": Regression,
+         "language_modelling": LanguageModelling}
 
 
 def create_task(name: str, **settings) -> Task:
@@ -23,5 +25,5 @@ def create_task(name: str, **settings) -> Task:
     return cls(**{k: v for k, v in settings.items() if k in accepted})
 
 
-__all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "Metric", "MetricTracker", "Regression",
-           "TASKS", "Task", "as_metric", "call_model", "create_task"]
+__all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "LanguageModelling", "Metric", "MetricTracker",
+           "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task"]

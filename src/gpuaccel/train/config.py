@@ -17,11 +17,13 @@ from ..compiling import COMPILE_MODES
 from ..data.augment import FLIP_MODES
 from ..data.loader import PLACEMENTS
 from ..data.stream import check_cpu_decode
+from ..data.text import TOKENIZERS
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from ..tasks import TASKS
 
+LOSS_ALIASES = ("val_loss", "test_loss", "eval_loss", "validation_loss")
 SECTIONS = ("data", "model", "runtime", "parallel", "optimizer", "loop", "logging")
 
 
@@ -64,6 +66,19 @@ class TrainConfig:
     cpu_decode: float | None = setting(
         None, "data", "with --loader stream on a GPU: the share of each batch the reader processes decode with "
         "Pillow, nvJPEG decoding the rest (default 0: nvJPEG is far faster where it exists)", metavar="F")
+    tokenizer: str | None = setting(
+        None, "data", "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
+        "bytes), word (lower-cased words of the training split; the default for labelled sentences) or bpe (a "
+        "byte-level BPE vocabulary learned from the training split; needs tokenizers)", choices=TOKENIZERS,
+        metavar="KIND")
+    vocab_size: int | None = setting(None, "data", "text, --tokenizer bpe or word: the vocabulary's size (default: "
+                                                   "bpe 2048; word: every word seen twice)", metavar="N")
+    context: int = setting(256, "data", "text: tokens per training window of a language model (its context "
+                                        "length); the most tokens kept of a sentence to classify", metavar="TOKENS")
+    text_column: str | None = setting(None, "data", "labelled sentences: the text's column (default: found by "
+                                                    "name: sentence, text, content, review, ...)", metavar="NAME")
+    label_column: str | None = setting(None, "data", "labelled sentences: the label's column (default: found by "
+                                                     "name: label, sentiment, class, ...)", metavar="NAME")
     crop_padding: int = setting(0, "data", "random translation by up to P pixels", metavar="P")
     flip: str = setting("none", "data", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
     cutout: int = setting(0, "data", "zero a random SxS square in each image", metavar="S")
@@ -74,9 +89,12 @@ class TrainConfig:
         "directory), or timm:NAME when timm is installed", metavar="NAME")
     model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
                                      cli=False)
-    task: str | None = setting(None, "model", "classification or regression (default: the data's own; image "
-                                              "data: classification)", choices=tuple(TASKS),
-                               metavar="NAME")
+    model_args: dict | None = setting(
+        None, "model", "keyword arguments for the model factory beyond what the data gives (e.g. "
+        "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
+    task: str | None = setting(None, "model", "classification, regression or language_modelling (default: the "
+                                              "data's own: classification for images, language_modelling for "
+                                              "text)", choices=tuple(TASKS), metavar="NAME")
     activation_checkpointing: bool = setting(
         False, "model", "recompute each block's activations in the backward pass instead of keeping them: less "
         "memory for about one more forward pass of compute")
@@ -128,6 +146,7 @@ class TrainConfig:
                              choices=("sgd", "adamw", "muon"), metavar="NAME")
     lr: float = setting(0.05, "optimizer", "peak learning rate")
     momentum: float = setting(0.9, "optimizer", "SGD momentum or AdamW beta1")
+    beta2: float = setting(0.999, "optimizer", "AdamW's second-moment decay")
     nesterov: bool = setting(True, "optimizer", "Nesterov momentum")
     weight_decay: float = setting(5e-4, "optimizer", "on weights, not on biases or norms")
     bias_lr_scale: float = setting(1.0, "optimizer", "learning-rate multiplier for biases and norm parameters",
@@ -190,9 +209,15 @@ class TrainConfig:
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
         check_cpu_decode(self.cpu_decode)
+        _whole(self, "context")
+        if self.vocab_size is not None:
+            _whole(self, "vocab_size")
 
     def _validate_model(self) -> None:
-        pass  # a model name is checked when the model is built (the registry lists the valid ones)
+        # a model name is checked when the model is built (the registry lists the valid ones)
+        if self.model_args is not None and not (isinstance(self.model_args, dict) and
+                                                all(isinstance(k, str) for k in self.model_args)):
+            raise GpuaccelError(f"--model-args is a mapping of keyword: value, got {self.model_args!r}")
 
     def _validate_runtime(self) -> None:
         pass  # the device is checked when it is resolved (whether it exists is known only then)
@@ -221,7 +246,7 @@ class TrainConfig:
         for name in ("lr", "muon_lr", "bias_lr_scale"):
             if not getattr(self, name) > 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        for name in ("momentum", "muon_momentum", "label_smoothing"):
+        for name in ("momentum", "beta2", "muon_momentum", "label_smoothing"):
             if not 0 <= getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
         for name in ("weight_decay", "warmup_epochs"):
@@ -341,7 +366,8 @@ def _at_least(config, name: str, low: float) -> None:
 
 
 def parse_target(text: str) -> tuple[str, float]:
-    """'accuracy=0.99' -> ('accuracy', 0.99); a bare number means accuracy."""
+    """'accuracy=0.99' -> ('accuracy', 0.99); a bare number means accuracy; val_loss (or
+    test_loss) is the held-out loss, which evaluations record as 'loss'."""
     name, sep, value = str(text).partition("=")
     if not sep:
         name, value = "accuracy", name
@@ -351,4 +377,5 @@ def parse_target(text: str) -> tuple[str, float]:
         number = float("nan")
     if not name.strip() or number != number:
         raise GpuaccelError(f"--target is METRIC=VALUE (e.g. accuracy=0.99 or val_loss=1.47), got {text!r}")
-    return name.strip(), number
+    name = name.strip()
+    return ("loss" if name in LOSS_ALIASES else name), number

@@ -1,9 +1,10 @@
 """What the trainer trains on: gpuaccel's readers (``config.data``), or a user's own data
 (a torch Dataset, a DataLoader, or tensors), opened into one :class:`TrainingInputs`.
 
-It knows what the model factory may be offered (image data: classes, channels, size),
-what a checkpoint records to recognise the data on resume, which task the data implies
-(image data: classification), and builds the two loaders once the model's layout and the
+It knows what the model factory may be offered (image data: classes, channels, size; text:
+the vocabulary and context length), what a checkpoint records to recognise the data on
+resume, which task the data implies (image data: classification; text: language
+modelling), and builds the two loaders once the model's layout and the
 precision are known.
 """
 
@@ -15,10 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import ImageDataset, StreamingDataset, open_dataset
+from ..data import ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
-from ..data.tensors import build_user_loader, is_tensors, split_off
+from ..data.tensors import TensorLoader, build_user_loader, is_tensors, split_off
+from ..data.sentences import LabelledText, SentenceLoader, load_sentences
+from ..data.text import TextCorpus, WindowLoader, load_corpus, validation_windows
 from ..errors import GpuaccelError
 from .config import TrainConfig
 
@@ -37,6 +40,10 @@ class TrainingInputs:
     mean: list[float] | None = None  # image data: the normalisation folded into the loaders
     std: list[float] | None = None
     images: ImageDataset | StreamingDataset | None = None
+    task: str | None = None  # the task the data implies (None: the user must say)
+    tokenizer: dict | None = None  # text data: how text becomes tokens (recorded for generation)
+    unit: str = "samples"  # what one sample is called in reports: images, windows, ...
+    tokens_per_sample: int | None = None  # text: throughput is also reported in tokens
     build: Callable = None  # (config, device, dtype, channels_last, rank, world_size) -> (train, eval) loaders
 
     @property
@@ -79,14 +86,82 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
         if config.data == USER_DATA:
             raise GpuaccelError("this run's data came through the Python API; pass the same train_data= "
                                 "(and eval_data=) again")
-        if dist is not None and not dist.is_main:
-            dist.barrier()  # rank 0 decodes and caches the data set; the others then read the cache
-        dataset = open_dataset(config.data, stream=config.loader == "stream", val_split=config.val_split,
-                               image_size=config.image_size, skip_bad=config.skip_bad, seed=config.seed,
-                               cache_dir=config.cache_dir, decode_device=device)
-        if dist is not None and dist.is_main:
-            dist.barrier()
+        kind, path = parse_spec(config.data)
+        if kind == "text":
+            return _corpus_inputs(_shared_read(dist, lambda: load_corpus(
+                path, tokenizer=config.tokenizer or "char", vocab_size=config.vocab_size or 2048,
+                val_split=config.val_split, cache_dir=_cache_dir(config))), config)
+        if kind == "sentences":
+            return _sentence_inputs(_shared_read(dist, lambda: load_sentences(
+                path, tokenizer=config.tokenizer or "word", vocab_size=config.vocab_size, max_tokens=config.context,
+                val_split=config.val_split, seed=config.seed, text_column=config.text_column,
+                label_column=config.label_column, cache_dir=_cache_dir(config))), config)
+        dataset = _shared_read(dist, lambda: open_dataset(
+            config.data, stream=config.loader == "stream", val_split=config.val_split, image_size=config.image_size,
+            skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir, decode_device=device))
     return _image_inputs(dataset)
+
+
+def _shared_read(dist, read):
+    """``read()`` on rank 0 first (it decodes and caches the data), then on the other ranks (which
+    read the cache)."""
+    if dist is not None and not dist.is_main:
+        dist.barrier()
+    result = read()
+    if dist is not None and dist.is_main:
+        dist.barrier()
+    return result
+
+
+def _cache_dir(config: TrainConfig):
+    return cache.default_cache_dir() if config.cache_dir == "default" else config.cache_dir
+
+
+def _corpus_inputs(corpus: TextCorpus, config: TrainConfig) -> TrainingInputs:
+    if config.loader == "stream":
+        raise GpuaccelError("--loader stream reads image folders; text is tokenised once and kept on the device")
+    corpus.check_context(config.context)
+    identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.context,
+                "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        train = WindowLoader(torch.from_numpy(corpus.train), context=config.context, batch_size=config.batch_size,
+                             device=device, seed=config.seed, rank=rank, world_size=world_size)
+        val = TensorLoader(validation_windows(corpus.val, config.context), batch_size=config.eval_batch_size,
+                           device=device, train=False, rank=rank, world_size=world_size)
+        return train, val
+
+    train_windows = (len(corpus.train) - 1) // config.context
+    return TrainingInputs(
+        name=corpus.name, description=corpus.describe(), train_samples=train_windows,
+        test_samples=(len(corpus.val) - 1) // config.context,
+        model_args={"vocab_size": corpus.vocab_size, "context_length": config.context}, identity=identity,
+        task="language_modelling", tokenizer=corpus.tokenizer.state(), unit="windows",
+        tokens_per_sample=config.context, build=build)
+
+
+def _sentence_inputs(data: LabelledText, config: TrainConfig) -> TrainingInputs:
+    if config.loader == "stream":
+        raise GpuaccelError("--loader stream reads image folders; sentences are tokenised once and kept on the device")
+    identity = {"classes": data.classes, "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size,
+                "train_samples": len(data.train_labels), "test_samples": len(data.test_labels),
+                "label_counts": np.bincount(data.train_labels, minlength=data.num_classes).tolist(),
+                "files": data.fingerprint}
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+        return (SentenceLoader(data.train_ids, data.train_lengths, data.train_labels, batch_size=config.batch_size,
+                               train=True, **common),
+                SentenceLoader(data.test_ids, data.test_lengths, data.test_labels,
+                               batch_size=config.eval_batch_size, train=False, **common))
+
+    return TrainingInputs(
+        name=data.name, description=data.describe(), train_samples=len(data.train_labels),
+        test_samples=len(data.test_labels),
+        model_args={"vocab_size": data.tokenizer.vocab_size, "num_classes": data.num_classes,
+                    "context_length": data.train_ids.shape[1]},
+        identity=identity, classes=data.classes, task="classification", tokenizer=data.tokenizer.state(),
+        unit="sentences", build=build)
 
 
 def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:
@@ -119,8 +194,8 @@ def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:
         name=ds.name, description=ds.describe(), train_samples=len(ds.train_labels),
         test_samples=len(ds.test_labels),
         model_args={"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size},
-        identity=identity, classes=list(ds.classes), mean=mean, std=std, images=ds,
-        build=build)
+        identity=identity, classes=list(ds.classes), mean=mean, std=std, images=ds, task="classification",
+        unit="images", build=build)
 
 
 def _count(data) -> int | None:

@@ -120,10 +120,11 @@ class Muon(torch.optim.Optimizer):
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
-                    fused: bool = True) -> torch.optim.Optimizer:
+                    fused: bool = True, capturable: bool = False) -> torch.optim.Optimizer:
     """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
     Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
-    step on a GPU (sharded parameters use the multi-tensor path instead). With ``muon``,
+    step on a GPU (sharded parameters use the multi-tensor path instead); ``capturable``: AdamW
+    keeps its step count on the device, so that a CUDA graph can hold its update. With ``muon``,
     convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD."""
     filters, decay, no_decay = [], [], []
     for p in model.parameters():
@@ -140,7 +141,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
         return Muon(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
     fused = {"fused": True} if (fused and device.type == "cuda") else {}
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999), **fused)
+        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, config.beta2),
+                                 capturable=capturable and device.type == "cuda", **fused)
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum,
                            nesterov=config.nesterov and config.momentum > 0, **fused)
 

@@ -104,14 +104,20 @@ class StepGraph:
         torch.cuda.current_stream().wait_stream(side)
 
     def prepare(self) -> None:
-        """Creates the optimizer state a captured step reads: SGD momentum buffers, as zeros (the
-        first update is then the same as PyTorch's first step, which copies the gradient)."""
+        """Creates the optimizer state a captured step reads, as the first eager step would: SGD
+        momentum buffers as zeros (the first update is then the same as PyTorch's first step,
+        which copies the gradient); Adam's moments as zeros and its step count as a device
+        tensor (capturable). Created inside the capture, they would be zeroed by every replay."""
+        adam = isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW))
         for group in self.optimizer.param_groups:
-            if group.get("momentum"):
-                for p in group["params"]:
-                    state = self.optimizer.state[p]
-                    if state.get("momentum_buffer") is None:
-                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            for p in group["params"]:
+                state = self.optimizer.state[p]
+                if adam and not state:
+                    state.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                                 exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                 exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                elif group.get("momentum") and not adam and state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     def capture(self) -> None:
         """Records the step (after :meth:`warm`). The state it records must not be replaced afterwards."""

@@ -99,7 +99,7 @@ class Trainer:
                                 f"two or more to learn anything")
 
         torch.manual_seed(config.seed)
-        self.model_args = self.inputs.model_args
+        self.model_args = {**self.inputs.model_args, **(config.model_args or {})}  # (recorded: rebuilds the model)
         self.structure = structure
         model = self._build_model(model, structure)
         if config.activation_checkpointing and config.pipeline_stages == 1:  # (a pipeline wraps its stage's blocks)
@@ -161,7 +161,8 @@ class Trainer:
                                                        self.ema.module if self.ema else None)
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
-        self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer)
+        self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer,
+                                         capturable=whole_step)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.step_graph = StepGraph(
@@ -192,14 +193,14 @@ class Trainer:
         resume must be given again."""
         config = self.config
         if model is None:
-            if self.inputs.images is None and ":" not in config.model:
+            if config.data == USER_DATA and ":" not in config.model:
                 raise GpuaccelError("with train_data= from Python, pass the model too (model=...), or name a "
                                     "package.module:factory as the config's model")
             if config.model.startswith("object:"):
                 raise GpuaccelError(f"this run trained a model passed as an object ({config.model[7:]}); pass "
                                     f"the same model again (model=...)")
             add_search_dir(config.model_path)
-            model = create_model(config.model, **self.model_args)
+            model = create_model(config.model, **self.model_args, required=tuple(config.model_args or ()))
             if config.model_path is None:
                 config.model_path = model_source_dir(config.model)
             if structure:
@@ -532,6 +533,8 @@ class Trainer:
                 "train_loss": None if train_loss is None else round(train_loss, 6),
                 **{name: round(value, 6) for name, value in result.items()},
                 "lr": self.scheduler.get_last_lr()[0], "samples_per_second": rate,
+                **({"tokens_per_second": round(rate * self.inputs.tokens_per_sample)}
+                   if self.inputs.tokens_per_sample else {}),
                 **({"images_per_second": rate} if self.dataset is not None else {}),
                 "elapsed": round(self.train_seconds, 4), "wall": round(time.perf_counter() - wall_start, 4)}
 
@@ -587,6 +590,7 @@ class Trainer:
         model_state, optimizer_state = self.strategy.gather_state(self.optimizer if full else None)
         state = {"model_name": self.config.model, "model_args": self.model_args, "model_path": self.config.model_path,
                  "task": self.task.describe(), "classes": self.inputs.classes, "mean": self.mean, "std": self.std,
+                 "tokenizer": self.inputs.tokenizer,
                  "data_identity": self.inputs.identity, "config": self.config.to_dict(), "model": model_state,
                  "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
                  "accuracy": self.last_eval.get("accuracy"), "metrics": self.last_eval, "gpuaccel": __version__,
@@ -728,7 +732,10 @@ class Trainer:
             "stopped_by": stopped_by, "resumed": self.resumed, "setup_seconds": round(self.setup_seconds, 3),
             "warmup_seconds": round(self.warmup_seconds, 3),
             "wall_seconds": round(wall_seconds, 3), "train_seconds": round(self.train_seconds, 3),
-            "samples_per_second": rate, "metrics": dict(self.last_eval), "best_metrics": dict(self.best_metrics),
+            "samples_per_second": rate, "sample_unit": self.inputs.unit,
+            "tokens_per_second": round(rate * self.inputs.tokens_per_sample) if self.inputs.tokens_per_sample else None,
+            "main_metric": self.task.default_target,
+            "metrics": dict(self.last_eval), "best_metrics": dict(self.best_metrics),
             "target": self.config.target, "target_metric": target[0] if target else None,
             "time_to_target": None if self.time_to_target is None else round(self.time_to_target, 3),
             "test_loss": self.last_eval.get("loss"),
@@ -759,7 +766,7 @@ def _resolve_task(config: TrainConfig, inputs, task, loss_fn, metrics) -> Task:
     if loss_fn is not None:
         return CustomTask(loss_fn, metrics)
     if isinstance(task, str) or task is None:
-        name = task or config.task or ("classification" if inputs.images is not None else None)
+        name = task or config.task or inputs.task
         if name is None:
             raise GpuaccelError("with train_data= from Python, say what to minimise: task= (e.g. "
                                 "gpuaccel.tasks.Regression()) or loss_fn=")
@@ -780,7 +787,6 @@ def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) ->
     obstacles = {"--no-step-graph": not config.step_graph, "--pipeline-stages": config.pipeline_stages > 1,
                  "--shard": config.shard, "--sync-bn": config.sync_bn, "--grad-accum": config.grad_accum > 1,
                  "fp16 loss scaling": precision.loss_scaling,
-                 f"--optimizer {config.optimizer}": config.optimizer not in ("sgd", "muon"),
                  "--activation-checkpointing": config.activation_checkpointing}
     found = [name for name, present in obstacles.items() if present]
     return f"not with {', '.join(found)}" if found else None
@@ -791,6 +797,7 @@ def _format_record(record: dict, epochs: float, metric_names) -> str:
                     for name in metric_names if name in record)
     train = "n/a" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
     rate = f"{record['images_per_second']:,.0f} img/s" if "images_per_second" in record \
+        else f"{record['tokens_per_second']:,.0f} tokens/s" if "tokens_per_second" in record \
         else f"{record['samples_per_second']:,.0f} samples/s"
     return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {train}, "
             f"test loss {record['loss']:.4f}{shown}, {rate}, {record['elapsed']:.1f} s, "

@@ -1,0 +1,115 @@
+"""Sentence classifiers over token ids (0 = padding), trained from scratch.
+
+``bag_of_ngrams``: fastText's design. Each word and each pair of neighbouring words (hashed
+into ``buckets`` rows) has an embedding; the sentence is their mean; a linear layer
+classifies it. Word order is seen only through the pairs; it trains in seconds.
+
+``text_transformer``: a small bidirectional transformer encoder (the GPT's blocks without
+the causal mask, padding masked out), mean-pooled over the words, then a linear layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import GpuaccelError
+from .gpt import MLP, RotaryTables, rotary_tables, rotate
+from .registry import register_model
+
+_PAIR_PRIME = 1_000_003
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over dimension 1 of the positions where ``mask`` (batch, time) is true."""
+    weights = mask.to(x.dtype).unsqueeze(-1)
+    return (x * weights).sum(1) / weights.sum(1).clamp_min(1)
+
+
+class BagOfNgrams(nn.Module):
+    def __init__(self, vocab_size: int, num_classes: int, width: int = 64, buckets: int = 2 ** 18,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.words = nn.Embedding(vocab_size, width, padding_idx=0)
+        self.pairs = nn.Embedding(buckets, width) if buckets else None
+        self.buckets = buckets
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(width, num_classes)
+        nn.init.normal_(self.words.weight, 0, 0.1)
+        if self.pairs is not None:
+            nn.init.normal_(self.pairs.weight, 0, 0.1)
+        with torch.no_grad():
+            self.words.weight[0].zero_()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids != 0
+        features = self.words(ids)
+        if self.pairs is not None and ids.shape[1] > 1:
+            pair_ids = (ids[:, :-1] * _PAIR_PRIME + ids[:, 1:]) % self.buckets
+            pair_mask = mask[:, 1:]
+            pooled = (features * mask.unsqueeze(-1)).sum(1) + (self.pairs(pair_ids) * pair_mask.unsqueeze(-1)).sum(1)
+            pooled = pooled / (mask.sum(1) + pair_mask.sum(1)).clamp_min(1).unsqueeze(-1)
+        else:
+            pooled = masked_mean(features, mask)
+        return self.classifier(self.dropout(pooled))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.proj = nn.Linear(width, width, bias=False)
+        self.mlp = MLP(width, 4.0, "gelu")
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, cos, sin, attend):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class TextTransformer(RotaryTables):
+    def __init__(self, vocab_size: int, num_classes: int, context_length: int = 256, layers: int = 2,
+                 heads: int = 4, width: int = 128, dropout: float = 0.1):
+        super().__init__()
+        if width % heads or (width // heads) % 2:
+            raise GpuaccelError(f"text_transformer: width {width} must split into {heads} heads of an even size")
+        self.embedding = nn.Embedding(vocab_size, width, padding_idx=0)
+        self.blocks = nn.ModuleList(EncoderBlock(width, heads, dropout) for _ in range(layers))
+        self.norm = nn.RMSNorm(width)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(width, num_classes)
+        cos, sin = rotary_tables(context_length, width // heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        nn.init.normal_(self.embedding.weight, 0, 0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        mask = ids != 0
+        attend = mask[:, None, None, :]  # every position attends to the words, not the padding
+        x = self.embedding(ids)
+        for block in self.blocks:
+            x = block(x, self.cos[:t], self.sin[:t], attend)
+        return self.classifier(self.dropout(masked_mean(self.norm(x), mask)))
+
+
+@register_model("bag_of_ngrams")
+def bag_of_ngrams(vocab_size: int, num_classes: int, width: int = 64, buckets: int = 2 ** 18,
+                  dropout: float = 0.0) -> BagOfNgrams:
+    """fastText-style sentence classifier: mean of word and hashed word-pair embeddings."""
+    return BagOfNgrams(vocab_size, num_classes, width, buckets, dropout)
+
+
+@register_model("text_transformer")
+def text_transformer(vocab_size: int, num_classes: int, context_length: int = 256, layers: int = 2,
+                     heads: int = 4, width: int = 128, dropout: float = 0.1) -> TextTransformer:
+    """A small transformer encoder for sentence classification."""
+    return TextTransformer(vocab_size, num_classes, context_length, layers, heads, width, dropout)

@@ -1,0 +1,272 @@
+"""Text: the corpus and sentence readers (and their bad inputs), the GPT (causal, its cache),
+language-model and sentence-classification runs, and text generation."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from gpuaccel.cli import main
+from gpuaccel.data import parse_spec
+from gpuaccel.data.sentences import SentenceLoader, load_sentences
+from gpuaccel.data.text import CharTokenizer, WindowLoader, load_corpus, validation_windows
+from gpuaccel.errors import GpuaccelError
+from gpuaccel.models import create_model
+from gpuaccel.train import TrainConfig, Trainer
+
+
+def markov_text(length: int, seed: int = 0) -> str:
+    """Text whose next character is nearly always determined by the one before (a fixed cycle
+    through 12 letters, with 5% random characters): unigram entropy about ln 12, while a model
+    that reads the previous character can do far better."""
+    rng = random.Random(seed)
+    letters = "abcdefghijkl"
+    out, i = [], 0
+    for _ in range(length):
+        i = rng.randrange(12) if rng.random() < 0.05 else (i + 1) % 12
+        out.append(letters[i])
+    return "".join(out)
+
+
+@pytest.fixture
+def corpus_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(markov_text(6000))
+    return path
+
+
+def tiny_lm_config(tmp_path, data, **overrides):
+    settings = dict(data=str(data), model="gpt", model_args={"layers": 1, "heads": 2, "width": 32}, context=16,
+                    batch_size=32, optimizer="adamw", lr=1e-2, weight_decay=0.0, schedule="constant",
+                    warmup_epochs=0.0, epochs=3, eval_batch_size=64, monitor=False, cache_dir=str(tmp_path / "cache"),
+                    run_dir=str(tmp_path / "run"), device="cpu")
+    return TrainConfig(**{**settings, **overrides})
+
+
+# ------------------------------------------------------------------------------ corpus reader
+
+def test_a_corpus_is_split_at_its_last_tenth_and_read_again_from_the_cache(tmp_path, corpus_file):
+    first = load_corpus(corpus_file, cache_dir=tmp_path / "cache")
+    assert parse_spec(str(corpus_file))[0] == "text"
+    assert len(first.train) == 5400 and len(first.val) == 600
+    text = corpus_file.read_text()
+    assert first.tokenizer.decode(first.val) == text[5400:]
+    again = load_corpus(corpus_file, cache_dir=tmp_path / "cache")
+    assert np.array_equal(again.train, first.train) and again.tokenizer.state() == first.tokenizer.state()
+    assert list((tmp_path / "cache").glob("*.npz"))
+
+
+def test_a_folder_of_text_files_is_one_corpus_in_name_order(tmp_path):
+    (tmp_path / "b.txt").write_text("second part\n" * 20)
+    (tmp_path / "a.txt").write_text("first part\n" * 20)
+    corpus = load_corpus(tmp_path, tokenizer="byte")
+    assert parse_spec(str(tmp_path))[0] == "text"
+    assert corpus.files == 2 and corpus.vocab_size == 256
+    assert corpus.tokenizer.decode(corpus.train).startswith("first part")
+
+
+def test_bpe_tokens_are_learned_from_the_training_split(tmp_path, corpus_file):
+    pytest.importorskip("tokenizers")
+    corpus = load_corpus(corpus_file, tokenizer="bpe", vocab_size=300)
+    assert 256 < corpus.vocab_size <= 300
+    assert len(corpus.train) < 5400  # pairs of letters merged
+    assert corpus.tokenizer.decode(corpus.val) == corpus_file.read_text()[5400:]
+
+
+def test_char_tokens_round_trip_and_unknown_characters_are_named():
+    tok = CharTokenizer("hello world")
+    assert tok.decode(tok.encode("hello")) == "hello"
+    with pytest.raises(GpuaccelError, match="lacks: 'z'"):
+        tok.encode("hez")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"   \n\n", "only whitespace"),
+    (b"good line\nsecond line\nbad \xff byte\n", "line 3 is not UTF-8"),
+])
+def test_bad_corpus_files_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    with pytest.raises(GpuaccelError, match=message):
+        load_corpus(path)
+
+
+def test_a_corpus_shorter_than_one_window_is_refused(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("to be or not to be " * 20)  # 38 validation characters
+    with pytest.raises(GpuaccelError, match="fewer than one window of --context 64"):
+        Trainer(tiny_lm_config(tmp_path, path, context=64), quiet=True)
+    with pytest.raises(GpuaccelError, match="tokenizer for language modelling"):
+        load_corpus(path, tokenizer="word")
+
+
+def test_windows_are_the_text_shifted_by_one_and_a_resume_continues_the_same_draw(corpus_file):
+    corpus = load_corpus(corpus_file)
+    loader = WindowLoader(torch.from_numpy(corpus.train), context=16, batch_size=8, device=torch.device("cpu"), seed=3)
+    batches = list(loader.batches(epoch=1))
+    assert len(batches) == len(loader) == (5400 - 1) // 16 // 8
+    x, y = batches[0]
+    assert x.shape == y.shape == (8, 16) and x.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    resumed = list(loader.batches(epoch=1, start=2))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[2:], resumed))
+    other = list(loader.batches(epoch=2))
+    assert not torch.equal(other[0][0], x)
+    vx, vy = validation_windows(corpus.val, 16)
+    assert vx.shape == ((600 - 1) // 16, 16) and torch.equal(vx.flatten()[1:], vy.flatten()[:-1])
+
+
+# ------------------------------------------------------------------------------ the GPT
+
+def test_no_position_sees_the_future():
+    torch.manual_seed(0)
+    model = create_model("gpt", vocab_size=20, context_length=12, layers=2, heads=2, width=16).eval()
+    ids = torch.randint(20, (2, 12))
+    changed = ids.clone()
+    changed[:, 7:] = (changed[:, 7:] + 5) % 20
+    a, b = model(ids), model(changed)
+    assert torch.allclose(a[:, :7], b[:, :7], atol=1e-5)
+    assert not torch.allclose(a[:, 7:], b[:, 7:], atol=1e-3)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generation_with_the_cache_equals_recomputing_the_whole_context(temperature):
+    torch.manual_seed(0)
+    model = create_model("gpt", vocab_size=30, context_length=16, layers=2, heads=2, width=32).eval()
+    prompt = torch.randint(30, (2, 5))
+    runs = [model.generate(prompt, 30, temperature=temperature, top_k=10, use_cache=cache,
+                           generator=torch.Generator().manual_seed(1)) for cache in (True, False)]
+    assert runs[0].shape == (2, 35)  # past the 16-token context: the window slides
+    assert torch.equal(runs[0], runs[1])
+
+
+# ------------------------------------------------------------------------------ training and generation
+
+def test_a_tiny_language_model_learns_far_below_the_unigram_entropy(tmp_path, corpus_file, capsys):
+    summary = Trainer(tiny_lm_config(tmp_path, corpus_file, target="val_loss=0.6", epochs=40), quiet=True).fit()
+    ids = load_corpus(corpus_file).train
+    freq = np.bincount(ids) / len(ids)
+    unigram = -float((freq[freq > 0] * np.log(freq[freq > 0])).sum())
+    assert unigram > 2.4
+    assert summary["best_metrics"]["loss"] < 0.5 * unigram, summary["best_metrics"]
+    assert summary["stopped_by"] == "target" and summary["target_metric"] == "loss"
+    assert summary["task"] == "language_modelling" and summary["tokens_per_second"] > 0
+    assert math.isclose(summary["metrics"]["perplexity"], math.exp(summary["metrics"]["loss"]), rel_tol=1e-4)
+
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "abc", "--tokens", "24", "--temperature", "0",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["texts"][0].startswith("abc") and len(out["texts"][0]) == 27
+    assert "defghijkl" in out["texts"][0]  # the cycle it learned
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "xyz"]) == 2
+    assert "lacks" in capsys.readouterr().err
+
+
+def test_model_arguments_reach_the_factory_and_unknown_ones_are_named(tmp_path, corpus_file):
+    trainer = Trainer(tiny_lm_config(tmp_path, corpus_file, model_args={"layers": 3, "heads": 2, "width": 32}),
+                      quiet=True)
+    assert len(trainer.model.blocks) == 3 and trainer.model_args["layers"] == 3
+    with pytest.raises(GpuaccelError, match="takes no argument.s. depth; it takes: context_length, layers"):
+        Trainer(tiny_lm_config(tmp_path, corpus_file, model_args={"depth": 3}), quiet=True)
+
+
+# ------------------------------------------------------------------------------ labelled sentences
+
+def write_sentences(folder, rows, name="train.tsv", header="label\tsentence"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(header + "\n" + "\n".join(rows) + "\n")
+
+
+def sentiment_rows(count: int, seed: int, names=("0", "1")) -> list[str]:
+    rng = random.Random(seed)
+    good, bad, filler = ["good", "great", "fine", "lovely"], ["bad", "awful", "dull", "poor"], \
+        ["the", "film", "was", "a", "plot", "and", "story", "'s", "quite"]
+    rows = []
+    for _ in range(count):
+        label = rng.randrange(2)
+        words = rng.sample(filler, rng.randint(1, 6)) + [rng.choice(good if label else bad)] + \
+            rng.sample(filler, rng.randint(0, 8))
+        rows.append(f"{names[label]}\t{' '.join(words)}")
+    return rows
+
+
+def test_an_sst2_style_folder_is_read_with_its_dev_file_and_its_own_column_names(tmp_path):
+    write_sentences(tmp_path / "d", sentiment_rows(300, 0))
+    write_sentences(tmp_path / "d", sentiment_rows(40, 1), name="dev.tsv", header="label\tcontent")
+    (tmp_path / "d" / "test.tsv").write_text("index\tsentence\n0\tno labels here\n")
+    data = load_sentences(tmp_path / "d", cache_dir=tmp_path / "cache")
+    assert parse_spec(str(tmp_path / "d"))[0] == "sentences"
+    assert len(data.train_labels) == 300 and len(data.test_labels) == 40 and data.classes == ["0", "1"]
+    assert data.train_ids.shape[1] == max(data.train_lengths.max(), data.test_lengths.max())
+    assert data.tokenizer.decode(data.train_ids[0]).split()[0] in {"the", "film", "was", "a", "plot", "and",
+                                                                    "story", "'", "quite"}
+
+
+def test_csv_and_jsonl_with_label_names_and_a_held_out_split(tmp_path):
+    rows = sentiment_rows(200, 2, names=("neg", "pos"))
+    csv_file = tmp_path / "reviews.csv"
+    csv_file.write_text("sentiment,review\n" + "\n".join(f'{r.split(chr(9))[0]},"{r.split(chr(9))[1]}"'
+                                                          for r in rows) + "\n")
+    data = load_sentences(csv_file, val_split=0.25)
+    assert data.classes == ["neg", "pos"] and len(data.test_labels) == 50 and len(data.train_labels) == 150
+    jsonl = tmp_path / "reviews.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": r.split("\t")[1], "label": r.split("\t")[0]}) for r in rows))
+    assert load_sentences(jsonl).classes == ["neg", "pos"]
+
+
+@pytest.mark.parametrize("text, options, message", [
+    ("", {}, "is empty"),
+    ("label\tsentence\n", {}, "header and no rows"),
+    ("stars\tsentence\n1\tok\n", {}, "cannot tell which column is the label"),
+    ("label\tsentence\n1\tok\n", {"text_column": "body"}, "no text column 'body'; its columns: label, sentence"),
+    ("label\tsentence\n0.5\tok\n1\tfine\n", {}, "integers or names, not numbers like '0.5'"),
+    ("label\tsentence\n\tok\n", {}, "row 2 has no label"),
+])
+def test_bad_sentence_files_are_one_line_errors(tmp_path, text, options, message):
+    path = tmp_path / "data.tsv"
+    path.write_text(text)
+    with pytest.raises(GpuaccelError, match=message):
+        load_sentences(path, **options)
+
+
+def test_non_utf8_sentences_name_the_file_and_line(tmp_path):
+    path = tmp_path / "data.tsv"
+    path.write_bytes(b"label\tsentence\n1\tfine\n0\tna\xefve\n")
+    with pytest.raises(GpuaccelError, match="data.tsv: line 3 is not UTF-8"):
+        load_sentences(path)
+
+
+def test_batches_are_cut_to_their_longest_sentence_and_evaluation_sees_each_once(tmp_path):
+    write_sentences(tmp_path / "d", sentiment_rows(500, 3))
+    data = load_sentences(tmp_path / "d" / "train.tsv", val_split=0.2)
+    loader = SentenceLoader(data.train_ids, data.train_lengths, data.train_labels, batch_size=16,
+                            device=torch.device("cpu"), train=True, seed=1)
+    widths = set()
+    for ids, labels in loader.batches(0):
+        width = ids.shape[1]
+        widths.add(width)
+        assert width % 8 == 0 or width == data.train_ids.shape[1]
+        assert (ids != 0).sum(1).max() > width - 8  # no all-padding columns beyond the rounding
+    assert len(widths) > 1
+    evaluation = SentenceLoader(data.test_ids, data.test_lengths, data.test_labels, batch_size=16,
+                                device=torch.device("cpu"), train=False)
+    seen = torch.cat([labels for _, labels in evaluation.batches()])
+    assert sorted(seen.tolist()) == sorted(data.test_labels.tolist())
+
+
+@pytest.mark.parametrize("model", ["bag_of_ngrams", "text_transformer"])
+def test_a_tiny_sentence_classifier_beats_chance(tmp_path, model):
+    write_sentences(tmp_path / "d", sentiment_rows(800, 4))
+    write_sentences(tmp_path / "d", sentiment_rows(200, 5), name="dev.tsv")
+    args = {"width": 32, "buckets": 4096} if model == "bag_of_ngrams" else {"layers": 1, "heads": 2, "width": 32}
+    summary = Trainer(TrainConfig(data=str(tmp_path / "d"), model=model, model_args=args, optimizer="adamw", lr=1e-2,
+                                  weight_decay=0.0, batch_size=32, epochs=3, monitor=False, cache_dir=None,
+                                  run_dir=str(tmp_path / "run"), device="cpu"), quiet=True).fit()
+    assert summary["task"] == "classification" and summary["sample_unit"] == "sentences"
+    assert summary["test_accuracy"] > 0.9, summary["metrics"]
