@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -261,7 +262,7 @@ def test_batches_are_cut_to_their_longest_sentence_and_evaluation_sees_each_once
 
 
 @pytest.mark.parametrize("model", ["bag_of_ngrams", "text_transformer"])
-def test_a_tiny_sentence_classifier_beats_chance(tmp_path, model):
+def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_path, model, capsys):
     write_sentences(tmp_path / "d", sentiment_rows(800, 4))
     write_sentences(tmp_path / "d", sentiment_rows(200, 5), name="dev.tsv")
     args = {"width": 32, "buckets": 4096} if model == "bag_of_ngrams" else {"layers": 1, "heads": 2, "width": 32}
@@ -270,3 +271,19 @@ def test_a_tiny_sentence_classifier_beats_chance(tmp_path, model):
                                   run_dir=str(tmp_path / "run"), device="cpu"), quiet=True).fit()
     assert summary["task"] == "classification" and summary["sample_unit"] == "sentences"
     assert summary["test_accuracy"] > 0.9, summary["metrics"]
+    # gpuaccel infer: the labelled folder scores as the run's evaluation did; plain lines get labels
+    assert main(["infer", str(tmp_path / "run"), str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert "200 sentences on cpu" in err and f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
+    lines = tmp_path / "lines.txt"
+    lines.write_text("the film was lovely and great\n\nthe plot was awful\n")
+    assert main(["infer", str(tmp_path / "run"), str(lines), "--out", str(tmp_path / "p.csv")]) == 0
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert rows[0] == "input,class_1,prob_1" and rows[1].startswith("the film was lovely and great,1,")
+    assert rows[2].startswith("the plot was awful,0,") and len(rows) == 3
+    if model == "text_transformer":  # export parity: ONNX Runtime against the model, on the dev sentences
+        assert main(["export", str(tmp_path / "run"), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["passed"] and report["sentences"] == 200 and report["max_abs_diff"] < 1e-4
+        meta = json.loads(Path(report["artifact"] + ".json").read_text())
+        assert meta["classes"] == ["0", "1"] and meta["tokenizer"]["kind"] == "word"

@@ -277,7 +277,9 @@ def _deploy_parsers(sub) -> None:
                                    "model run on real held-out images of the run's data set; the command fails "
                                    "(exit 1) if their top-1 predictions agree on fewer than 99.9% of them. The "
                                    "exported model takes float32 images in [0, 1] (normalisation is inside it); "
-                                   "class names and input shape are written to <artefact>.json beside it.")
+                                   "class names and input shape are written to <artefact>.json beside it. A text "
+                                   "classifier exports as onnx or pt2 (token ids in, any batch and length), its "
+                                   "tokeniser in the .json, verified on held-out sentences.")
     e.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
     e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
@@ -286,16 +288,20 @@ def _deploy_parsers(sub) -> None:
     e.add_argument("--dynamic-batch", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
-    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images to compare (1000)")
+    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (or sentences) to compare (1000)")
     e.add_argument("--json", action="store_true", help="print the verification as JSON")
     e.set_defaults(handler=_run_export)
 
-    i = sub.add_parser("infer", help="predict classes for images with a trained or exported model",
+    i = sub.add_parser("infer", help="predict classes for images (or sentences) with a trained or exported model",
                        description="Predict classes for image files, a folder of images, or a data set's held-out "
                                    "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
-                                   ".ts file. Writes CSV (input, class_1, prob_1, ...) and prints latency statistics.")
+                                   ".ts file; or, with a run of a text classifier, for text files (a sentence per "
+                                   "line) or a labelled .tsv/.csv/.jsonl (scored). Writes CSV (input, class_1, "
+                                   "prob_1, ...) and prints latency statistics.")
     i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
-    i.add_argument("inputs", nargs="+", metavar="INPUTS", help="image files, a folder of images, or a data set spec")
+    i.add_argument("inputs", nargs="+", metavar="INPUTS",
+                   help="image files, a folder of images, or a data set spec; for a text classifier, text files or "
+                        "a labelled sentences file or folder")
     i.add_argument("--device", default="auto",
                    help="auto (default: a CUDA GPU when there is one and the model's runtime can use it), cpu, "
                         "cuda or cuda:N")
@@ -496,8 +502,13 @@ def _run_export(args) -> int:
 
     from .deploy.artifact import load_trained
     from .deploy.export import FORMAT_SUFFIX, FORMATS, export, verify
+    from .deploy.text import export_text_classifier, is_text_run
     from .errors import choice_error
 
+    if is_text_run(args.checkpoint):
+        report = export_text_classifier(args.checkpoint, args.format, args.out, data=args.data,
+                                        verify_sentences=args.verify_images, opset=args.opset)
+        return _export_report(args, report, "held-out sentences", report["sentences"])
     if args.format not in FORMATS:
         raise choice_error("export format", args.format, FORMATS)
     trained = load_trained(args.checkpoint)
@@ -511,10 +522,14 @@ def _run_export(args) -> int:
     report = verify(trained, path, data.test_images[: args.verify_images], dynamic_batch=not static,
                     static_batch=args.static_batch or 2)
     report.update(artifact=str(path), format=args.format, size_bytes=path.stat().st_size)
+    return _export_report(args, report, "held-out images", report["images"])
+
+
+def _export_report(args, report: dict, what: str, count: int) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"exported {path} ({report['size_bytes'] / 1e6:.2f} MB); on {report['images']} held-out images: "
+        print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
               f"top-1 agreement {100 * report['top1_agreement']:.2f}%, max |diff| {report['max_abs_diff']:.2e}, "
               f"mean |diff| {report['mean_abs_diff']:.2e}")
     if not report["passed"]:
@@ -524,7 +539,7 @@ def _run_export(args) -> int:
 
 
 def _run_generate(args) -> int:
-    from .deploy.generate import generate
+    from .deploy.text import generate
 
     result = generate(args.run, args.prompt, args.tokens, temperature=args.temperature, top_k=args.top_k or None,
                       samples=args.samples, device=args.device, seed=args.seed, use_cache=not args.no_cache)
@@ -542,9 +557,12 @@ def _run_generate(args) -> int:
 def _run_infer(args) -> int:
     from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
     from .deploy.runners import load_runner
+    from .deploy.text import is_text_run
 
     if args.batch_size < 1 or args.top_k < 1:
         raise GpuaccelError("--batch-size and --top-k must be at least 1")
+    if is_text_run(args.model):
+        return _infer_sentences(args)
     if args.threads is not None:
         import torch
 
@@ -563,17 +581,39 @@ def _run_infer(args) -> int:
     images = fit_to_model(images, runner.in_channels, runner.image_size)
     probs, stats = predict(runner, images, args.batch_size)
     # a file name that is not valid UTF-8 is written with its odd bytes escaped (\udcXX), not refused
-    text = predictions_csv(names, probs, runner.classes, args.top_k).encode("utf-8", "backslashreplace").decode()
-    if args.out:  # a new file replaces the old one only once it is whole
-        from .files import atomic_write
-
-        atomic_write(args.out, lambda f: f.write(text.encode()))
-    else:
-        sys.stdout.write(text)
+    _write_predictions(args.out, predictions_csv(names, probs, runner.classes, args.top_k))
     line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "
             f"batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
     if labels is not None:
         line += f"; accuracy {100 * top1_accuracy(probs, labels):.2f}%"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def _write_predictions(out: str | None, text: str) -> None:
+    """The CSV to ``out`` (a new file replaces the old one only once it is whole) or standard
+    output; a name that is not valid UTF-8 is written with its odd bytes escaped (\\udcXX)."""
+    text = text.encode("utf-8", "backslashreplace").decode()
+    if out:
+        from .files import atomic_write
+
+        atomic_write(out, lambda f: f.write(text.encode()))
+    else:
+        sys.stdout.write(text)
+
+
+def _infer_sentences(args) -> int:
+    """``gpuaccel infer`` with a text classifier: one sentence per line of each file, or a
+    labelled file or folder scored against its labels."""
+    from .deploy.infer import predictions_csv
+    from .deploy.text import classify_sentences
+
+    result = classify_sentences(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
+    _write_predictions(args.out, predictions_csv(result.texts, result.probabilities, result.classes, args.top_k))
+    line = (f"{len(result.texts)} sentences on {result.device}: "
+            f"{len(result.texts) / max(result.seconds, 1e-9):,.0f} sentences/s")
+    if result.accuracy is not None:
+        line += f"; accuracy {100 * result.accuracy:.2f}%"
     print(line, file=sys.stderr)
     return 0
 

@@ -18,6 +18,7 @@ from .runners import FORMAT_SUFFIX, load_runner, metadata_path
 
 FORMATS = tuple(FORMAT_SUFFIX)
 AGREEMENT_REQUIRED = 0.999
+BATCH = torch.export.Dim("batch", min=1, max=65536)
 
 
 def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = True, static_batch: int = 2,
@@ -33,16 +34,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
     out.parent.mkdir(parents=True, exist_ok=True)
     example = trained.example_input(2 if dynamic_batch else static_batch)
     module = trained.module.eval()
-    batch = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else None
-    try:
-        with _quiet_exporters():
-            _write(fmt, module, example, out, batch, opset)
-    except GpuaccelError:
-        raise
-    except Exception as exc:  # an operator or construct the format cannot express
-        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        others = ", ".join(f for f in FORMATS if f != fmt)
-        raise GpuaccelError(f"the model cannot be exported as {fmt}: {reason}; try --format {others}") from None
+    write_artifact(fmt, module, example, out, {"x": {0: BATCH}} if dynamic_batch else None, opset)
     meta = {"classes": trained.classes, "in_channels": trained.in_channels, "image_size": trained.image_size,
             "model": trained.model_name, "task": trained.task.describe(), "format": fmt,
             "dynamic_batch": dynamic_batch,
@@ -53,14 +45,29 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
     return out
 
 
-def _write(fmt: str, module, example, out: Path, batch, opset) -> None:
+def write_artifact(fmt: str, module, example, out: Path, dynamic_shapes: dict | None, opset: int | None = None,
+                   formats=FORMATS) -> None:
+    """Exports ``module`` traced with ``example`` (its one argument) as ``fmt``;
+    ``dynamic_shapes``: {argument name: {dimension: torch.export.Dim}}, or None for static shapes."""
+    try:
+        with _quiet_exporters():
+            _write(fmt, module, example, out, dynamic_shapes, opset)
+    except GpuaccelError:
+        raise
+    except Exception as exc:  # an operator or construct the format cannot express
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        others = ", ".join(f for f in formats if f != fmt)
+        raise GpuaccelError(f"the model cannot be exported as {fmt}: {reason}; try --format {others}") from None
+
+
+def _write(fmt: str, module, example, out: Path, dynamic_shapes, opset) -> None:
     if fmt == "onnx":
         _require("onnxscript")
         program = torch.onnx.export(module, (example,), dynamo=True, opset_version=opset,
-                                    dynamic_shapes={"x": batch} if batch else None, verbose=False)
+                                    dynamic_shapes=dynamic_shapes, verbose=False)
         program.save(str(out))
     elif fmt == "pt2":
-        program = torch.export.export(module, (example,), dynamic_shapes={"x": batch} if batch else None)
+        program = torch.export.export(module, (example,), dynamic_shapes=dynamic_shapes)
         torch.export.save(program, str(out))
     else:
         torch.jit.trace(module, example).save(str(out))

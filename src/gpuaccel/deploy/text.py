@@ -1,0 +1,214 @@
+"""Text models at inference: generation with a trained language model (the run's tokeniser
+turns the prompt into tokens, the model samples continuations with its key/value cache) and
+labels for sentences with a trained text classifier. Speeds are measured with the device
+synchronised before the clock is read."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import parse_spec
+from ..data.sentences import pad, read_labelled, sentence_files
+from ..data.text import read_text, tokenizer_from_state
+from ..device import resolve_device, resolve_precision, synchronize
+from ..errors import GpuaccelError
+from .artifact import load_run_state, rebuild_model
+
+
+@dataclass
+class Generation:
+    texts: list[str]  # the prompt and its continuation, per sample
+    new_tokens: int
+    seconds: float
+    device: str
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.texts) * self.new_tokens / max(self.seconds, 1e-9)
+
+
+def generate(run, prompt: str, tokens: int, *, temperature: float = 0.8, top_k: int | None = 200,
+             samples: int = 1, device: str = "auto", seed: int = 0, use_cache: bool = True) -> Generation:
+    """``samples`` continuations of ``prompt``, ``tokens`` tokens each, from the run's model."""
+    if tokens < 1 or samples < 1:
+        raise GpuaccelError("--tokens and --samples must be at least 1")
+    if temperature < 0:
+        raise GpuaccelError(f"--temperature must be >= 0 (0: always the most likely token), got {temperature}")
+    state, path = load_run_state(run)
+    if not state.get("tokenizer"):
+        raise GpuaccelError(f"{path} is not a language model (task {state.get('task', {}).get('name')!r}); "
+                            f"generate works on runs trained on text")
+    tokenizer = tokenizer_from_state(state["tokenizer"])
+    model = rebuild_model(state, path).eval()
+    if not hasattr(model, "generate"):
+        raise GpuaccelError(f"model {state['model_name']} has no generate(); generation needs gpuaccel's gpt")
+    target = resolve_device(device)
+    precision = resolve_precision("auto", target)
+    # weights in the compute precision itself: autocast would cast every weight at every token
+    model.to(target, dtype=precision.autocast_dtype or torch.float32)
+    ids = tokenizer.encode(prompt or "\n")
+    if len(ids) == 0:
+        raise GpuaccelError("the prompt makes no tokens; give a non-empty --prompt")
+    idx = torch.as_tensor(ids, dtype=torch.long, device=target).unsqueeze(0).repeat(samples, 1)
+    generator = torch.Generator(target).manual_seed(seed)
+    with torch.no_grad():
+        model.generate(idx, min(tokens, 8), temperature=temperature, top_k=top_k, generator=generator,
+                       use_cache=use_cache)  # warm-up: kernels chosen and loaded before the clock
+        generator.manual_seed(seed)
+        synchronize(target)
+        start = time.perf_counter()
+        out = model.generate(idx, tokens, temperature=temperature, top_k=top_k, generator=generator,
+                             use_cache=use_cache)
+        synchronize(target)
+    seconds = time.perf_counter() - start
+    return Generation([tokenizer.decode(row.tolist()) for row in out.cpu()], tokens, seconds, str(target))
+
+
+def is_text_run(path) -> bool:
+    """Whether ``path`` is a run (or its checkpoint) of a model trained on text."""
+    path = Path(path)
+    if not (path.is_dir() or path.suffix == ".pt"):
+        return False
+    try:
+        state, _ = load_run_state(path)
+    except GpuaccelError:
+        return False
+    return bool(state.get("tokenizer"))
+
+
+@dataclass
+class SentencePredictions:
+    texts: list[str]
+    probabilities: np.ndarray  # (sentences, classes)
+    labels: np.ndarray | None  # the true class indices, for a labelled file
+    classes: list[str]
+    seconds: float
+    device: str
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.labels is None else float((self.probabilities.argmax(1) == self.labels).mean())
+
+
+def text_classifier_state(run) -> tuple[dict, Path]:
+    """The state of a run that trained a text classifier (else a one-line error)."""
+    state, path = load_run_state(run)
+    if not state.get("tokenizer") or not state.get("classes"):
+        raise GpuaccelError(f"{path} is not a text classifier" + (
+            "; it is a language model: sample from it with 'gpuaccel generate'" if state.get("tokenizer") else ""))
+    return state, path
+
+
+def read_sentences(inputs: list[str], classes: list[str]) -> tuple[list[str], np.ndarray | None]:
+    """(sentences, labels or None): a labelled file or folder (its evaluation split, or the
+    whole file) is scored against its labels; any other file gives one sentence per line."""
+    if len(inputs) == 1 and Path(inputs[0]).exists() and parse_spec(inputs[0])[0] == "sentences":
+        train_file, eval_file = sentence_files(Path(inputs[0]))
+        texts, raw = read_labelled(eval_file or train_file, None, None)
+        unknown = sorted(set(raw) - set(classes))
+        if unknown:
+            raise GpuaccelError(f"{eval_file or train_file} has labels the model does not know: {unknown[:5]}; "
+                                f"its classes: {', '.join(classes)}")
+        return texts, np.array([classes.index(v) for v in raw])
+    texts = []
+    for name in inputs:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise GpuaccelError(f"{name} is not a file; give text files (one sentence per line) or a labelled "
+                                f".tsv/.csv/.jsonl")
+        texts += [line.strip() for line in read_text(path).splitlines() if line.strip()]
+    if not texts:
+        raise GpuaccelError(f"no sentences in {', '.join(inputs)}")
+    return texts, None
+
+
+def classify_sentences(run, inputs: list[str], *, device: str = "auto", batch_size: int = 256) -> SentencePredictions:
+    """Class probabilities for sentences with a run's text classifier."""
+    state, path = text_classifier_state(run)
+    tokenizer = tokenizer_from_state(state["tokenizer"])
+    classes = list(state["classes"])
+    target = resolve_device(device)
+    model = rebuild_model(state, path).eval().to(target)
+    precision = resolve_precision("auto", target)
+    texts, labels = read_sentences(inputs, classes)
+    longest = state["model_args"].get("context_length") or state["config"].get("context", 256)
+    sequences = [tokenizer.encode(t) for t in texts]
+    parts = []
+    synchronize(target)
+    start = time.perf_counter()
+    with torch.no_grad(), precision.autocast(target):
+        for i in range(0, len(sequences), batch_size):
+            chunk = sequences[i:i + batch_size]
+            ids, _ = pad(chunk, max(1, min(longest, max(len(s) for s in chunk))))
+            logits = model(torch.from_numpy(ids).long().to(target))
+            parts.append(torch.softmax(logits.float(), 1).cpu())
+    synchronize(target)
+    seconds = time.perf_counter() - start
+    return SentencePredictions(texts, torch.cat(parts).numpy(), labels, classes, seconds, str(target))
+
+
+TEXT_FORMATS = ("onnx", "pt2")
+
+
+def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str | None = None,
+                           verify_sentences: int = 1000, opset: int | None = None) -> dict:
+    """Exports a run's text classifier (any batch size, any sentence length up to the trained
+    one; token ids in, logits out) with its tokeniser in ``<artefact>.json`` beside it, and checks
+    the export against the original on held-out sentences (top-1 agreement >= 99.9%)."""
+    from ..data.cache import default_cache_dir
+    from ..data.sentences import load_sentences
+    from .export import AGREEMENT_REQUIRED, BATCH, write_artifact
+    from .runners import FORMAT_SUFFIX, metadata_path
+
+    if fmt not in TEXT_FORMATS:
+        raise GpuaccelError(f"a text classifier exports as {' or '.join(TEXT_FORMATS)}, not {fmt}")
+    state, path = text_classifier_state(run)
+    model = rebuild_model(state, path).eval()
+    config, longest = state["config"], state["model_args"].get("context_length", 256)
+    out = Path(out) if out else path.with_name(f"model{FORMAT_SUFFIX[fmt]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argument = next(iter(inspect.signature(model.forward).parameters))
+    length = torch.export.Dim("length", min=2, max=max(3, longest))
+    example = torch.randint(2, state["model_args"]["vocab_size"], (2, min(16, max(3, longest))))
+    write_artifact(fmt, model, example, out, {argument: {0: BATCH, 1: length}}, opset, formats=TEXT_FORMATS)
+    metadata_path(out).write_text(json.dumps({
+        "classes": state["classes"], "model": state["model_name"], "task": state["task"], "format": fmt,
+        "input": f"int64 (N, T) token ids, T <= {longest}, 0 pads; made by the tokenizer below",
+        "tokenizer": state["tokenizer"], "max_tokens": longest, "source": str(path)}, indent=1) + "\n")
+    try:
+        kind, data_path = parse_spec(data or config["data"])
+        held = load_sentences(data_path, tokenizer=state["tokenizer"]["kind"], vocab_size=config.get("vocab_size"),
+                              max_tokens=config.get("context", 256), val_split=config.get("val_split"),
+                              seed=config.get("seed", 0), text_column=config.get("text_column"),
+                              label_column=config.get("label_column"), cache_dir=default_cache_dir())
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"cannot load held-out sentences to verify the export ({exc}); pass --data SPEC") from None
+    ids = held.test_ids[:verify_sentences]
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        call = lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]  # noqa: E731
+    else:
+        exported = torch.export.load(str(out)).module()
+        call = lambda x: exported(torch.from_numpy(x)).detach().numpy()  # noqa: E731
+    agree, diffs = 0, []
+    with torch.no_grad():
+        for start in range(0, len(ids), 256):
+            chunk = ids[start:start + 256].astype(np.int64)
+            chunk = chunk[:, :max(2, int((chunk != 0).sum(1).max()))]
+            reference = model(torch.from_numpy(chunk)).numpy()
+            result = call(chunk)
+            agree += int((reference.argmax(1) == result.argmax(1)).sum())
+            diffs.append(np.abs(reference - result).reshape(-1))
+    diff = np.concatenate(diffs)
+    return {"sentences": len(ids), "top1_agreement": agree / len(ids), "max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean()), "passed": agree / len(ids) >= AGREEMENT_REQUIRED,
+            "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}
