@@ -261,11 +261,12 @@ def test_batches_are_cut_to_their_longest_sentence_and_evaluation_sees_each_once
     assert sorted(seen.tolist()) == sorted(data.test_labels.tolist())
 
 
-@pytest.mark.parametrize("model", ["bag_of_ngrams", "text_transformer"])
+@pytest.mark.parametrize("model", ["bag_of_ngrams", "text_cnn", "text_transformer"])
 def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_path, model, capsys):
     write_sentences(tmp_path / "d", sentiment_rows(800, 4))
     write_sentences(tmp_path / "d", sentiment_rows(200, 5), name="dev.tsv")
-    args = {"width": 32, "buckets": 4096} if model == "bag_of_ngrams" else {"layers": 1, "heads": 2, "width": 32}
+    args = {"bag_of_ngrams": {"width": 32, "buckets": 4096}, "text_cnn": {"width": 32, "filters": 16},
+            "text_transformer": {"layers": 1, "heads": 2, "width": 32}}[model]
     summary = Trainer(TrainConfig(data=str(tmp_path / "d"), model=model, model_args=args, optimizer="adamw", lr=1e-2,
                                   weight_decay=0.0, batch_size=32, epochs=3, monitor=False, cache_dir=None,
                                   run_dir=str(tmp_path / "run"), device="cpu"), quiet=True).fit()

@@ -101,6 +101,28 @@ class TextTransformer(RotaryTables):
         return self.classifier(self.dropout(masked_mean(self.norm(x), mask)))
 
 
+class TextCNN(nn.Module):
+    """Kim (2014): convolutions of several widths over the word embeddings, each filter's
+    maximum over the sentence (padding excluded), dropout, a linear layer."""
+
+    def __init__(self, vocab_size: int, num_classes: int, width: int = 128, filters: int = 100,
+                 kernel_sizes: tuple[int, ...] = (3, 4, 5), dropout: float = 0.5):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, width, padding_idx=0)
+        self.convs = nn.ModuleList(nn.Conv1d(width, filters, k, padding=k // 2) for k in kernel_sizes)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(filters * len(kernel_sizes), num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pad = (ids == 0).unsqueeze(1)
+        x = self.embedding(ids).transpose(1, 2)  # (batch, width, time)
+        pooled = []
+        for conv in self.convs:
+            h = F.relu(conv(x))[..., :ids.shape[1]]
+            pooled.append(h.masked_fill(pad, float("-inf")).amax(-1).clamp_min(0))
+        return self.classifier(self.dropout(torch.cat(pooled, 1)))
+
+
 @register_model("bag_of_ngrams")
 def bag_of_ngrams(vocab_size: int, num_classes: int, width: int = 64, buckets: int = 2 ** 18,
                   dropout: float = 0.0) -> BagOfNgrams:
@@ -113,3 +135,10 @@ def text_transformer(vocab_size: int, num_classes: int, context_length: int = 25
                      heads: int = 4, width: int = 128, dropout: float = 0.1) -> TextTransformer:
     """A small transformer encoder for sentence classification."""
     return TextTransformer(vocab_size, num_classes, context_length, layers, heads, width, dropout)
+
+
+@register_model("text_cnn")
+def text_cnn(vocab_size: int, num_classes: int, width: int = 128, filters: int = 100,
+             kernel_sizes: tuple[int, ...] = (3, 4, 5), dropout: float = 0.5) -> TextCNN:
+    """Convolutions of widths 3, 4 and 5 over word embeddings, max-pooled (Kim, 2014)."""
+    return TextCNN(vocab_size, num_classes, width, filters, tuple(kernel_sizes), dropout)
