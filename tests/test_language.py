@@ -288,3 +288,12 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
         assert report["passed"] and report["sentences"] == 200 and report["max_abs_diff"] < 1e-4
         meta = json.loads(Path(report["artifact"] + ".json").read_text())
         assert meta["classes"] == ["0", "1"] and meta["tokenizer"]["kind"] == "word"
+
+
+def test_a_language_model_resumes_on_its_text_and_refuses_changed_text(tmp_path, corpus_file):
+    first = Trainer(tiny_lm_config(tmp_path, corpus_file, epochs=1), quiet=True).fit()
+    resumed = Trainer.resume(tmp_path / "run", overrides={"epochs": 2}, quiet=True).fit()
+    assert resumed["resumed"] and resumed["steps"] == 2 * first["steps"]
+    corpus_file.write_text(markov_text(6000, seed=1) + "more text")  # another corpus at the same path
+    with pytest.raises(GpuaccelError, match="the data changed since .* began: its vocab size 12 is now 18"):
+        Trainer.resume(tmp_path / "run", overrides={"epochs": 3}, quiet=True)
