@@ -37,9 +37,15 @@ def detect(path: Path) -> str:
             path.is_dir() and any((path / f"train{suffix}").is_file() for suffix in SENTENCE_SUFFIXES):
         return "sentences"
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
-        if files and all(p.suffix.lower() in TEXT_SUFFIXES for p in files):
-            return "text"
+        seen_text = False
+        for p in path.rglob("*"):  # (stops at the first other file: an image tree is not walked)
+            if p.is_file() and not p.name.startswith("."):
+                if p.suffix.lower() not in TEXT_SUFFIXES:
+                    break
+                seen_text = True
+        else:
+            if seen_text:
+                return "text"
     return detect_kind(path)
 
 

@@ -269,8 +269,12 @@ class SentenceLoader:
         return [batches[i] for i in shuffled]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in self.epoch_batches(epoch)[start:]:
+        chosen = self.epoch_batches(epoch)[start:]
+        if not chosen:
+            return
+        # the epoch's indices reach the device in one copy; batch widths are read on the host
+        on_device = torch.cat(chosen).to(self.device).split([len(idx) for idx in chosen])
+        for idx, rows in zip(chosen, on_device):
             width = int(self.lengths[idx].max())
             width = min(self.ids.shape[1], max(_LENGTH_STEP, -(-width // _LENGTH_STEP) * _LENGTH_STEP))
-            rows = idx.to(self.device, non_blocking=True)
             yield self.ids[rows, :width].long(), self.labels[rows]

@@ -69,10 +69,15 @@ class Metric:
 
 
 class Accuracy(Metric):
-    """Top-1 accuracy: the share of samples (or positions) whose arg-max output is the target."""
+    """Top-1 accuracy: the share of samples (or positions) whose arg-max output is the target.
+    ``class_dim``: where the classes are (1 for (N, C, ...) logits; -1 for a language model's
+    (N, T, V))."""
+
+    def __init__(self, class_dim: int = 1):
+        self.class_dim = class_dim
 
     def sums(self, outputs, targets):
-        correct = (outputs.argmax(1) == targets).sum()
+        correct = (outputs.argmax(self.class_dim) == targets).sum()
         return torch.stack([correct.float(), _on_device(targets.numel(), targets)])
 
 

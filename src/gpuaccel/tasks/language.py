@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Metric, Task, _on_device
+from .base import Accuracy, Metric, Task, _on_device
 
 
 class Perplexity(Metric):
@@ -25,14 +25,6 @@ class Perplexity(Metric):
         return math.exp(min(super().finish(totals), 700.0))
 
 
-class TokenAccuracy(Metric):
-    """The share of positions whose most likely next token is the true one."""
-
-    def sums(self, logits, targets):
-        correct = (logits.argmax(-1) == targets).sum()
-        return torch.stack([correct.float(), _on_device(targets.numel(), targets)])
-
-
 class LanguageModelling(Task):
     """Inputs are token ids (batch, time); outputs are logits (batch, time, vocabulary); targets
     the next token at each position."""
@@ -45,10 +37,10 @@ class LanguageModelling(Task):
         # differences a validation loss is compared by
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
-    NAMED_METRICS = {"perplexity": Perplexity, "accuracy": TokenAccuracy}
+    NAMED_METRICS = {"perplexity": Perplexity, "accuracy": lambda: Accuracy(class_dim=-1)}
 
     def metrics(self):
-        return {"perplexity": Perplexity(), "accuracy": TokenAccuracy()}
+        return {"perplexity": Perplexity(), "accuracy": Accuracy(class_dim=-1)}
 
     def example_input(self, batch, sample_shape):
         return torch.zeros(batch, *sample_shape, dtype=torch.long)
