@@ -3,8 +3,9 @@
     python benchmarks/tune_recipe.py --recipe cifar10-fast --data DIR --seeds 2 \
         --variant '{}' --variant '{"lr": 1.0}' --out results.json
 
-Prints one line per variant: mean/min accuracy, mean training time. The data set is
-decoded once and shared by every run.
+Prints one line per variant: the task's main metric (accuracy, RMSE, ...) per seed and its
+mean, and the mean training time. Image data is decoded
+once and shared by every run; other data (text, recordings) is read from gpuaccel's cache.
 """
 
 import argparse
@@ -16,6 +17,7 @@ import time
 import torch
 
 import gpuaccel
+from gpuaccel.data import NON_IMAGE_KINDS, parse_spec
 from gpuaccel.train.recipes import load_recipe
 
 
@@ -24,30 +26,34 @@ def main():
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--out")
     args = ap.parse_args()
     base = load_recipe(args.recipe)
     t0 = time.perf_counter()
-    data = gpuaccel.load_dataset(args.data)
-    print(f"data loaded in {time.perf_counter() - t0:.1f} s: {data.describe()}", flush=True)
+    data = None
+    if parse_spec(args.data)[0] not in NON_IMAGE_KINDS:
+        data = gpuaccel.load_dataset(args.data)
+        print(f"data loaded in {time.perf_counter() - t0:.1f} s: {data.describe()}", flush=True)
     rows = []
     for variant in args.variant or ["{}"]:
         overrides = json.loads(variant)
         torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
         runs = []
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             cfg = gpuaccel.TrainConfig.from_dict({**base, "data": args.data, **overrides, "seed": seed,
                                                   "run_dir": tempfile.mkdtemp()})
             runs.append(gpuaccel.Trainer(cfg, dataset=data, quiet=True).fit())
-        accs = [r["test_accuracy"] for r in runs]
+        metric = runs[0].get("main_metric") or "accuracy"
+        values = [r["metrics"][metric] for r in runs]
         secs = [r["train_seconds"] for r in runs]
-        row = {"variant": overrides, "accuracy_mean": statistics.mean(accs), "accuracy_min": min(accs),
-               "accuracies": accs, "train_seconds_mean": statistics.mean(secs), "train_seconds": secs,
+        row = {"variant": overrides, "metric": metric, "mean": statistics.mean(values), "values": values,
+               "train_seconds_mean": statistics.mean(secs), "train_seconds": secs,
                "warmup_seconds": [r["warmup_seconds"] for r in runs], "device": runs[0]["device_name"],
                "torch": torch.__version__}
         rows.append(row)
-        print(f"{json.dumps(overrides):60s} acc mean {100 * row['accuracy_mean']:.2f} min {100 * row['accuracy_min']:.2f}"
+        print(f"{json.dumps(overrides):60s} {metric} mean {row['mean']:.4f} ({', '.join(f'{v:.4f}' for v in values)})"
               f"  train {row['train_seconds_mean']:.2f} s  warmup {row['warmup_seconds']}", flush=True)
         if args.out:  # after every variant, so a run cut short keeps what it measured
             with open(args.out, "w") as f:

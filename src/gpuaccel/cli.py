@@ -288,20 +288,22 @@ def _deploy_parsers(sub) -> None:
     e.add_argument("--dynamic-batch", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
-    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (or sentences) to compare (1000)")
+    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (sentences, recordings) to compare (1000)")
     e.add_argument("--json", action="store_true", help="print the verification as JSON")
     e.set_defaults(handler=_run_export)
 
-    i = sub.add_parser("infer", help="predict classes for images (or sentences) with a trained or exported model",
+    i = sub.add_parser("infer", help="predict classes for images (sentences, recordings) with a trained or exported "
+                                     "model",
                        description="Predict classes for image files, a folder of images, or a data set's held-out "
                                    "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
                                    ".ts file; or, with a run of a text classifier, for text files (a sentence per "
-                                   "line) or a labelled .tsv/.csv/.jsonl (scored). Writes CSV (input, class_1, "
+                                   "line) or a labelled .tsv/.csv/.jsonl (scored); with a run of an audio classifier, for WAV files "
+                                   "and folders of them. Writes CSV (input, class_1, "
                                    "prob_1, ...) and prints latency statistics.")
     i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
     i.add_argument("inputs", nargs="+", metavar="INPUTS",
                    help="image files, a folder of images, or a data set spec; for a text classifier, text files or "
-                        "a labelled sentences file or folder")
+                        "a labelled sentences file or folder; for an audio classifier, WAV files or folders")
     i.add_argument("--device", default="auto",
                    help="auto (default: a CUDA GPU when there is one and the model's runtime can use it), cpu, "
                         "cuda or cuda:N")
@@ -331,6 +333,18 @@ def _deploy_parsers(sub) -> None:
                    help="recompute the whole context for every token (for comparison; slower)")
     g.add_argument("--json", action="store_true", help="print the texts and the speed as JSON")
     g.set_defaults(handler=_run_generate)
+
+    r = sub.add_parser("recommend", help="the items a trained rating model predicts a user will rate highest",
+                       description="Score every item the user has not rated in the run's training data with a "
+                                   "model trained by 'gpuaccel train' on ratings; print the best, with titles "
+                                   "where the data has them (MovieLens' u.item, movies.dat or movies.csv).")
+    r.add_argument("run", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    r.add_argument("--user", required=True, help="the user's id, as in the ratings file")
+    r.add_argument("--top", type=int, default=10, metavar="K", help="how many items (default 10)")
+    r.add_argument("--include-rated", action="store_true", help="also rank the items the user rated in training")
+    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    r.add_argument("--json", action="store_true", help="print the list as JSON")
+    r.set_defaults(handler=_run_recommend)
 
     q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
                        description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export'): "
@@ -500,15 +514,23 @@ def _run_bench_infer(args) -> int:
 
 def _run_export(args) -> int:
 
-    from .deploy.artifact import load_trained
+    from .deploy.artifact import load_trained, run_kind
     from .deploy.export import FORMAT_SUFFIX, FORMATS, export, verify
-    from .deploy.text import export_text_classifier, is_text_run
     from .errors import choice_error
 
-    if is_text_run(args.checkpoint):
+    kind = run_kind(args.checkpoint)
+    if kind == "text":
+        from .deploy.text import export_text_classifier
+
         report = export_text_classifier(args.checkpoint, args.format, args.out, data=args.data,
                                         verify_sentences=args.verify_images, opset=args.opset)
         return _export_report(args, report, "held-out sentences", report["sentences"])
+    if kind == "audio":
+        from .deploy.audio import export_audio_classifier
+
+        report = export_audio_classifier(args.checkpoint, args.format, args.out, data=args.data,
+                                         verify_recordings=args.verify_images, opset=args.opset)
+        return _export_report(args, report, "held-out recordings", report["recordings"])
     if args.format not in FORMATS:
         raise choice_error("export format", args.format, FORMATS)
     trained = load_trained(args.checkpoint)
@@ -554,15 +576,32 @@ def _run_generate(args) -> int:
     return 0
 
 
+def _run_recommend(args) -> int:
+    from dataclasses import asdict
+
+    from .deploy.recommend import recommend
+
+    items = recommend(args.run, args.user, args.top, device=args.device, include_rated=args.include_rated)
+    if args.json:
+        print(json.dumps([asdict(i) for i in items], indent=1))
+    else:
+        for rank, item in enumerate(items, 1):
+            print(f"{rank:3d}. {item.title or item.item}  (item {item.item}, score {item.score:.2f})")
+    return 0
+
+
 def _run_infer(args) -> int:
     from .deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
+    from .deploy.artifact import run_kind
     from .deploy.runners import load_runner
-    from .deploy.text import is_text_run
 
     if args.batch_size < 1 or args.top_k < 1:
         raise GpuaccelError("--batch-size and --top-k must be at least 1")
-    if is_text_run(args.model):
+    kind = run_kind(args.model)
+    if kind == "text":
         return _infer_sentences(args)
+    if kind == "audio":
+        return _infer_recordings(args)
     if args.threads is not None:
         import torch
 
@@ -615,6 +654,20 @@ def _infer_sentences(args) -> int:
     if result.accuracy is not None:
         line += f"; accuracy {100 * result.accuracy:.2f}%"
     print(line, file=sys.stderr)
+    return 0
+
+
+def _infer_recordings(args) -> int:
+    """``gpuaccel infer`` with an audio classifier: WAV files and folders of them."""
+    from .deploy.audio import classify_recordings
+    from .deploy.infer import predictions_csv
+
+    result = classify_recordings(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
+    _write_predictions(args.out, predictions_csv(result.names, result.probabilities, result.classes, args.top_k))
+    for note in result.notes[:5]:
+        print(f"gpuaccel: {note}", file=sys.stderr)
+    print(f"{len(result.names)} recordings on {result.device}: "
+          f"{len(result.names) / max(result.seconds, 1e-9):,.0f} recordings/s", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,9 @@
 is detected (IDX directory, CIFAR pickle directory, ImageFolder tree, .tar[.gz] of such
 a tree, .npz), or ``KIND:PATH`` to name the format explicitly. Text (a .txt file or a
 folder of them, kind ``text``) is read by ``text.load_corpus``; labelled sentences (kind
-``sentences``) by ``sentences.load_sentences``.
+``sentences``) by ``sentences.load_sentences``; recordings (a folder or .tar[.gz] of .wav files,
+kind ``audio``) by ``audio.load_audio``; ratings (MovieLens files, or a CSV/TSV with user, item
+and rating columns, kind ``ratings``) by ``ratings.load_ratings``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from . import cache
 from .dataset import ImageDataset
 from .formats import READERS, ReadOptions, detect_kind
 from .stream import StreamingDataset, find_shards, open_stream
+from .audio import is_audio_source
+from .ratings import is_ratings_source
 from .sentences import SENTENCE_SUFFIXES
 from .text import TEXT_SUFFIXES
 
@@ -23,19 +27,27 @@ __all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "
            "DATA_KINDS"]
 
 TEXT_KINDS = ("text", "sentences")  # read into token ids (data/text.py, data/sentences.py), not images
-DATA_KINDS = tuple(sorted((*READERS, *TEXT_KINDS)))
+AUDIO_KIND = "audio"  # read into waveforms (data/audio.py)
+RATINGS_KIND = "ratings"  # read into (user, item, rating) triples (data/ratings.py)
+NON_IMAGE_KINDS = (*TEXT_KINDS, AUDIO_KIND, RATINGS_KIND)
+DATA_KINDS = tuple(sorted((*READERS, *NON_IMAGE_KINDS)))
 STREAMABLE_KINDS = ("imagefolder",)
 
 
 def detect(path: Path) -> str:
     """The format at ``path``: text (a .txt file, or a folder of text files only), labelled
-    sentences (a .tsv/.csv/.jsonl file, or a folder with train.tsv/.csv/.jsonl), else an image
-    format (formats.detect_kind)."""
+    sentences (a .tsv/.csv/.jsonl file, or a folder with train.tsv/.csv/.jsonl; ratings first: a
+    file or folder data/ratings.py recognises), recordings (a
+    folder or archive whose first file is a .wav), else an image format (formats.detect_kind)."""
     if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
         return "text"
+    if is_ratings_source(path):
+        return RATINGS_KIND
     if path.is_file() and path.suffix.lower() in SENTENCE_SUFFIXES or \
             path.is_dir() and any((path / f"train{suffix}").is_file() for suffix in SENTENCE_SUFFIXES):
         return "sentences"
+    if is_audio_source(path):
+        return AUDIO_KIND
     if path.is_dir():
         seen_text = False
         for p in path.rglob("*"):  # (stops at the first other file: an image tree is not walked)
@@ -91,8 +103,8 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     (and torchvision installed), JPEG files are decoded on that GPU in batches.
     """
     kind, path = parse_spec(spec)
-    if kind in TEXT_KINDS:
-        raise GpuaccelError(f"{path} is text; image tools read image data")
+    if kind in NON_IMAGE_KINDS:
+        raise GpuaccelError(f"{path} is {'text' if kind in TEXT_KINDS else kind}; image tools read image data")
     if cache_dir == "default":
         cache_dir = cache.default_cache_dir()
     if image_size is not None and image_size < 4:

@@ -174,7 +174,7 @@ def read_cifar(path, opts: ReadOptions) -> ImageDataset:
 
 # --- ImageFolder trees, on disk or inside a tar archive -------------------------------------------------
 
-def _split_tree(names: list[str]):
+def split_tree(names: list[str]):
     """Groups image names 'split/class/file' or 'class/file' (relative to the tree's root).
 
     Returns ({split: {class: [names]}}, has_splits). A tree whose top level holds a
@@ -197,7 +197,7 @@ def _split_tree(names: list[str]):
     return splits, has_splits
 
 
-def _common_root(names: list[str]) -> str:
+def common_root(names: list[str]) -> str:
     """A tar made of 'cifar10/train/...' has one top folder wrapping the tree: strip it."""
     tops = {n.split("/", 1)[0] for n in names}
     if len(tops) == 1 and all("/" in n for n in names):
@@ -211,10 +211,10 @@ def _common_root(names: list[str]) -> str:
 
 def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fingerprint) -> ImageDataset:
     """Shared by the folder and tar readers: class discovery, decode (cached), labels."""
-    root = _common_root(image_names) if image_names else ""
+    root = common_root(image_names) if image_names else ""
     rel = [n[len(root):] for n in image_names]
     dirs = {d[len(root):] for d in all_dirs if d.startswith(root)}
-    splits, has_splits = _split_tree(rel)
+    splits, has_splits = split_tree(rel)
     if "train" not in splits:
         raise GpuaccelError(f"{source}: no images found in class folders (expected train/<class>/*.jpg or <class>/*.jpg)")
     classes = sorted(splits["train"])

@@ -41,7 +41,7 @@ from ..errors import GpuaccelError
 from . import nvjpeg
 from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
 from .dataset import stratified_split
-from .formats import TEST_SPLIT_NAMES, _common_root, _scan_tree, _split_tree
+from .formats import TEST_SPLIT_NAMES, common_root, _scan_tree, split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
 from .loader import PassReader, _next_epoch, _Normaliser, _ShardedOrder, default_workers
 from .prefetch import in_threads, side_stream
@@ -117,8 +117,8 @@ def _folder_records(root: Path):
     size_of = {name: size for name, size, _mtime in fingerprint}
     if not names:
         raise GpuaccelError(f"{root}: the data set is empty (no image files found)")
-    prefix = _common_root(names)
-    splits, _ = _split_tree([n[len(prefix):] for n in names])
+    prefix = common_root(names)
+    splits, _ = split_tree([n[len(prefix):] for n in names])
     if "train" not in splits:
         raise GpuaccelError(f"{root}: no images found in class folders (expected train/<class>/*.jpg or <class>/*.jpg)")
     classes = sorted(splits["train"])

@@ -84,6 +84,19 @@ def load_run_state(path) -> tuple[dict, Path]:
     return state, path
 
 
+def run_kind(path) -> str | None:
+    """What a run (or its checkpoint) at ``path`` trained: "text" (a tokeniser), "audio" (a
+    waveform classifier) or "image"; None for anything that is not a run (e.g. an .onnx file)."""
+    path = Path(path)
+    if not (path.is_dir() or path.suffix == ".pt"):
+        return None
+    try:
+        state, _ = load_run_state(path)
+    except GpuaccelError:
+        return None
+    return "text" if state.get("tokenizer") else "audio" if state.get("audio") else "image"
+
+
 def rebuild_model(state: dict, path: Path) -> nn.Module:
     """The run's model with its trained weights (the weight average where the run kept one: that
     is the model it evaluated), in training mode, on the CPU."""
@@ -101,6 +114,9 @@ def rebuild_model(state: dict, path: Path) -> nn.Module:
 def load_trained(path) -> TrainedModel:
     """An image classifier of a run, ready to export or infer with."""
     state, path = load_run_state(path)
+    if state.get("audio"):
+        raise GpuaccelError(f"{path} is an audio classifier: 'gpuaccel infer' and 'gpuaccel export' take it; "
+                            f"this command works on image classifiers")
     if state.get("tokenizer"):
         raise GpuaccelError(f"{path} is a text model (task {state.get('task', {}).get('name')!r}); export and infer "
                             f"work on image classifiers so far (a language model samples with 'gpuaccel generate')")

@@ -116,3 +116,33 @@ def verify(trained: TrainedModel, artifact: Path, images: np.ndarray, *, batch_s
     diff = np.concatenate(diffs)
     return {"images": count, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
             "top1_agreement": agree / count, "passed": agree / count >= AGREEMENT_REQUIRED}
+
+
+def artifact_caller(path: Path, fmt: str):
+    """``call(inputs) -> outputs`` (numpy in and out) of an ONNX artefact in ONNX Runtime on the
+    CPU, or of a .pt2 artefact through torch.export."""
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda x: session.run(None, {name: x})[0]
+    exported = torch.export.load(str(path)).module()
+    return lambda x: exported(torch.from_numpy(x)).detach().numpy()
+
+
+def compare_outputs(model: torch.nn.Module, call, batches, unit: str) -> dict:
+    """The original ``model`` (eval mode, CPU) against an artefact's ``call`` on the same inputs
+    (numpy ``batches``): top-1 agreement and output differences; it passes at >= 99.9% agreement."""
+    agree, count, diffs = 0, 0, []
+    with torch.no_grad():
+        for batch in batches:
+            reference = model(torch.from_numpy(batch)).float().numpy()
+            result = call(batch)
+            agree += int((reference.argmax(1) == result.argmax(1)).sum())
+            count += len(batch)
+            diffs.append(np.abs(reference - result).reshape(-1))
+    diff = np.concatenate(diffs)
+    return {unit: count, "top1_agreement": agree / count, "max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean()), "passed": agree / count >= AGREEMENT_REQUIRED}
+

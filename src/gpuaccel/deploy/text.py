@@ -71,18 +71,6 @@ def generate(run, prompt: str, tokens: int, *, temperature: float = 0.8, top_k: 
     return Generation([tokenizer.decode(row.tolist()) for row in out.cpu()], tokens, seconds, str(target))
 
 
-def is_text_run(path) -> bool:
-    """Whether ``path`` is a run (or its checkpoint) of a model trained on text."""
-    path = Path(path)
-    if not (path.is_dir() or path.suffix == ".pt"):
-        return False
-    try:
-        state, _ = load_run_state(path)
-    except GpuaccelError:
-        return False
-    return bool(state.get("tokenizer"))
-
-
 @dataclass
 class SentencePredictions:
     texts: list[str]
@@ -164,7 +152,7 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
     the export against the original on held-out sentences (top-1 agreement >= 99.9%)."""
     from ..data.cache import default_cache_dir
     from ..data.sentences import load_sentences
-    from .export import AGREEMENT_REQUIRED, BATCH, write_artifact
+    from .export import BATCH, artifact_caller, compare_outputs, write_artifact
     from .runners import FORMAT_SUFFIX, metadata_path
 
     if fmt not in TEXT_FORMATS:
@@ -190,25 +178,8 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
                               label_column=config.get("label_column"), cache_dir=default_cache_dir())
     except GpuaccelError as exc:
         raise GpuaccelError(f"cannot load held-out sentences to verify the export ({exc}); pass --data SPEC") from None
-    ids = held.test_ids[:verify_sentences]
-    if fmt == "onnx":
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-        call = lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]  # noqa: E731
-    else:
-        exported = torch.export.load(str(out)).module()
-        call = lambda x: exported(torch.from_numpy(x)).detach().numpy()  # noqa: E731
-    agree, diffs = 0, []
-    with torch.no_grad():
-        for start in range(0, len(ids), 256):
-            chunk = ids[start:start + 256].astype(np.int64)
-            chunk = chunk[:, :max(2, int((chunk != 0).sum(1).max()))]
-            reference = model(torch.from_numpy(chunk)).numpy()
-            result = call(chunk)
-            agree += int((reference.argmax(1) == result.argmax(1)).sum())
-            diffs.append(np.abs(reference - result).reshape(-1))
-    diff = np.concatenate(diffs)
-    return {"sentences": len(ids), "top1_agreement": agree / len(ids), "max_abs_diff": float(diff.max()),
-            "mean_abs_diff": float(diff.mean()), "passed": agree / len(ids) >= AGREEMENT_REQUIRED,
-            "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}
+    ids = held.test_ids[:verify_sentences].astype(np.int64)
+    # each batch cut to its longest sentence: the export is checked at several lengths
+    batches = (chunk[:, :max(2, int((chunk != 0).sum(1).max()))] for chunk in np.split(ids, range(256, len(ids), 256)))
+    report = compare_outputs(model, artifact_caller(out, fmt), batches, "sentences")
+    return {**report, "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}

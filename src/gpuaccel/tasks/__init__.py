@@ -1,6 +1,6 @@
 """Tasks: what a kind of problem brings to training (loss, metrics, evaluation).
 
-``Classification``, ``Regression`` and ``LanguageModelling`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
+``Classification``, ``Regression``, ``LanguageModelling`` and ``Ranking`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
 a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting).
 """
 
@@ -8,10 +8,11 @@ from ..errors import choice_error
 from .base import Accuracy, BatchMean, CustomTask, Metric, MetricTracker, Task, as_metric, call_model
 from .classification import Classification
 from .language import LanguageModelling
+from .ranking import Ranking
 from .regression import Regression
 
 TASKS = {"classification": Classification, "regression": Regression,
-         "language_modelling": LanguageModelling}
+         "language_modelling": LanguageModelling, "ranking": Ranking}
 
 
 def create_task(name: str, **settings) -> Task:
@@ -26,4 +27,4 @@ def create_task(name: str, **settings) -> Task:
 
 
 __all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "LanguageModelling", "Metric", "MetricTracker",
-           "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task"]
+           "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task"]

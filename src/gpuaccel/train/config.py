@@ -42,8 +42,9 @@ class TrainConfig:
         "digits", "data",
         "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
         "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
-        "directory of .tar shards (streamed), or .npz; or KIND:PATH with KIND one of cifar10, cifar100, digits, "
-        "fashion-mnist, idx, imagefolder, mnist, npz, tar ('python' in a run whose data came from Python)",
+        "directory of .tar shards (streamed), .npz, text (.txt; labelled sentences .tsv/.csv/.jsonl), or "
+        "recordings (a folder or .tar.gz of .wav files); or KIND:PATH with KIND one of audio, cifar10, cifar100, "
+        "digits, fashion-mnist, idx, imagefolder, mnist, npz, sentences, tar, text ('python' in a run whose data came from Python)",
         metavar="SPEC")
     val_split: float | None = setting(
         None, "data", "hold out fraction F of the training samples for evaluation, for data without a test split "
@@ -79,6 +80,21 @@ class TrainConfig:
                                                     "name: sentence, text, content, review, ...)", metavar="NAME")
     label_column: str | None = setting(None, "data", "labelled sentences: the label's column (default: found by "
                                                      "name: label, sentiment, class, ...)", metavar="NAME")
+    label_pattern: str | None = setting(
+        None, "data", "recordings: take each label from the file name, e.g. '{label}_{speaker}_{index}.wav' (default: "
+        "from the class folder, train/<class>/*.wav)", metavar="PATTERN")
+    test_where: str | None = setting(None, "data", "recordings with --label-pattern: which files are the test split, "
+                                                   "by the pattern's fields, e.g. 'index<5'", metavar="CONDITION")
+    sample_rate: int | None = setting(None, "data", "recordings: resample every recording to this rate (default: the "
+                                                    "most common rate in the data)", metavar="HZ")
+    clip_seconds: float | None = setting(None, "data", "recordings: centre shorter recordings in silence and cut "
+                                                       "longer ones to their loudest stretch of this length (default: "
+                                                       "the length 99% of the training recordings fit in)",
+                                         metavar="SECONDS")
+    negatives: int = setting(4, "data", "ratings with --task ranking: random items drawn per interaction as negatives "
+                                        "in training, each epoch", metavar="N")
+    eval_negatives: int = setting(99, "data", "ratings with --task ranking: unseen items each user's held-out item is "
+                                              "ranked against", metavar="N")
     crop_padding: int = setting(0, "data", "random translation by up to P pixels", metavar="P")
     flip: str = setting("none", "data", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
     cutout: int = setting(0, "data", "zero a random SxS square in each image", metavar="S")
@@ -92,9 +108,11 @@ class TrainConfig:
     model_args: dict | None = setting(
         None, "model", "keyword arguments for the model factory beyond what the data gives (e.g. "
         "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
-    task: str | None = setting(None, "model", "classification, regression or language_modelling (default: the "
-                                              "data's own: classification for images, language_modelling for "
-                                              "text)", choices=tuple(TASKS), metavar="NAME")
+    task: str | None = setting(None, "model", "classification, regression, language_modelling or ranking (default: "
+                                              "the data's own: classification for images and recordings, "
+                                              "language_modelling for text, regression for ratings; ranking: top-k "
+                                              "recommendation from ratings as implicit feedback)",
+                               choices=tuple(TASKS), metavar="NAME")
     activation_checkpointing: bool = setting(
         False, "model", "recompute each block's activations in the backward pass instead of keeping them: less "
         "memory for about one more forward pass of compute")
@@ -212,6 +230,15 @@ class TrainConfig:
         _whole(self, "context")
         if self.vocab_size is not None:
             _whole(self, "vocab_size")
+        if self.sample_rate is not None and (isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int)
+                                             or self.sample_rate < 1000):
+            raise GpuaccelError(f"--sample-rate is in Hz, a whole number >= 1000, got {self.sample_rate}")
+        if self.clip_seconds is not None and not self.clip_seconds > 0:
+            raise GpuaccelError(f"--clip-seconds must be positive, got {self.clip_seconds}")
+        _whole(self, "negatives")
+        _whole(self, "eval_negatives")
+        if self.test_where is not None and self.label_pattern is None:
+            raise GpuaccelError("--test-where needs --label-pattern: its fields come from the file names")
 
     def _validate_model(self) -> None:
         # a model name is checked when the model is built (the registry lists the valid ones)

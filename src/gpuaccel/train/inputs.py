@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
+from ..data import AUDIO_KIND, RATINGS_KIND, ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
+from ..data.audio import AudioDataset, load_audio
+from ..data.ratings import Interactions, NegativeSamplingLoader, Ratings, load_interactions, load_ratings
 from ..data.augment import AugmentConfig
 from ..data.loader import build_loader
 from ..data.tensors import TensorLoader, build_user_loader, is_tensors, split_off
@@ -44,6 +46,8 @@ class TrainingInputs:
     tokenizer: dict | None = None  # text data: how text becomes tokens (recorded for generation)
     unit: str = "samples"  # what one sample is called in reports: images, windows, ...
     tokens_per_sample: int | None = None  # text: throughput is also reported in tokens
+    audio: dict | None = None  # recordings: the rate and length a model's input has (recorded for inference)
+    ratings: dict | None = None  # ratings: each index's original user and item id (recorded for recommend)
     build: Callable = None  # (config, device, dtype, channels_last, rank, world_size) -> (train, eval) loaders
 
     @property
@@ -96,6 +100,17 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
                 path, tokenizer=config.tokenizer or "word", vocab_size=config.vocab_size, max_tokens=config.context,
                 val_split=config.val_split, seed=config.seed, text_column=config.text_column,
                 label_column=config.label_column, cache_dir=_cache_dir(config))), config)
+        if kind == AUDIO_KIND:
+            return _audio_inputs(_shared_read(dist, lambda: load_audio(
+                path, label_pattern=config.label_pattern, test_where=config.test_where, sample_rate=config.sample_rate,
+                clip_seconds=config.clip_seconds, val_split=config.val_split, skip_bad=config.skip_bad,
+                seed=config.seed, cache_dir=_cache_dir(config))), config)
+        if kind == RATINGS_KIND and config.task == "ranking":
+            return _interaction_inputs(_shared_read(dist, lambda: load_interactions(
+                path, negatives=config.eval_negatives, seed=config.seed, cache_dir=_cache_dir(config))), config)
+        if kind == RATINGS_KIND:
+            return _ratings_inputs(_shared_read(dist, lambda: load_ratings(
+                path, val_split=config.val_split, seed=config.seed, cache_dir=_cache_dir(config))), config)
         dataset = _shared_read(dist, lambda: open_dataset(
             config.data, stream=config.loader == "stream", val_split=config.val_split, image_size=config.image_size,
             skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir, decode_device=device))
@@ -162,6 +177,79 @@ def _sentence_inputs(data: LabelledText, config: TrainConfig) -> TrainingInputs:
                     "context_length": data.train_ids.shape[1]},
         identity=identity, classes=data.classes, task="classification", tokenizer=data.tokenizer.state(),
         unit="sentences", build=build)
+
+
+def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
+    if config.loader == "stream":
+        raise GpuaccelError("--loader stream reads image folders; recordings are decoded once and kept on the device")
+    if config.tta:
+        raise GpuaccelError("--tta flips and shifts images; for recordings leave it at 0 (the model's time shift "
+                            "augments in training)")
+    identity = {"classes": data.classes, "train_samples": len(data.train_labels),
+                "test_samples": len(data.test_labels), "sample_rate": data.sample_rate,
+                "clip_samples": data.clip_samples,
+                "label_counts": np.bincount(data.train_labels, minlength=data.num_classes).tolist(),
+                "files": data.fingerprint}
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+        return (TensorLoader((torch.from_numpy(data.train_waves), torch.from_numpy(data.train_labels)),
+                             batch_size=config.batch_size, train=True, **common),
+                TensorLoader((torch.from_numpy(data.test_waves), torch.from_numpy(data.test_labels)),
+                             batch_size=config.eval_batch_size, train=False, **common))
+
+    return TrainingInputs(
+        name=data.name, description=data.describe(), train_samples=len(data.train_labels),
+        test_samples=len(data.test_labels),
+        model_args={"num_classes": data.num_classes, "sample_rate": data.sample_rate}, identity=identity,
+        classes=data.classes, task="classification", unit="recordings",
+        audio={"sample_rate": data.sample_rate, "clip_samples": data.clip_samples}, build=build)
+
+
+def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
+    if config.loader == "stream":
+        raise GpuaccelError("--loader stream reads image folders; ratings are read once and kept on the device")
+    identity = {"train_samples": len(data.train_ratings), "test_samples": len(data.test_ratings),
+                "users": data.num_users, "items": data.num_items, "files": data.fingerprint}
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+        return tuple(TensorLoader(tuple(torch.from_numpy(getattr(data, f"{split}_{part}"))
+                                        for part in ("users", "items", "ratings")),
+                                  batch_size=size, train=split == "train", **common)
+                     for split, size in (("train", config.batch_size), ("test", config.eval_batch_size)))
+
+    return TrainingInputs(
+        name=data.name, description=data.describe(), train_samples=len(data.train_ratings),
+        test_samples=len(data.test_ratings),
+        model_args={"num_users": data.num_users, "num_items": data.num_items,
+                    "rating_mean": round(float(data.train_ratings.mean()), 6), "rating_range": list(data.rating_range)},
+        identity=identity, task="regression", unit="ratings",
+        ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
+
+
+def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInputs:
+    if config.loader == "stream":
+        raise GpuaccelError("--loader stream reads image folders; interactions are read once and kept on the device")
+    identity = {"train_samples": len(data.train_users), "test_samples": len(data.test_users),
+                "users": data.num_users, "items": data.num_items, "eval_negatives": config.eval_negatives,
+                "files": data.fingerprint}
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+        train = NegativeSamplingLoader(data.train_users, data.train_items, data.num_items, negatives=config.negatives,
+                                       batch_size=config.batch_size, **common)
+        test = TensorLoader((torch.from_numpy(data.test_users), torch.from_numpy(data.test_items),
+                             torch.zeros(len(data.test_users), dtype=torch.long)),  # the held-out item: column 0
+                            batch_size=config.eval_batch_size, train=False, **common)
+        return train, test
+
+    return TrainingInputs(
+        name=data.name, description=data.describe(), train_samples=len(data.train_users) * (1 + config.negatives),
+        test_samples=len(data.test_users),
+        model_args={"num_users": data.num_users, "num_items": data.num_items, "rating_mean": 0.0, "rating_range": None},
+        identity=identity, task="ranking", unit="pairs",
+        ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
 
 
 def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:

@@ -590,7 +590,7 @@ class Trainer:
         model_state, optimizer_state = self.strategy.gather_state(self.optimizer if full else None)
         state = {"model_name": self.config.model, "model_args": self.model_args, "model_path": self.config.model_path,
                  "task": self.task.describe(), "classes": self.inputs.classes, "mean": self.mean, "std": self.std,
-                 "tokenizer": self.inputs.tokenizer,
+                 "tokenizer": self.inputs.tokenizer, "audio": self.inputs.audio, "ratings": self.inputs.ratings,
                  "data_identity": self.inputs.identity, "config": self.config.to_dict(), "model": model_state,
                  "ema_model": {k: v.detach().cpu() for k, v in self.ema.module.state_dict().items()} if self.ema else None,
                  "accuracy": self.last_eval.get("accuracy"), "metrics": self.last_eval, "gpuaccel": __version__,

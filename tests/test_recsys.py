@@ -1,0 +1,183 @@
+"""Ratings: MovieLens files and CSVs read into dense ids (and back), unseen users and items in the
+test split, bad input, a matrix-factorisation run that beats the global mean, and recommend;
+top-k from implicit feedback: the leave-one-out split, negatives, HR@k and NDCG@k, a run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gpuaccel.data import parse_spec
+from gpuaccel.data.ratings import NegativeSamplingLoader, load_interactions, load_ratings
+from gpuaccel.errors import GpuaccelError
+from gpuaccel.models import create_model
+from gpuaccel.tasks import Ranking
+
+from conftest import assert_user_error, run
+
+
+def low_rank_ratings(users=60, items=40, share=0.6, seed=0):
+    """(user, item, rating) triples from rank-2 tastes, rounded to 1-5 stars."""
+    rng = np.random.default_rng(seed)
+    taste, traits = rng.normal(0, 1, (users, 2)), rng.normal(0, 1, (items, 2))
+    rows = []
+    for u in range(users):
+        for i in range(items):
+            if rng.random() < share:
+                stars = np.clip(np.round(3 + taste[u] @ traits[i] + 0.3 * rng.standard_normal()), 1, 5)
+                rows.append((u + 1, i + 1, int(stars), 880000000 + len(rows)))
+    rng.shuffle(rows)
+    return rows
+
+
+def movielens_folder(root, rows, test_share=0.2):
+    root.mkdir(parents=True, exist_ok=True)
+    cut = int(len(rows) * (1 - test_share))
+    for name, part in (("u1.base", rows[:cut]), ("u1.test", rows[cut:]), ("u.data", rows)):
+        (root / name).write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in part))
+    items = sorted({i for _, i, _, _ in rows})
+    (root / "u.item").write_bytes("".join(f"{i}|Film n\xb0{i} (1995)|01-Jan-1995||http://x|0|1\n" for i in items)
+                                  .encode("latin-1"))
+    return root
+
+
+def test_movielens_ids_round_trip_and_unseen_test_users_are_counted(tmp_path):
+    rows = low_rank_ratings()
+    rows.append((999, 1, 4, 0))  # a user who appears only in the test split
+    root = movielens_folder(tmp_path / "ml", rows[:-1])
+    with open(root / "u1.test", "a") as f:
+        f.write("999\t1\t4\t0\n")
+    assert parse_spec(str(root))[0] == "ratings"
+    data = load_ratings(root, cache_dir=tmp_path / "cache")
+    assert data.split == "u1.base/u1.test"
+    base = [line.split("\t") for line in (root / "u1.base").read_text().splitlines()]
+    assert [data.user_ids[u] for u in data.train_users] == [r[0] for r in base]
+    assert [data.item_ids[i] for i in data.train_items] == [r[1] for r in base]
+    assert data.train_ratings.tolist() == [float(r[2]) for r in base]
+    assert data.cold[0] == 1 and data.test_users[-1] == 0
+    assert data.titles["3"] == "Film n\xb03 (1995)"
+    again = load_ratings(root, cache_dir=tmp_path / "cache")
+    assert np.array_equal(again.test_items, data.test_items) and again.user_ids == data.user_ids
+
+
+def test_a_csv_with_user_item_rating_columns_is_ratings_not_sentences(tmp_path):
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n" + "1,10,4.5,0\n2,10,3.0,0\n1,11,2.0,0\n3,12,5.0,0\n" * 5)
+    assert parse_spec(str(path))[0] == "ratings"
+    data = load_ratings(path, val_split=0.25)
+    assert len(data.train_ratings) == 15 and len(data.test_ratings) == 5 and data.rating_range == (2.0, 5.0)
+    (tmp_path / "bad.csv").write_text("user,item,rating\n1,2,five\n")
+    with pytest.raises(GpuaccelError, match="'five' is not a number"):
+        load_ratings(tmp_path / "bad.csv")
+    (tmp_path / "u.data").write_text("1\t2\n")
+    with pytest.raises(GpuaccelError, match="has 2 field"):
+        load_ratings(tmp_path / "u.data")
+    (tmp_path / "x.base").write_text("1\t2\t3\t0\n")
+    with pytest.raises(GpuaccelError, match="no x.test beside it"):
+        load_ratings(tmp_path / "x.base")
+
+
+def test_unknown_users_and_items_are_predicted_from_what_is_known():
+    model = create_model("matrix_factorization", num_users=5, num_items=4, rating_mean=3.5,
+                         rating_range=[1.0, 5.0], required=()).eval()
+    with torch.no_grad():
+        model.item_bias.weight[2] = 0.7
+        model.user_bias.weight[3] = 10.0
+    prediction = model(torch.tensor([0, 3]), torch.tensor([2, 2]))
+    assert prediction[0].item() == pytest.approx(4.2)  # unknown user: the mean and the item's bias
+    assert prediction[1].item() == 5.0  # clipped to the rating range
+
+
+@pytest.mark.parametrize("model", ["matrix_factorization", "neural_mf"])
+def test_a_rating_model_beats_the_global_mean_and_recommends_unrated_titles(tmp_path, capsys, model):
+    root = movielens_folder(tmp_path / "ml", low_rank_ratings())
+    run_dir = tmp_path / "run"
+    code, out, err = run(capsys, "train", "--recipe", "movielens", "--data", str(root), "--model", model,
+                         "--device", "cpu", "--epochs", "30", "--batch-size", "128", "--lr", "1e-2",
+                         "--model-args", "factors=8", "--run-dir", str(run_dir), "--cache-dir", str(tmp_path / "cache"),
+                         "--json", "--no-monitor")
+    assert code == 0, err
+    summary = json.loads(out)
+    data = load_ratings(root)
+    baseline = float(np.sqrt(np.mean((data.test_ratings - data.train_ratings.mean()) ** 2)))
+    assert summary["metrics"]["rmse"] < 0.85 * baseline, (summary["metrics"], baseline)
+    assert summary["task"] == "regression" and summary["sample_unit"] == "ratings"
+
+    code, out, err = run(capsys, "recommend", str(run_dir), "--user", "7", "--top", "5", "--json", "--device", "cpu")
+    assert code == 0, err
+    items = json.loads(out)
+    rated = {data.item_ids[i] for i in data.train_items[data.train_users == data.user_ids.index("7")]}
+    assert len(items) == 5 and not {i["item"] for i in items} & rated
+    assert items[0]["title"].startswith("Film n\xb0") and items[0]["score"] >= items[-1]["score"]
+    assert_user_error(capsys, ["recommend", str(run_dir), "--user", "12345"], "user '12345' has no ratings")
+
+
+# ------------------------------------------------------------------------------ top-k from implicit feedback
+
+def test_leave_one_out_holds_out_each_users_latest_item_against_unseen_negatives(tmp_path):
+    root = tmp_path / "ml"
+    root.mkdir()
+    rows = [(1, 10, 5, 300), (1, 11, 3, 100), (1, 12, 4, 200), (2, 10, 4, 50), (2, 13, 2, 60), (3, 11, 1, 10)]
+    rows += [(8, item, 3, 0) for item in range(21, 40)]  # items enough to draw negatives from
+    rows += [(9, item, 3, 0) for item in range(14, 21)]  # one timestamp: the file's order decides
+    (root / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    data = load_interactions(root, negatives=5, seed=1)
+    held = {data.user_ids[u]: data.item_ids[row[0]] for u, row in zip(data.test_users, data.test_items)}
+    assert held == {"1": "10", "2": "13", "8": "39", "9": "20"}  # user 3 has one interaction: it stays in training
+    for u, row in zip(data.test_users, data.test_items):
+        interacted = {data.item_ids[i] for i in data.train_items[data.train_users == u]} | {data.item_ids[row[0]]}
+        negatives = [data.item_ids[i] for i in row[1:]]
+        assert len(set(negatives)) == 5 and not set(negatives) & interacted
+    assert np.array_equal(load_interactions(root, negatives=5, seed=1).test_items, data.test_items)
+
+
+def test_sampled_negatives_that_are_interactions_are_labelled_positive():
+    users, items = np.array([1, 1, 2]), np.array([1, 2, 1])
+    loader = NegativeSamplingLoader(users, items, num_items=3, negatives=50, batch_size=1000, device=torch.device("cpu"))
+    u, i, labels = next(loader.batches(0))
+    assert len(labels) == 3 * 51
+    interacted = {(1, 1), (1, 2), (2, 1)}
+    assert all(bool(y) == ((int(a), int(b)) in interacted) for a, b, y in zip(u, i, labels))
+    assert 0 < labels.mean() < 1  # both kinds drawn
+
+
+def test_hit_rate_and_ndcg_count_the_held_out_items_position():
+    scores = torch.tensor([[0.9, 0.1, 0.2], [0.1, 0.5, 0.9], [0.5, 0.5, 0.1]])
+    targets = torch.zeros(3, dtype=torch.long)
+    task = Ranking(k=2)
+    metrics = task.metrics()
+    hits = metrics["hr@2"].finish(metrics["hr@2"].sums(scores, targets).tolist())
+    ndcg = metrics["ndcg@2"].finish(metrics["ndcg@2"].sums(scores, targets).tolist())
+    # positions: first; third (missed); tied with one other (counted as second)
+    assert hits == pytest.approx(2 / 3) and ndcg == pytest.approx((1 + 1 / np.log2(3)) / 3)
+
+
+def taste_interactions(users=60, items=60, per_user=15, seed=0):
+    """Each user rates the items that best fit a rank-2 taste (which items, not how: implicit
+    feedback), at random times."""
+    rng = np.random.default_rng(seed)
+    taste, traits = rng.normal(0, 1, (users, 2)), rng.normal(0, 1, (items, 2))
+    rows = []
+    for u in range(users):
+        fit = taste[u] @ traits.T + 0.3 * rng.standard_normal(items)
+        for i in np.argsort(-fit)[:per_user]:
+            rows.append((u + 1, int(i) + 1, 4, int(rng.integers(0, 10 ** 6))))
+    return rows
+
+
+def test_a_ranking_run_beats_chance_and_recommends(tmp_path, capsys):
+    root = movielens_folder(tmp_path / "ml", taste_interactions())
+    run_dir = tmp_path / "run"
+    code, out, err = run(capsys, "train", "--recipe", "movielens-topk", "--data", str(root), "--device", "cpu",
+                         "--no-compile", "--epochs", "15", "--batch-size", "256", "--lr", "1e-2", "--eval-negatives",
+                         "19", "--model-args", "factors=8", "--run-dir", str(run_dir), "--json", "--no-monitor",
+                         "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["task"] == "ranking" and summary["metrics"]["hr@10"] > 0.5 + 0.1  # chance: 10 of 20 = 0.5
+    code, out, err = run(capsys, "recommend", str(run_dir), "--user", "3", "--top", "3", "--json", "--device", "cpu")
+    assert code == 0, err
+    assert len(json.loads(out)) == 3
