@@ -98,7 +98,7 @@ def test_a_rating_model_beats_the_global_mean_and_recommends_unrated_titles(tmp_
     code, out, err = run(capsys, "train", "--recipe", "movielens", "--data", str(root), "--model", model,
                          "--device", "cpu", "--epochs", "30", "--batch-size", "128", "--lr", "1e-2",
                          "--model-args", "factors=8", "--run-dir", str(run_dir), "--cache-dir", str(tmp_path / "cache"),
-                         "--json", "--no-monitor")
+                         "--json", "--no-monitor", "--no-compile")
     assert code == 0, err
     summary = json.loads(out)
     data = load_ratings(root)
@@ -181,3 +181,52 @@ def test_a_ranking_run_beats_chance_and_recommends(tmp_path, capsys):
     code, out, err = run(capsys, "recommend", str(run_dir), "--user", "3", "--top", "3", "--json", "--device", "cpu")
     assert code == 0, err
     assert len(json.loads(out)) == 3
+
+
+# ------------------------------------------------------------------------------ DLRM with tables updated in the backward pass
+
+def test_fused_tables_take_row_wise_adagrad_steps_with_duplicates_summed():
+    from gpuaccel.models.dlrm import FusedEmbeddingTables
+
+    torch.manual_seed(0)
+    tables = FusedEmbeddingTables([5, 7], 4, lr=0.1)
+    before = tables.weight.detach().clone()
+    ids = torch.tensor([[1, 2], [1, 6], [4, 2]])  # row 1 of table 0 and row 2 of table 1 twice
+    target = torch.randn(3, 2, 4)
+    ((tables(ids) - target) ** 2).sum().backward()
+    dense = before.clone().requires_grad_(True)
+    ((dense[ids + torch.tensor([0, 5])] - target) ** 2).sum().backward()
+    used = dense.grad.abs().sum(1) > 0
+    accumulated = dense.grad.square().mean(1) * used
+    expected = before - 0.1 * dense.grad / (accumulated.sqrt() + 1e-8).unsqueeze(1)
+    assert torch.allclose(tables.weight.detach(), expected, atol=1e-6)
+    assert torch.allclose(tables.accumulator, accumulated) and tables.weight.grad is None
+
+
+def test_a_dlrm_learns_clicks_through_the_trainer_with_its_tables_left_to_itself(tmp_path):
+    import torch.nn.functional as F
+
+    import gpuaccel
+    from gpuaccel.tasks import CustomTask
+    from gpuaccel.train.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(0)
+    n, sizes = 4096, [50, 30, 20]
+    dense = torch.randn(n, 13, generator=g)
+    sparse = torch.stack([torch.randint(0, s, (n,), generator=g) for s in sizes], 1)
+    liked = torch.rand(50, generator=g) < 0.5  # the click depends on table 0's id and one dense feature
+    labels = (liked[sparse[:, 0]] ^ (dense[:, 0] > 1)).float()
+    model = create_model("dlrm", table_sizes=sizes, dim=8, bottom=[16], top=[32], table_lr=0.1, required=())
+    config = gpuaccel.TrainConfig(batch_size=256, epochs=20, optimizer="adamw", lr=3e-3, weight_decay=0.0,
+                                  device="cpu", monitor=False, run_dir=str(tmp_path / "run"))
+    bce = CustomTask(lambda out, y: F.binary_cross_entropy_with_logits(out, y),
+                     metrics={"accuracy": lambda out, y: ((out > 0).float() == y).float().mean()})
+    trainer = gpuaccel.Trainer(config, model=model, train_data=(dense[:3584], sparse[:3584], labels[:3584]),
+                               eval_data=(dense[3584:], sparse[3584:], labels[3584:]), task=bce, quiet=True)
+    table = trainer.model.tables.weight
+    assert all(table is not p for group in build_optimizer(trainer.model, config, torch.device("cpu")).param_groups
+               for p in group["params"])
+    before = table.detach().clone()
+    summary = trainer.fit()
+    assert not torch.equal(before, table.detach()) and trainer.model.tables.accumulator.sum() > 0
+    assert summary["metrics"]["accuracy"] > 0.9, summary["metrics"]

@@ -40,8 +40,23 @@ TIME_NAMES = ("timestamp", "time", "date")
 TITLE_FILES = ("u.item", "movies.dat", "movies.csv")
 
 
+class _IdMaps:
+    """Dense indices of users and items (from 1; 0: not seen in training) and their original ids."""
+
+    user_ids: list[str]
+    item_ids: list[str]
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def num_items(self) -> int:
+        return len(self.item_ids)
+
+
 @dataclass
-class Ratings:
+class Ratings(_IdMaps):
     """Ratings as dense indices (users and items from 1; 0 = not seen in training)."""
 
     name: str
@@ -57,14 +72,6 @@ class Ratings:
     titles: dict[str, str] = field(default_factory=dict)  # item id -> title, where the data has titles
     split: str = ""
     fingerprint: str = ""
-
-    @property
-    def num_users(self) -> int:
-        return len(self.user_ids)
-
-    @property
-    def num_items(self) -> int:
-        return len(self.item_ids)
 
     @property
     def rating_range(self) -> tuple[float, float]:
@@ -242,7 +249,7 @@ INTERACTION_FILES = ("u.data", "ratings.dat", "ratings.csv", "ratings.tsv", "u1.
 
 
 @dataclass
-class Interactions:
+class Interactions(_IdMaps):
     """Implicit feedback split leave-one-out: each user's latest interaction is the test item,
     ranked against ``negatives`` items the user never interacted with (row i of ``test_items``:
     the held-out item, then its negatives)."""
@@ -257,14 +264,6 @@ class Interactions:
     source: str = ""
     titles: dict[str, str] = field(default_factory=dict)
     fingerprint: str = ""
-
-    @property
-    def num_users(self) -> int:
-        return len(self.user_ids)
-
-    @property
-    def num_items(self) -> int:
-        return len(self.item_ids)
 
     def describe(self) -> str:
         return (f"{self.name}: {len(self.train_users):,} train interactions, {len(self.test_users):,} users' latest "

@@ -125,10 +125,12 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
     Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
     step on a GPU (sharded parameters use the multi-tensor path instead); ``capturable``: AdamW
     keeps its step count on the device, so that a CUDA graph can hold its update. With ``muon``,
-    convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD."""
+    convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD.
+    Parameters a model updates itself in its backward pass (``updated_in_backward``, e.g.
+    models/dlrm.py's embedding tables) are left out."""
     filters, decay, no_decay = [], [], []
     for p in model.parameters():
-        if p.requires_grad:
+        if p.requires_grad and not getattr(p, "updated_in_backward", False):
             if config.optimizer == "muon" and p.ndim > 2:
                 filters.append(p)
             else:

@@ -1,0 +1,112 @@
+"""A DLRM-style click-through model (Naumov et al., 2019) with its embedding tables updated
+inside the backward pass.
+
+Inputs: dense features (N, D) float and sparse features (N, T) int64, one id per table.
+Dense features go through the bottom MLP; each sparse feature looks up its table; the
+pairwise dot products of all T + 1 vectors, with the bottom MLP's output, go through the top
+MLP to one logit.
+
+``FusedEmbeddingTables`` keeps every table in one weight matrix (table t's rows start at
+``offsets[t]``): a batch's lookups are one gather. Tables of millions of rows would need
+gigabytes of optimizer state and a dense gradient each step under AdamW, so, as FBGEMM's
+table-batched embeddings do for DLRM, the optimizer is fused into the backward pass: the rows
+the batch used are updated in place with row-wise Adagrad (one accumulator per row), at the
+tables' own learning rate. The weight has no ``.grad`` and gpuaccel's optimizer leaves it
+alone (``updated_in_backward``). Duplicated ids in a batch sum their gradients first. Every
+step is a fixed sequence of kernels (no data-dependent sizes), so the step graph can capture it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .registry import register_model
+
+
+class _FusedLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, module):
+        ctx.save_for_backward(ids)
+        ctx.module = module
+        return weight[ids]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        ctx.module.apply_gradient(ids.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+        return None, None, None
+
+
+class FusedEmbeddingTables(nn.Module):
+    def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8):
+        super().__init__()
+        self.sizes, self.lr, self.eps = list(sizes), lr, eps
+        self.register_buffer("offsets", torch.tensor([0, *sizes[:-1]]).cumsum(0), persistent=False)
+        total = sum(sizes)
+        self.weight = nn.Parameter(torch.empty(total, dim))
+        self.weight.updated_in_backward = True  # (train/optim.py leaves it out of the optimizer)
+        # each table initialised as DLRM does: uniform in +-1/sqrt(rows)
+        with torch.no_grad():
+            for start, rows in zip(self.offsets.tolist(), sizes):
+                self.weight[start:start + rows].uniform_(-1 / math.sqrt(rows), 1 / math.sqrt(rows))
+        self.register_buffer("accumulator", torch.zeros(total))  # row-wise Adagrad's sum of mean squared gradients
+        self._summed: torch.Tensor | None = None  # per-row gradient sums: allocated once, zero between steps
+
+    @torch.compiler.disable  # an update inside the backward pass is not for inductor; the step graph captures it
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N, T) ids, one per table -> (N, T, dim) rows."""
+        rows = ids + self.offsets
+        if self.training and torch.is_grad_enabled():
+            return _FusedLookup.apply(rows, self.weight, self)
+        return self.weight[rows]
+
+    @torch.no_grad()
+    def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        if self._summed is None or self._summed.device != grad.device:
+            self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
+        self._summed.index_add_(0, rows, grad.float())  # duplicates add up here
+        summed = self._summed[rows]  # every occurrence of a row reads the same sum ...
+        accumulated = self.accumulator[rows] + summed.square().mean(1)
+        # ... so every write of a duplicated row writes the same value: the update happens once
+        self.accumulator.index_put_((rows,), accumulated)
+        step = summed * (self.lr / (accumulated.sqrt() + self.eps)).unsqueeze(1)
+        self.weight.index_put_((rows,), self.weight[rows] - step.to(self.weight.dtype))
+        self._summed.index_fill_(0, rows, 0.0)
+
+
+def _mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_activation:
+            layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, dense_features: int, table_sizes: list[int], dim: int, bottom: list[int], top: list[int],
+                 table_lr: float):
+        super().__init__()
+        self.tables = FusedEmbeddingTables(table_sizes, dim, table_lr)
+        self.bottom = _mlp([dense_features, *bottom, dim], last_activation=True)
+        vectors = len(table_sizes) + 1
+        self.register_buffer("pairs", torch.triu_indices(vectors, vectors, 1), persistent=False)
+        self.top = _mlp([dim + vectors * (vectors - 1) // 2, *top, 1], last_activation=False)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        vectors = torch.cat([x.unsqueeze(1), self.tables(sparse).to(x.dtype)], 1)  # (N, T + 1, dim)
+        products = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return self.top(torch.cat([x, products], 1))[:, 0]
+
+
+@register_model("dlrm")
+def dlrm(dense_features: int = 13, table_sizes: tuple[int, ...] = (1000,) * 26, dim: int = 128,
+         bottom: tuple[int, ...] = (512, 256), top: tuple[int, ...] = (1024, 1024, 512, 256),
+         table_lr: float = 0.05) -> DLRM:
+    """DLRM: bottom MLP for dense features, fused embedding tables for sparse ones, pairwise dot
+    interactions, top MLP to one click logit (MLPerf's Criteo sizes by default, tables aside)."""
+    return DLRM(dense_features, list(table_sizes), dim, list(bottom), list(top), table_lr)
