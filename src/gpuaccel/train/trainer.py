@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..compiling import compile_arguments
@@ -442,15 +442,26 @@ class Trainer:
                 self.ema.update(self.model)
         self.scheduler.step()
 
+    def _snapshot(self, state: dict) -> dict:
+        """A copy of ``state`` to restore after the warm-up: beside the original while the GPU has
+        twice its size free, else in host memory (a model of tens of gigabytes, e.g. DLRM's tables,
+        would otherwise need its size again on the GPU)."""
+        on_gpu = sum(t.numel() * t.element_size() for t in tree_flatten(state)[0]
+                     if isinstance(t, torch.Tensor) and t.is_cuda)
+        if on_gpu and torch.cuda.mem_get_info(self.device)[0] < 2 * on_gpu:
+            return tree_map(lambda t: t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor)
+                            else copy.deepcopy(t), state)
+        return copy.deepcopy(state)
+
     def warm_up(self, evaluate: bool = True, batch=None) -> float:
         """Runs three training steps on ``batch`` (by default the first of epoch 0) and
         (``evaluate``) a full evaluation, then puts every piece of state back, so that
         compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
         it took."""
         start = time.perf_counter()
-        saved = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        saved = {"model": self._snapshot(self.model.state_dict()), "optimizer": self._snapshot(self.optimizer.state_dict()),
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                 "ema": copy.deepcopy(self.ema.state_dict()) if self.ema else None,
+                 "ema": self._snapshot(self.ema.state_dict()) if self.ema else None,
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         inputs, targets = self.task.split(batch if batch is not None else next(iter(self.train_loader.batches(0))))
