@@ -237,3 +237,14 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
                                   atol=1e-5)
     assert usual.scheduler.get_last_lr() == graphed.scheduler.get_last_lr()
     assert all(isinstance(group["lr"], float) for group in graphed.optimizer.param_groups)
+
+
+def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
+    from gpuaccel.monitor.phases import BEFORE, process_age
+
+    config = TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=str(tmp_path / "run"))
+    summary = Trainer(config, quiet=True).fit()
+    phases = summary["phases"]
+    assert list(phases)[:3] == [BEFORE, "device (CUDA initialisation)", "reading the data"]
+    assert phases["training"] == pytest.approx(summary["train_seconds"], abs=0.01)
+    assert sum(phases.values()) == pytest.approx(process_age(), abs=0.5)  # no second left out

@@ -246,6 +246,7 @@ def _print_summary(s: dict) -> None:
                                                              s.get("resumed") else "") +
          f"; this process: set-up {s['setup_seconds']:.2f} s, warm-up {s['warmup_seconds']:.2f} s, "
          f"loop {s['wall_seconds']:.2f} s (training, evaluation, saving)"),
+        ("phases", ", ".join(f"{name} {seconds:.2f} s" for name, seconds in s.get("phases", {}).items())),
         ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s" +
          (f" ({s['tokens_per_second']:,.0f} tokens/s)" if s.get("tokens_per_second") else "")),
     ]

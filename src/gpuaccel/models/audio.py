@@ -21,7 +21,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .layers import conv_bn_act, init_weights
+from .layers import conv_bn_act, eager_forward, init_weights
 from .registry import register_model
 from .resnet import BasicBlock
 
@@ -46,6 +46,7 @@ def mel_filters(n_freqs: int, sample_rate: int, n_mels: int, f_min: float = 0.0,
     return torch.clamp(torch.minimum(rising, falling), min=0).float()
 
 
+@eager_forward  # inductor generates no code for complex numbers: the FFT runs as it is
 class LogMel(nn.Module):
     """(N, samples) waveforms in [-1, 1] -> (N, n_mels, frames) normalised log-mel energies."""
 
@@ -61,7 +62,6 @@ class LogMel(nn.Module):
     def frames(self, samples: int) -> int:
         return samples // self.hop + 1
 
-    @torch.compiler.disable  # inductor generates no code for complex numbers: the FFT runs as it is
     def forward(self, waves: torch.Tensor) -> torch.Tensor:
         # in fp32 whatever the autocast: the FFT has no bf16 kernel, and log energies span decades
         with torch.autocast(waves.device.type, enabled=False):

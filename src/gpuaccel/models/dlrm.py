@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn as nn
 
+from .layers import eager_forward
 from .registry import register_model
 
 
@@ -40,6 +41,7 @@ class _FusedLookup(torch.autograd.Function):
         return None, None, None
 
 
+@eager_forward  # an update inside the backward pass is not for inductor; the step graph captures it
 class FusedEmbeddingTables(nn.Module):
     def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8):
         super().__init__()
@@ -55,7 +57,6 @@ class FusedEmbeddingTables(nn.Module):
         self.register_buffer("accumulator", torch.zeros(total))  # row-wise Adagrad's sum of mean squared gradients
         self._summed: torch.Tensor | None = None  # per-row gradient sums: allocated once, zero between steps
 
-    @torch.compiler.disable  # an update inside the backward pass is not for inductor; the step graph captures it
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, T) ids, one per table -> (N, T, dim) rows."""
         rows = ids + self.offsets

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -23,6 +24,24 @@ if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
     warnings.warn(f"GPUACCEL_FUSED_BN must be one of {', '.join(FUSED_BATCH_NORM_MODES)}; "
                   f"got {FUSED_BATCH_NORM!r}, so it is off")
     FUSED_BATCH_NORM = "off"
+
+
+def eager_forward(cls):
+    """Class decorator: ``cls.forward`` runs outside torch.compile's graphs (torch.compiler.disable:
+    for what inductor cannot generate code for, e.g. complex FFTs, or updates made in a backward
+    pass); the step graph still captures its kernels. Applied when the first instance is built,
+    not at import: importing Dynamo takes seconds that every command would otherwise pay."""
+    build = cls.__init__
+
+    @functools.wraps(build)
+    def __init__(self, *args, **kwargs):
+        if not getattr(cls.forward, "_eager", False):
+            cls.forward = torch.compiler.disable(cls.forward)
+            cls.forward._eager = True
+        build(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
 
 
 def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, groups: int = 1,

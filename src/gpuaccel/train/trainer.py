@@ -38,6 +38,7 @@ from ..models import create_model
 from ..models.registry import add_search_dir, model_source_dir
 from ..models.structure import apply_structure
 from ..monitor import DataWaitMeter, GpuSampler
+from ..monitor.phases import PhaseClock
 from ..monitor.profiling import ScalarLog, StepProfiler
 from ..parallel import Distributed, Strategy, apply_activation_checkpointing, build_strategy
 from ..tasks import CustomTask, MetricTracker, Task, call_model, create_task
@@ -76,6 +77,7 @@ class Trainer:
         each evaluation. ``data_init=False`` skips a model's data-dependent initialisation.
         ``strategy``: a ``gpuaccel.parallel.Strategy`` instead of the one the settings imply."""
         setup_start = time.perf_counter()
+        self.phases = PhaseClock()
         self.config = config = (config or TrainConfig()).replace().validate()  # (a copy: it records the run)
         self._compile_mode = config.compile_mode if config.compile else None
         self.quiet = quiet
@@ -84,12 +86,16 @@ class Trainer:
         self.device = self.dist.device(config.device) if self.dist.active else resolve_device(config.device)
         self.dist.init(self.device)
         self.precision = resolve_precision(config.precision, self.device)
+        if self.device.type == "cuda":
+            torch.zeros((), device=self.device)  # CUDA's context now, so that its cost is charged here
+        self.phases.mark("device (CUDA initialisation)")
         if train_data is None and dataset is None:
             config.data = resolved_spec(config.data)  # recorded so that a resume works from anywhere
         self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data,
                                   dist=self.dist, device=self.device)
         if train_data is not None and self.inputs.images is None:
             config.data = USER_DATA
+        self.phases.mark("reading the data")
         self.dataset = self.inputs.images  # a gpuaccel image data set, or None for a user's data
         self.task = _resolve_task(config, self.inputs, task, loss_fn, metrics)
         if config.target_metric is not None:
@@ -125,6 +131,7 @@ class Trainer:
         # a pipeline stage or FSDP with CPU offload puts the parameters where they belong, part by part
         self.on_host = self.strategy.places_parameters
         self.model.to(torch.device("cpu") if self.on_host else self.device, memory_format=layout)
+        self.phases.mark("building and placing the model")
         if config.deterministic:
             # cuDNN's autotuner times its candidates, so which kernel wins, and its rounding, varies
             # from process to process; cuBLAS needs a fixed workspace before its first call
@@ -186,6 +193,7 @@ class Trainer:
         self._lock: RunLock | None = None
         self.warmup_seconds = 0.0
         self.setup_seconds = time.perf_counter() - setup_start
+        self.phases.mark("loaders, optimizer, parallel strategy")
 
     def _build_model(self, model: nn.Module | None, structure: dict | None) -> nn.Module:
         """The model to train, and how a run records it: a registry name or factory spec (rebuilt
@@ -258,13 +266,17 @@ class Trainer:
             first = next(first_batches, None)
             if first is not None:
                 first_batches = itertools.chain([first], first_batches)
+            self.phases.mark("run directory")
             self.warmup_seconds = self.warm_up(batch=first)
+            self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         loss_sum = torch.zeros((), device=self.device)  # summed on the device, read at evaluations
         samples_since_eval, seconds_at_eval = 0, self.train_seconds
+        trained_before = self.train_seconds
         last_checkpoint = time.perf_counter()
         stopped_by = None
+        self.phases.mark("run directory")
         wall_start = time.perf_counter()
         previous_handler = _install_sigterm()
         self.model.train()
@@ -399,7 +411,12 @@ class Trainer:
         progress.close()
         if self.step_graph is not None:  # before the process group goes; a later fit() captures again
             self.step_graph.release()
-        return self._finish(stopped_by, time.perf_counter() - wall_start)
+        wall_seconds = time.perf_counter() - wall_start
+        self.phases.add("training", self.train_seconds - trained_before)
+        self.phases.add("evaluations, checkpoints and logs during the loop",
+                        wall_seconds - (self.train_seconds - trained_before))
+        self.phases.restart()
+        return self._finish(stopped_by, wall_seconds)
 
     @property
     def epochs_done(self) -> float:
@@ -729,6 +746,7 @@ class Trainer:
             state = self._state(full=False)
             if self.dist.is_main:
                 checkpoint.save(self.run_dir / FINAL_MODEL, state)
+        self.phases.mark("writing model.pt")
         rate = round(self.samples_seen / self.train_seconds if self.train_seconds > 0 else 0.0, 1)
         target = self.config.target_metric
         images = self.dataset is not None
@@ -756,6 +774,7 @@ class Trainer:
             "jpeg_decoder": self.jpeg_decoder,
             "processes": self.dist.world_size, "global_batch_size": self.config.batch_size * self.data_ranks *
             self.config.grad_accum, "samples_seen": self.samples_seen, "restarts": self.dist.restart,
+            "phases": self.phases.table(),  # this process's wall-clock time, phase by phase, until now
         }
         if "accuracy" in self.last_eval or "accuracy" in self.best_metrics:
             summary.update(test_accuracy=self.last_eval.get("accuracy"), best_accuracy=self.best_accuracy)
