@@ -29,6 +29,15 @@ def cache_key(reader: str, fingerprint, options: dict) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def file_identity(reader: str, root: Path, files: list[Path], options: dict) -> tuple[str, str]:
+    """(cache key, fingerprint) of files read with ``options``: their names (relative to ``root``
+    when it is a folder), sizes and modification times, so that an edited file is read again and
+    a run can tell that its data changed."""
+    fingerprint = [(str(f.relative_to(root) if root.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in files]
+    return cache_key(reader, fingerprint, options), hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+
+
 def load(cache_dir: Path | None, key: str) -> dict | None:
     if cache_dir is None:
         return None

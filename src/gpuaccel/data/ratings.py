@@ -20,8 +20,6 @@ the device each epoch (:class:`NegativeSamplingLoader`).
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,10 +195,7 @@ def load_ratings(path: Path, *, val_split: float | None = None, seed: int = 0,
     path = Path(path)
     train_file, test_file, split = rating_files(path)
     files = [f for f in (train_file, test_file) if f is not None]
-    fingerprint = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    options = {} if test_file else {"val_split": val_split, "seed": seed}
-    key = cache.cache_key("ratings", fingerprint, options)
-    digest = hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+    key, digest = cache.file_identity("ratings", path, files, {} if test_file else {"val_split": val_split, "seed": seed})
     name = (path if path.is_dir() else path.parent).name or train_file.stem
     titles = read_titles(train_file.parent)
     hit = cache.load(cache_dir, key)
@@ -282,10 +277,7 @@ def load_interactions(path: Path, *, negatives: int = 99, seed: int = 0,
         file = found
     else:
         file = path
-    st = file.stat()
-    fingerprint = [(file.name, st.st_size, st.st_mtime_ns)]
-    key = cache.cache_key("interactions", fingerprint, {"negatives": negatives, "seed": seed})
-    digest = hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+    key, digest = cache.file_identity("interactions", path, [file], {"negatives": negatives, "seed": seed})
     name = (path if path.is_dir() else path.parent).name or file.stem
     titles = read_titles(file.parent)
     hit = cache.load(cache_dir, key)

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
-from .text import BpeTokenizer, Tokenizer, WordTokenizer, cached_identity, read_text, tokenizer_from_state
+from .text import BpeTokenizer, Tokenizer, WordTokenizer, read_text, tokenizer_from_state
 
 SENTENCE_SUFFIXES = (".tsv", ".csv", ".jsonl")
 LABEL_NAMES = ("label", "labels", "sentiment", "class", "target", "y")
@@ -183,7 +183,7 @@ def load_sentences(path: Path, *, tokenizer: str = "word", vocab_size: int | Non
     files = [f for f in (train_file, eval_file) if f is not None]
     options = {"tokenizer": tokenizer, "vocab_size": vocab_size, "max_tokens": max_tokens, "columns":
                [text_column, label_column], **({} if eval_file else {"val_split": val_split, "seed": seed})}
-    key, digest = cached_identity("sentences", path, files, options)
+    key, digest = cache.file_identity("sentences", path, files, options)
     name = path.name if path.is_dir() else path.stem
     cached = cache.load(cache_dir, key)
     if cached is not None:

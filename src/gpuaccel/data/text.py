@@ -17,8 +17,6 @@ consecutive non-overlapping windows, every one of them, in order.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -233,15 +231,6 @@ class TextCorpus:
                                     f"--context {context} needs ({context + 1}); use a smaller --context or more text")
 
 
-def cached_identity(reader: str, root: Path, files: list[Path], options: dict) -> tuple[str, str]:
-    """(cache key, fingerprint) of text files read with ``options``: their names, sizes and
-    modification times, so that an edited file is read again and a run can tell it changed."""
-    fingerprint = [(str(f.relative_to(root) if root.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns)
-                   for f in files]
-    return (cache.cache_key(reader, fingerprint, options),
-            hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16])
-
-
 def load_corpus(path: Path, *, tokenizer: str = "char", vocab_size: int = 2048, val_split: float | None = None,
                 cache_dir: Path | None = None) -> TextCorpus:
     """Reads and tokenises a corpus (from the cache when its files have not changed)."""
@@ -253,7 +242,7 @@ def load_corpus(path: Path, *, tokenizer: str = "char", vocab_size: int = 2048, 
     files = text_files(path)
     options = {"tokenizer": tokenizer, "val_split": val_split,
                **({"vocab_size": vocab_size} if tokenizer == "bpe" else {})}
-    key, digest = cached_identity("text", path, files, options)
+    key, digest = cache.file_identity("text", path, files, options)
     name = path.stem if path.is_file() else path.name
     cached = cache.load(cache_dir, key)
     if cached is not None:

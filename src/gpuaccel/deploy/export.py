@@ -104,18 +104,8 @@ def verify(trained: TrainedModel, artifact: Path, images: np.ndarray, *, batch_s
     if not dynamic_batch:
         batch_size = static_batch  # the example batch the export was traced with
         images = images[: len(images) - len(images) % batch_size]
-    diffs, agree, count = [], 0, 0
-    with torch.no_grad():
-        for start in range(0, len(images), batch_size):
-            x = images[start:start + batch_size].astype(np.float32) / 255.0
-            reference = trained.module(torch.from_numpy(x)).numpy()
-            exported = runner(x)
-            diffs.append(np.abs(reference - exported).reshape(-1))
-            agree += int((reference.argmax(1) == exported.argmax(1)).sum())
-            count += len(x)
-    diff = np.concatenate(diffs)
-    return {"images": count, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-            "top1_agreement": agree / count, "passed": agree / count >= AGREEMENT_REQUIRED}
+    batches = (images[start:start + batch_size].astype(np.float32) / 255.0 for start in range(0, len(images), batch_size))
+    return compare_outputs(trained.module, runner, batches, "images")
 
 
 def artifact_caller(path: Path, fmt: str):

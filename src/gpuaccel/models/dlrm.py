@@ -12,7 +12,9 @@ gigabytes of optimizer state and a dense gradient each step under AdamW, so, as 
 table-batched embeddings do for DLRM, the optimizer is fused into the backward pass: the rows
 the batch used are updated in place with row-wise Adagrad (one accumulator per row), at the
 tables' own learning rate. The weight has no ``.grad`` and gpuaccel's optimizer leaves it
-alone (``updated_in_backward``). Duplicated ids in a batch sum their gradients first. Every
+alone (``updated_in_backward``). Duplicated ids in a batch sum their gradients first, in a
+table-sized fp32 buffer of which each step touches only the used rows (it doubles the tables'
+memory; a sort-based sum would not, at the cost of a sort). Every
 step is a fixed sequence of kernels (no data-dependent sizes), so the step graph can capture it.
 """
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import AUDIO_KIND, RATINGS_KIND, ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
+from ..data import AUDIO_KIND, NON_IMAGE_KINDS, RATINGS_KIND, ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
 from ..data.audio import AudioDataset, load_audio
 from ..data.ratings import Interactions, NegativeSamplingLoader, Ratings, load_interactions, load_ratings
 from ..data.augment import AugmentConfig
@@ -91,6 +91,9 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
             raise GpuaccelError("this run's data came through the Python API; pass the same train_data= "
                                 "(and eval_data=) again")
         kind, path = parse_spec(config.data)
+        if kind in NON_IMAGE_KINDS and config.loader == "stream":
+            raise GpuaccelError(f"--loader stream reads image folders; {kind} data is read once and kept on the "
+                                f"device (use --loader auto, gpu or cpu)")
         if kind == "text":
             return _corpus_inputs(_shared_read(dist, lambda: load_corpus(
                 path, tokenizer=config.tokenizer or "char", vocab_size=config.vocab_size or 2048,
@@ -133,8 +136,6 @@ def _cache_dir(config: TrainConfig):
 
 
 def _corpus_inputs(corpus: TextCorpus, config: TrainConfig) -> TrainingInputs:
-    if config.loader == "stream":
-        raise GpuaccelError("--loader stream reads image folders; text is tokenised once and kept on the device")
     corpus.check_context(config.context)
     identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.context,
                 "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}
@@ -156,8 +157,6 @@ def _corpus_inputs(corpus: TextCorpus, config: TrainConfig) -> TrainingInputs:
 
 
 def _sentence_inputs(data: LabelledText, config: TrainConfig) -> TrainingInputs:
-    if config.loader == "stream":
-        raise GpuaccelError("--loader stream reads image folders; sentences are tokenised once and kept on the device")
     identity = {"classes": data.classes, "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size,
                 "train_samples": len(data.train_labels), "test_samples": len(data.test_labels),
                 "label_counts": np.bincount(data.train_labels, minlength=data.num_classes).tolist(),
@@ -180,8 +179,6 @@ def _sentence_inputs(data: LabelledText, config: TrainConfig) -> TrainingInputs:
 
 
 def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
-    if config.loader == "stream":
-        raise GpuaccelError("--loader stream reads image folders; recordings are decoded once and kept on the device")
     if config.tta:
         raise GpuaccelError("--tta flips and shifts images; for recordings leave it at 0 (the model's time shift "
                             "augments in training)")
@@ -207,8 +204,6 @@ def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
 
 
 def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
-    if config.loader == "stream":
-        raise GpuaccelError("--loader stream reads image folders; ratings are read once and kept on the device")
     identity = {"train_samples": len(data.train_ratings), "test_samples": len(data.test_ratings),
                 "users": data.num_users, "items": data.num_items, "files": data.fingerprint}
 
@@ -229,8 +224,6 @@ def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
 
 
 def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInputs:
-    if config.loader == "stream":
-        raise GpuaccelError("--loader stream reads image folders; interactions are read once and kept on the device")
     identity = {"train_samples": len(data.train_users), "test_samples": len(data.test_users),
                 "users": data.num_users, "items": data.num_items, "eval_negatives": config.eval_negatives,
                 "files": data.fingerprint}
