@@ -315,9 +315,6 @@ def load_audio(path: Path, *, label_pattern: str | None = None, test_where: str 
                sample_rate: int | None = None, clip_seconds: float | None = None, val_split: float | None = None,
                skip_bad: bool = False, seed: int = 0, cache_dir: Path | None = None) -> AudioDataset:
     """Reads, decodes and fits the recordings at ``path`` (from the cache when nothing changed)."""
-    import hashlib
-    import json
-
     path = Path(path)
     if sample_rate is not None and (not isinstance(sample_rate, int) or sample_rate < 1000):
         raise GpuaccelError(f"--sample-rate is in Hz, at least 1000, got {sample_rate}")
@@ -334,7 +331,7 @@ def load_audio(path: Path, *, label_pattern: str | None = None, test_where: str 
     options = {"pattern": label_pattern, "test_where": test_where, "sample_rate": sample_rate,
                "clip_seconds": clip_seconds, "skip_bad": skip_bad}
     key = cache.cache_key("audio", fingerprint, options)
-    digest = hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+    digest = cache.fingerprint_digest(fingerprint)
     hit = cache.load(cache_dir, key)
     if hit is None:
         hit = _decode_all(path, sorted(assigned), assigned, read_all, sample_rate, clip_seconds, skip_bad)

@@ -35,7 +35,12 @@ def file_identity(reader: str, root: Path, files: list[Path], options: dict) -> 
     a run can tell that its data changed."""
     fingerprint = [(str(f.relative_to(root) if root.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns)
                    for f in files]
-    return cache_key(reader, fingerprint, options), hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+    return cache_key(reader, fingerprint, options), fingerprint_digest(fingerprint)
+
+
+def fingerprint_digest(fingerprint) -> str:
+    """A short digest of a data set's file list, which a run records to notice changed data."""
+    return hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
 
 
 def load(cache_dir: Path | None, key: str) -> dict | None:

@@ -23,19 +23,18 @@ def _rank_of_target(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return ((outputs.float() >= target_score) & others).sum(1)
 
 
-class HitRate(Metric):
+class _AtK(Metric):
     def __init__(self, k: int = 10):
         self.k = k
 
+
+class HitRate(_AtK):
     def sums(self, outputs, targets):
         hits = (_rank_of_target(outputs, targets) < self.k).sum().float()
         return torch.stack([hits, _on_device(targets.numel(), hits)])
 
 
-class NDCG(Metric):
-    def __init__(self, k: int = 10):
-        self.k = k
-
+class NDCG(_AtK):
     def sums(self, outputs, targets):
         rank = _rank_of_target(outputs, targets).float()
         gain = torch.where(rank < self.k, 1.0 / torch.log2(rank + 2.0), torch.zeros_like(rank)).sum()
