@@ -63,6 +63,31 @@ def test_movielens_ids_round_trip_and_unseen_test_users_are_counted(tmp_path):
     assert np.array_equal(again.test_items, data.test_items) and again.user_ids == data.user_ids
 
 
+def test_side_features_are_read_per_index_and_feed_neural_mf(tmp_path):
+    root = movielens_folder(tmp_path / "ml", low_rank_ratings(users=6, items=5, share=1.0))
+    (root / "u.user").write_text("1|24|M|writer|1\n2|17|F|doctor|2\n3|60|M|writer|3\n")  # users 4-6: no row
+    (root / "u.genre").write_text("Action|0\nComedy|1\nDrama|2\n\n")
+    (root / "u.item").write_text("".join(f"{i}|Film {i}|01-Jan-19{80 + 5 * i}||x|{i % 2}|1|{int(i == 3)}\n"
+                                         for i in range(1, 6)))
+    data = load_ratings(root)
+    user = {name: dict(zip(data.user_ids, codes)) for name, codes in data.side_features["user"].items()}
+    assert user["gender"]["1"] == user["gender"]["3"] != user["gender"]["2"] and user["gender"]["4"] == 0
+    assert user["occupation"]["1"] == user["occupation"]["3"] and len({user["age"][u] for u in "123"}) == 3
+    genres = dict(zip(data.item_ids, data.side_features["item"]["genres"]))
+    decade = dict(zip(data.item_ids, data.side_features["item"]["decade"]))
+    assert genres["3"] == [1.0, 1.0, 1.0] and genres["2"] == [0.0, 1.0, 0.0]  # Action, Comedy, Drama (first seen)
+    assert decade["2"] == decade["3"] != decade["4"] == decade["5"] and genres["<unknown>"] == [0.0] * 3
+    assert "user features age, gender, occupation; item features decade, genres" in data.describe()
+
+    args = dict(num_users=data.num_users, num_items=data.num_items, rating_range=[1.0, 5.0], required=(),
+                user_features=data.side_features["user"], item_features=data.side_features["item"], factors=4)
+    model = create_model("neural_mf", **args)
+    assert model.mlp[0].in_features == 2 * 4 + 8 * (3 + 2)
+    model.train()(torch.tensor([1, 2]), torch.tensor([3, 4])).sum().backward()
+    assert model.user_side.occupation.weight.grad.abs().sum() > 0 and model.item_side.genres.weight.grad.abs().sum() > 0
+    assert create_model("neural_mf", **args, side_features=False).mlp[0].in_features == 8
+
+
 def test_a_csv_with_user_item_rating_columns_is_ratings_not_sentences(tmp_path):
     path = tmp_path / "ratings.csv"
     path.write_text("userId,movieId,rating,timestamp\n" + "1,10,4.5,0\n2,10,3.0,0\n1,11,2.0,0\n3,12,5.0,0\n" * 5)
@@ -113,6 +138,63 @@ def test_a_rating_model_beats_the_global_mean_and_recommends_unrated_titles(tmp_
     assert len(items) == 5 and not {i["item"] for i in items} & rated
     assert items[0]["title"].startswith("Film n\xb0") and items[0]["score"] >= items[-1]["score"]
     assert_user_error(capsys, ["recommend", str(run_dir), "--user", "12345"], "user '12345' has no ratings")
+
+
+def test_autorec_reads_the_training_ratings_and_beats_the_global_mean_with_its_recipe(tmp_path, capsys):
+    root = movielens_folder(tmp_path / "ml", low_rank_ratings())
+    run_dir = tmp_path / "run"
+    code, out, err = run(capsys, "train", "--recipe", "movielens", "--data", str(root), "--device", "cpu",
+                         "--epochs", "150", "--lr", "1e-2", "--model-args", "hidden=32,l2=1.0,mf_factors=8",
+                         "--run-dir", str(run_dir), "--cache-dir", str(tmp_path / "cache"), "--json", "--no-monitor",
+                         "--no-compile")
+    assert code == 0, err
+    summary = json.loads(out)
+    data = load_ratings(root)
+    baseline = float(np.sqrt(np.mean((data.test_ratings - data.train_ratings.mean()) ** 2)))
+    assert summary["metrics"]["rmse"] < 0.85 * baseline, (summary["metrics"], baseline)
+    assert summary["steps"] == 150  # one batch of every training rating per epoch
+    # the saved model carries the ratings it decodes from: rebuilt from model.pt alone it predicts the same
+    from gpuaccel.deploy.artifact import load_run_state, rebuild_model
+
+    model = rebuild_model(*load_run_state(run_dir)).eval()
+    assert model.ratings[torch.from_numpy(data.train_items), torch.from_numpy(data.train_users)].tolist() == \
+        data.train_ratings.tolist()
+    code, out, err = run(capsys, "recommend", str(run_dir), "--user", "7", "--top", "3", "--json", "--device", "cpu")
+    assert code == 0 and len(json.loads(out)) == 3, err
+
+
+def test_autorec_members_are_fitted_on_their_own_and_unknown_items_fall_back_to_the_factorization():
+    from gpuaccel.tasks import Regression
+    from gpuaccel.train.config import TrainConfig
+    from gpuaccel.train.optim import build_optimizer
+
+    model = create_model("autorec", num_users=5, num_items=4, rating_mean=3.0, rating_range=[1.0, 5.0],
+                         required=(), hidden=3, mf_factors=2)
+    model.data_init(torch.tensor([1, 2, 3]), torch.tensor([1, 1, 2]), torch.tensor([4.0, 2.0, 5.0]))
+    assert model.ratings.sum().item() == 11.0 and model.count.item() == 3
+    users, items, ratings = torch.tensor([1, 2, 3]), torch.tensor([1, 1, 2]), torch.tensor([4.0, 2.0, 5.0])
+    both = model.train()(users, items)
+    assert both.shape == (3, 2)
+    # the loss is the mean of the members' own losses: neither member's gradient involves the other
+    loss = Regression().loss(both, ratings)
+    assert loss.item() == pytest.approx(((both - ratings[:, None]) ** 2).mean().item())
+    loss.backward()
+    alone = model.factorization(users, items)
+    grads = torch.autograd.grad(0.5 * ((alone - ratings) ** 2).mean(), model.factorization.item_bias.weight)[0]
+    assert torch.allclose(grads, model.factorization.item_bias.weight.grad)
+    # the factorisation member learns at ten times the rate
+    rates = {id(p): g["lr"] for g in build_optimizer(model, TrainConfig(lr=1e-3), torch.device("cpu")).param_groups
+             for p in g["params"]}
+    assert rates[id(model.factorization.user_factors.weight)] == pytest.approx(1e-2)
+    assert rates[id(model.encode.weight)] == pytest.approx(1e-3)
+    model.eval()
+    with torch.no_grad():
+        prediction = model(torch.tensor([1, 1]), torch.tensor([0, 3]))  # an unknown item, a known one
+        factorized = model.factorization(torch.tensor([1, 1]), torch.tensor([0, 3])).clamp(1, 5)
+    assert prediction[0].item() == pytest.approx(factorized[0].item())
+    assert prediction[1].item() != pytest.approx(factorized[1].item())
+    with pytest.raises(GpuaccelError, match="for --task ranking"):
+        create_model("autorec", num_users=5, num_items=4, rating_range=None, required=())
 
 
 # ------------------------------------------------------------------------------ top-k from implicit feedback

@@ -70,6 +70,7 @@ class Ratings(_IdMaps):
     titles: dict[str, str] = field(default_factory=dict)  # item id -> title, where the data has titles
     split: str = ""
     fingerprint: str = ""
+    side_features: dict = field(default_factory=dict)  # {"user": {...}, "item": {...}}: read_side_features
 
     @property
     def rating_range(self) -> tuple[float, float]:
@@ -85,7 +86,9 @@ class Ratings(_IdMaps):
         users, items = self.cold
         return (f"{self.name}: {len(self.train_ratings):,} train / {len(self.test_ratings):,} test ratings "
                 f"({self.split}), {self.num_users - 1:,} users x {self.num_items - 1:,} items, ratings {lo:g}-{hi:g}"
-                + (f"; test ratings of unseen users {users}, of unseen items {items}" if users or items else ""))
+                + (f"; test ratings of unseen users {users}, of unseen items {items}" if users or items else "")
+                + "".join(f"; {side} features {', '.join(sorted(names))}"
+                          for side, names in self.side_features.items() if names))
 
 
 def is_ratings_source(path: Path) -> bool:
@@ -190,6 +193,73 @@ def read_titles(folder: Path) -> dict[str, str]:
     return {}
 
 
+AGE_EDGES = (18, 25, 35, 45, 50, 56)  # MovieLens 1M's age groups; 100K's exact ages are grouped alike
+
+
+def read_side_features(folder: Path, user_ids: list[str], item_ids: list[str]) -> dict[str, dict[str, list]]:
+    """Users' and items' side features where the folder has MovieLens' files for them:
+    ``u.user`` or ``users.dat`` (age group, gender, occupation), ``u.item``, ``movies.dat`` or
+    ``movies.csv`` (genres, release decade). Per index (0: unknown) a categorical feature is a
+    code from 1 (0: not known), and genres a multi-hot row; {} for a side without its file."""
+    def codes(values: dict[str, str], ids: list[str]) -> list[int]:
+        vocabulary = {v: i for i, v in enumerate(dict.fromkeys(values.values()), 1)}
+        return [vocabulary.get(values.get(i), 0) for i in ids]
+
+    def age_group(age: str) -> str:
+        return str(int(np.searchsorted(AGE_EDGES, int(age), side="right"))) if age.strip().isdigit() else ""
+
+    users: dict[str, list] = {}
+    for name, separator, order in (("u.user", "|", (1, 2, 3)), ("users.dat", "::", (2, 1, 3))):
+        if (folder / name).is_file():
+            rows = [line.split(separator) for line in _lines(folder / name)]
+            rows = [r for r in rows if len(r) >= 4]
+            for feature, column in zip(("age", "gender", "occupation"), order):
+                users[feature] = codes({r[0]: age_group(r[column]) if feature == "age" else r[column].strip()
+                                        for r in rows}, user_ids)
+            break
+    items: dict[str, list] = {}
+    genres: dict[str, list[str]] = {}
+    years: dict[str, str] = {}
+    if (folder / "u.item").is_file():
+        names = [line.split("|")[0] for line in _lines(folder / "u.genre") if "|" in line] \
+            if (folder / "u.genre").is_file() else []
+        for r in (line.split("|") for line in _lines(folder / "u.item")):
+            if len(r) > 5:
+                flags = r[5:]
+                genres[r[0]] = [names[k] if k < len(names) else str(k) for k, f in enumerate(flags) if f.strip() == "1"]
+                years[r[0]] = r[2][-4:]
+    else:
+        for name in ("movies.dat", "movies.csv"):
+            if (folder / name).is_file():
+                lines = _lines(folder / name)
+                rows = [line.split("::") for line in lines] if name.endswith(".dat") else list(csv.reader(lines[1:]))
+                for r in (r for r in rows if len(r) >= 3):
+                    genres[r[0]] = [g for g in r[2].split("|") if g and g != "(no genres listed)"]
+                    years[r[0]] = r[1].strip()[-5:-1]
+                break
+    if genres:
+        vocabulary = {g: k for k, g in enumerate(dict.fromkeys(g for gs in genres.values() for g in gs))}
+        rows = []
+        for item in item_ids:
+            row = [0.0] * len(vocabulary)
+            for g in genres.get(item, ()):
+                row[vocabulary[g]] = 1.0
+            rows.append(row)
+        items["genres"] = rows
+        items["decade"] = codes({i: y[:3] for i, y in years.items() if y.isdigit()}, item_ids)
+    return {"user": users, "item": items}
+
+
+def _lines(path: Path) -> list[str]:
+    """MovieLens' small files are Latin-1 (u.item, u.user) or UTF-8 (the newer ones)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def load_ratings(path: Path, *, val_split: float | None = None, seed: int = 0,
                  cache_dir: Path | None = None) -> Ratings:
     path = Path(path)
@@ -203,7 +273,8 @@ def load_ratings(path: Path, *, val_split: float | None = None, seed: int = 0,
         meta = hit["meta"]
         return Ratings(name, *(hit[k] for k in ("train_users", "train_items", "train_ratings", "test_users",
                                                  "test_items", "test_ratings")),
-                       meta["user_ids"], meta["item_ids"], str(path), titles, meta["split"], digest)
+                       meta["user_ids"], meta["item_ids"], str(path), titles, meta["split"], digest,
+                       read_side_features(train_file.parent, meta["user_ids"], meta["item_ids"]))
     users, items, ratings, _ = read_triples(train_file)
     if test_file is not None:
         test_users, test_items, test_ratings, _ = read_triples(test_file)
@@ -231,7 +302,8 @@ def load_ratings(path: Path, *, val_split: float | None = None, seed: int = 0,
 
     data = Ratings(name, indices(users, user_index), indices(items, item_index), ratings,
                    indices(test_users, user_index), indices(test_items, item_index),
-                   np.asarray(test_ratings, dtype=np.float32), user_ids, item_ids, str(path), titles, split, digest)
+                   np.asarray(test_ratings, dtype=np.float32), user_ids, item_ids, str(path), titles, split, digest,
+                   read_side_features(train_file.parent, user_ids, item_ids))
     cache.save(cache_dir, key, {"user_ids": user_ids, "item_ids": item_ids, "split": split},
                **{k: getattr(data, k) for k in ("train_users", "train_items", "train_ratings", "test_users",
                                                  "test_items", "test_ratings")})

@@ -14,6 +14,10 @@ class Regression(Task):
     default_target = "rmse"
 
     def loss(self, outputs, targets):
+        if outputs.dim() == targets.dim() + 1 and outputs.shape[:-1] == targets.shape and outputs.shape[-1] > 1:
+            # (N, K) outputs against (N,) targets: an ensemble's K members, each fitted to the targets
+            # on its own (e.g. models/recsys.py's autorec in training)
+            targets = targets.unsqueeze(-1).expand_as(outputs)
         return F.mse_loss(*_matched(outputs, targets))
 
     NAMED_METRICS = {"rmse": lambda: MeanSquaredError(root=True), "mse": MeanSquaredError, "mae": MeanAbsoluteError}

@@ -199,10 +199,12 @@ class TrainConfig:
     # -- logging: what the run directory receives
     run_dir: str | None = setting(None, "logging", "where to save the run (default runs/<data>-<model>-<time>)",
                                   metavar="DIR")
-    checkpoint_every: int | None = setting(None, "logging", "also checkpoint every STEPS steps (always at each "
-                                                            "epoch's end and every --checkpoint-seconds)",
+    checkpoint_every: int | None = setting(None, "logging", "also checkpoint every STEPS steps (besides "
+                                                            "--checkpoint-epochs and --checkpoint-seconds)",
                                            metavar="STEPS")
     checkpoint_seconds: float = setting(300.0, "logging", "checkpoint at least this often", metavar="SECONDS")
+    checkpoint_epochs: int = setting(1, "logging", "checkpoint at the end of every N-th epoch (0: by steps and "
+                                                   "seconds only, for epochs of a step or two)", metavar="N")
     monitor: bool = setting(True, "logging", "sample GPU utilisation, memory, power, temperature and clock every "
                                              "0.1 s into gpu.jsonl (needs nvidia-ml-py)")
     profile: bool = setting(False, "logging", "write a torch.profiler trace of steps 6-12 to profile/trace.json "
@@ -306,6 +308,7 @@ class TrainConfig:
 
     def _validate_logging(self) -> None:
         _at_least(self, "checkpoint_seconds", 0)
+        _whole(self, "checkpoint_epochs", minimum=0)
         if self.checkpoint_every is not None:
             _whole(self, "checkpoint_every")
 
@@ -381,10 +384,10 @@ def flatten_sections(values: dict) -> dict:
     return flat
 
 
-def _whole(config, name: str) -> None:
+def _whole(config, name: str, minimum: int = 1) -> None:
     value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= {minimum}, got {value}")
 
 
 def _at_least(config, name: str, low: float) -> None:

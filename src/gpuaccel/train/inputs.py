@@ -49,6 +49,8 @@ class TrainingInputs:
     audio: dict | None = None  # recordings: the rate and length a model's input has (recorded for inference)
     ratings: dict | None = None  # ratings: each index's original user and item id (recorded for recommend)
     build: Callable = None  # (config, device, dtype, channels_last, rank, world_size) -> (train, eval) loaders
+    # the training loader -> the arguments of a model's data-dependent ``data_init`` (None: the data offers none)
+    init_sample: Callable | None = None
 
     @property
     def skipped(self) -> int:
@@ -218,9 +220,12 @@ def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
         name=data.name, description=data.describe(), train_samples=len(data.train_ratings),
         test_samples=len(data.test_ratings),
         model_args={"num_users": data.num_users, "num_items": data.num_items,
-                    "rating_mean": round(float(data.train_ratings.mean()), 6), "rating_range": list(data.rating_range)},
+                    "rating_mean": round(float(data.train_ratings.mean()), 6), "rating_range": list(data.rating_range),
+                    # (a model that takes them, e.g. neural_mf; an empty side is None)
+                    **{f"{side}_features": data.side_features.get(side) or None for side in ("user", "item")}},
         identity=identity, task="regression", unit="ratings",
-        ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
+        ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build,
+        init_sample=lambda loader: loader.tensors)  # every training rating: (users, items, ratings)
 
 
 def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInputs:
@@ -276,7 +281,8 @@ def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:
         test_samples=len(ds.test_labels),
         model_args={"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size},
         identity=identity, classes=list(ds.classes), mean=mean, std=std, images=ds, task="classification",
-        unit="images", build=build)
+        unit="images", build=build,  # data_init: a sample of normalised images, e.g. for patch whitening
+        init_sample=lambda loader: (loader.normalised_sample(5000),) if hasattr(loader, "normalised_sample") else None)
 
 
 def _count(data) -> int | None:

@@ -127,16 +127,19 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
     keeps its step count on the device, so that a CUDA graph can hold its update. With ``muon``,
     convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD.
     Parameters a model updates itself in its backward pass (``updated_in_backward``, e.g.
-    models/dlrm.py's embedding tables) are left out."""
-    filters, decay, no_decay = [], [], []
+    models/dlrm.py's embedding tables) are left out. A parameter with an ``lr_scale`` attribute
+    takes that multiple of its group's rate (e.g. models/recsys.py's autorec, whose matrix
+    factorisation member needs a tenfold rate)."""
+    filters, grouped = [], {(True, 1.0): [], (False, 1.0): []}  # weights, then biases and norms: always both
     for p in model.parameters():
         if p.requires_grad and not getattr(p, "updated_in_backward", False):
             if config.optimizer == "muon" and p.ndim > 2:
                 filters.append(p)
             else:
-                (decay if p.ndim > 1 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay, "lr": config.lr},
-              {"params": no_decay, "weight_decay": 0.0, "lr": config.lr * config.bias_lr_scale}]
+                grouped.setdefault((p.ndim > 1, getattr(p, "lr_scale", 1.0)), []).append(p)
+    groups = [{"params": params, "weight_decay": config.weight_decay if decayed else 0.0,
+               "lr": config.lr * scale * (1.0 if decayed else config.bias_lr_scale)}
+              for (decayed, scale), params in grouped.items()]
     if config.optimizer == "muon":
         groups.append({"params": filters, "lr": config.muon_lr, "momentum": config.muon_momentum,
                        "orthogonalize": True})

@@ -149,9 +149,10 @@ class Trainer:
         if len(self.train_loader) == 0:
             raise GpuaccelError(f"{self.inputs.train_samples} training samples make no batch of "
                                 f"--batch-size {config.batch_size} per process")
-        if data_init and hasattr(self.model, "data_init") and hasattr(self.train_loader, "normalised_sample"):
-            sample = self.train_loader.normalised_sample(5000)  # data-dependent initialisation, e.g. patch whitening
-            self.model.data_init(sample.float().cpu() if self.on_host else sample)
+        if data_init and hasattr(self.model, "data_init") and self.inputs.init_sample is not None:
+            sample = self.inputs.init_sample(self.train_loader)  # for a data-dependent initialisation
+            if sample is not None:
+                self.model.data_init(*(t.cpu() if self.on_host else t for t in sample))
         self._example_inputs = None  # one sample's inputs (set at the first step): blanks for sharded evaluation
         self.model = self.strategy.wrap(
             self.model, loss_fn=self.task.loss,
@@ -372,7 +373,8 @@ class Trainer:
                             stopped_by = "target"
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
-                    due_checkpoint = end_of_epoch or finished or stopped_by is not None or \
+                    due_checkpoint = finished or stopped_by is not None or \
+                        (end_of_epoch and cfg.checkpoint_epochs and self.epoch % cfg.checkpoint_epochs == 0) or \
                         (cfg.checkpoint_every is not None and self.global_step % cfg.checkpoint_every == 0) or \
                         time.perf_counter() - last_checkpoint >= cfg.checkpoint_seconds
                     if due_checkpoint and (main or self.collective_state):  # every rank gives its part
@@ -677,8 +679,8 @@ class Trainer:
     # settings a resumed run may change: where and how it runs, when it stops, what it logs
     RESUME_CHANGEABLE = frozenset({
         "epochs", "time_limit", "target", "target_acc", "device", "loader", "workers", "monitor", "profile",
-        "tensorboard", "eval_every", "checkpoint_every", "checkpoint_seconds", "cache_dir", "compile",
-        "activation_checkpointing"})
+        "tensorboard", "eval_every", "checkpoint_every", "checkpoint_seconds", "checkpoint_epochs", "cache_dir",
+        "compile", "activation_checkpointing"})
 
     @classmethod
     def resume(cls, run_dir, *, overrides: dict | None = None, quiet: bool = False, model: nn.Module | None = None,
