@@ -366,13 +366,55 @@ def test_jpeg_frame_headers_give_the_size_and_what_the_hardware_decoder_takes():
     for options, hardware in cases:
         buffer = io.BytesIO()
         Image.fromarray(array).save(buffer, "JPEG", **options)
-        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware), options
+        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware, 1), options
     for mode, hardware in (("L", True), ("CMYK", False)):
         buffer = io.BytesIO()
         Image.fromarray(array).convert(mode).save(buffer, "JPEG")
-        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware), mode
+        assert nvjpeg.frame(buffer.getvalue()) == (37, 53, hardware, 1), mode
     assert nvjpeg.frame(b"not a jpeg at all") is None
     assert nvjpeg.frame(jpeg_bytes(0, 0)[:20]) is None  # cut short before its frame header
+
+
+def sideways_jpeg(orientation: int = 6) -> tuple[bytes, np.ndarray]:
+    """A 6 x 10 JPEG whose EXIF says to turn it (6: 90 degrees clockwise), and how it looks upright."""
+    from PIL import ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    Image.fromarray(photo(6, 10, 3)).save(buffer, "JPEG", exif=exif.tobytes(), quality=95)
+    with Image.open(io.BytesIO(buffer.getvalue())) as img:
+        upright = np.asarray(ImageOps.exif_transpose(img).convert("RGB"))
+    return buffer.getvalue(), upright
+
+
+def test_exif_orientation_is_read_from_the_header_and_decoded_images_are_upright(tmp_path):
+    from gpuaccel.data.images import ImageSource, decode_images
+
+    blob, upright = sideways_jpeg(6)
+    assert nvjpeg.frame(blob) == (6, 10, True, 6)  # the stored size; the orientation says to turn it
+    # big-endian TIFF, orientation 3 (upside down), as some cameras write it
+    segment = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01" + b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x03\x00\x00"
+    assert nvjpeg.exif_orientation(segment) == 3
+    assert nvjpeg.exif_orientation(b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta>") == 1  # XMP, not EXIF
+    assert upright.shape == (10, 6, 3)
+    images, kept, bad = decode_images([ImageSource("sideways.jpg", data=blob),
+                                       ImageSource("upright.jpg", data=jpeg_bytes(0, 1, size=(10, 6)))])
+    assert images.shape == (2, 3, 10, 6) and not bad
+    assert np.array_equal(images[0].transpose(1, 2, 0), upright)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
+def test_the_gpu_decoders_leave_sideways_jpegs_to_pillow_which_turns_them_upright():
+    from gpuaccel.data.images import ImageSource, _decode_on_gpu
+
+    pytest.importorskip("torchvision")
+    blob, upright = sideways_jpeg(6)
+    plain = jpeg_bytes(0, 1, size=(10, 6))
+    results = _decode_on_gpu([ImageSource("a.jpg", data=plain), ImageSource("b.jpg", data=blob),
+                              ImageSource("c.jpg", data=plain)], torch.device("cuda"))
+    assert [r[0].shape for r in results] == [(10, 6, 3)] * 3
+    assert np.array_equal(results[1][0], upright)
 
 
 def test_the_gpu_decoder_is_chosen_by_GPUACCEL_NVJPEG(monkeypatch):

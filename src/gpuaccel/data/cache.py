@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: JPEGs decoded upright by their EXIF orientation
 
 
 def default_cache_dir() -> Path:

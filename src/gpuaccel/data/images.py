@@ -39,11 +39,12 @@ class ImageSource:
 
 def _decode_one(source: ImageSource, size: int | None):
     """Returns (HWC uint8 array, None) or (None, reason); never raises for a bad file."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(source.path if source.data is None else io.BytesIO(source.data)) as img:
             img.load()  # forces a full decode, so a truncated file fails here, not later
+            img = ImageOps.exif_transpose(img)  # upright, as viewers show it (a camera's EXIF orientation)
             if img.mode in ("I;16", "I;16B", "I;16L", "I"):
                 array = (np.asarray(img, dtype=np.float64) / 256.0).clip(0, 255).astype(np.uint8)
                 img = Image.fromarray(array, mode="L")
@@ -85,7 +86,8 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
     """Decodes JPEGs in batches with nvJPEG (torchvision.io.decode_jpeg on the GPU).
 
     A batch that nvJPEG rejects (a corrupt file, CMYK, progressive quirks) is decoded again
-    on the CPU, one file at a time, so bad files are named exactly as on the CPU path."""
+    on the CPU, one file at a time, so bad files are named exactly as on the CPU path. So is
+    a JPEG whose EXIF orientation says it is stored on its side: Pillow turns it upright."""
     import torch
     from concurrent.futures import ThreadPoolExecutor
     from torchvision.io import ImageReadMode
@@ -102,21 +104,32 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
         for start in range(0, len(sources), batch):
             part = sources[start:start + batch]
-            raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in pool.map(read, part)]
-            try:
-                decoded = nvjpeg.torchvision_decode(raw, ImageReadMode.UNCHANGED, device)
-            except RuntimeError:
-                results.extend(_decode_one(s, None) for s in part)
-                continue
-            # one device-to-host copy per image shape, not one per image
-            by_shape: dict[tuple, list[int]] = {}
-            for i, img in enumerate(decoded):
-                by_shape.setdefault(tuple(img.shape), []).append(i)
-            arrays: list = [None] * len(decoded)
-            for members in by_shape.values():
-                host = torch.stack([decoded[i] for i in members]).permute(0, 2, 3, 1).cpu().numpy()
-                for j, i in enumerate(members):
-                    arrays[i] = (host[j], None)
+            blobs = list(pool.map(read, part))
+            arrays: list = [None] * len(part)
+            on_gpu = []
+            for k, (source, blob) in enumerate(zip(part, blobs)):
+                header = nvjpeg.frame(blob)
+                if header is not None and header.orientation != 1:  # nvJPEG would leave it on its side
+                    arrays[k] = _decode_one(ImageSource(source.name, data=blob), None)
+                else:
+                    on_gpu.append(k)
+            if on_gpu:
+                raw = [torch.frombuffer(bytearray(blobs[k]), dtype=torch.uint8) for k in on_gpu]
+                try:
+                    decoded = nvjpeg.torchvision_decode(raw, ImageReadMode.UNCHANGED, device)
+                except RuntimeError:
+                    decoded = None
+                    for k in on_gpu:
+                        arrays[k] = _decode_one(part[k], None)
+                if decoded is not None:
+                    # one device-to-host copy per image shape, not one per image
+                    by_shape: dict[tuple, list[int]] = {}
+                    for i, img in enumerate(decoded):
+                        by_shape.setdefault(tuple(img.shape), []).append(i)
+                    for members in by_shape.values():
+                        host = torch.stack([decoded[i] for i in members]).permute(0, 2, 3, 1).cpu().numpy()
+                        for j, i in enumerate(members):
+                            arrays[on_gpu[i]] = (host[j], None)
             results.extend(arrays)
     return results
 

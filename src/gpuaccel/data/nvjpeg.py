@@ -82,15 +82,42 @@ class Frame(NamedTuple):
     height: int
     width: int
     hardware: bool  # baseline, 8-bit, grey or 4:4:4 / 4:2:2 / 4:2:0 colour
+    # EXIF orientation, 1-8 (1: stored upright). nvJPEG ignores it; an image with another
+    # orientation is decoded by Pillow, which turns it upright as image viewers do
+    orientation: int = 1
+
+
+def exif_orientation(segment) -> int:
+    """The orientation tag of an APP1 segment's payload (``Exif\\0\\0`` and a TIFF header), 1 where
+    it has none or it cannot be read."""
+    if len(segment) < 14 or bytes(segment[:6]) != b"Exif\x00\x00":
+        return 1
+    tiff = segment[6:]
+    order = {b"II": "little", b"MM": "big"}.get(bytes(tiff[:2]))
+    if order is None:
+        return 1
+
+    def number(at: int, size: int) -> int:
+        return int.from_bytes(bytes(tiff[at:at + size]), order)
+
+    directory = number(4, 4)  # the first image file directory: a count, then 12-byte entries
+    if directory + 2 > len(tiff):
+        return 1
+    for entry in range(directory + 2, min(directory + 2 + 12 * number(directory, 2), len(tiff) - 11), 12):
+        if number(entry, 2) == 0x0112:  # Orientation: a SHORT, held in the entry's value field
+            value = number(entry + 8, 2)
+            return value if 1 <= value <= 8 else 1
+    return 1
 
 
 def frame(data) -> Frame | None:
-    """The frame header of the JPEG in ``data`` (bytes-like), or None where there is none
-    before the image data (not a JPEG, or cut short)."""
+    """The frame header of the JPEG in ``data`` (bytes-like), with the EXIF orientation of an
+    APP1 segment before it, or None where there is none before the image data (not a JPEG,
+    or cut short)."""
     view = memoryview(data)
     if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
         return None
-    at = 2
+    at, orientation = 2, 1
     while at + 4 <= len(view):
         if view[at] != 0xFF:
             return None
@@ -104,6 +131,8 @@ def frame(data) -> Frame | None:
         if marker in (0xD9, 0xDA):  # end of image, or image data before any frame header
             return None
         length = view[at + 2] << 8 | view[at + 3]
+        if marker == 0xE1 and orientation == 1:  # APP1: EXIF (or XMP, which exif_orientation passes over)
+            orientation = exif_orientation(view[at + 4:at + 2 + length])
         if marker in _FRAME_MARKERS:
             header = view[at + 4:at + 2 + length]
             if length < 8 or len(header) < 6:
@@ -114,7 +143,8 @@ def frame(data) -> Frame | None:
                 return None
             sampling = [(header[7 + 3 * c] >> 4, header[7 + 3 * c] & 15) for c in range(components)]
             colour = components == 3 and sampling[0] in _HARDWARE_SAMPLING and sampling[1:] == [(1, 1), (1, 1)]
-            return Frame(height, width, marker == _BASELINE and precision == 8 and (components == 1 or colour))
+            return Frame(height, width, marker == _BASELINE and precision == 8 and (components == 1 or colour),
+                         orientation)
         at += 2 + length
     return None
 

@@ -286,7 +286,8 @@ class HostBatch(NamedTuple):
     """One batch as a reader process hands it over: the first ``len(shapes)`` images decoded
     (``pixels``: each height x width x channels, one after another), the rest still compressed
     (``compressed``: ``lengths[k]`` bytes each, one after another; ``frames`` row k: offset,
-    height, width, and 1 if nvJPEG's hardware decoder takes it, from its frame header), and
+    height, width, 1 if nvJPEG's hardware decoder takes it, from its frame header, and the
+    EXIF orientation), and
     the decoding failures as (position in the batch, reason)."""
 
     pixels: torch.Tensor
@@ -338,10 +339,11 @@ class _FileBatches(torch.utils.data.Dataset):
         for k, i in enumerate(rest):
             lengths.append(self._read(i, target[starts[k]:starts[k + 1]]))
             header = nvjpeg.frame(target[starts[k]:starts[k] + lengths[-1]])
-            frames.append((starts[k], *((header.height, header.width, header.hardware) if header else (0, 0, 0))))
+            frames.append((starts[k], *((header.height, header.width, header.hardware, header.orientation)
+                                        if header else (0, 0, 0, 1))))
         shapes = torch.tensor([a.shape for a in decoded], dtype=torch.int64).reshape(-1, 3)
         return HostBatch(pixels, shapes, compressed, torch.tensor(lengths, dtype=torch.int64),
-                         torch.tensor(frames, dtype=torch.int64).reshape(-1, 4), failures)
+                         torch.tensor(frames, dtype=torch.int64).reshape(-1, 5), failures)
 
     def _read(self, i: int, target: memoryview) -> int:
         records = self.records
@@ -502,7 +504,8 @@ class StreamLoader:
         if len(host.shapes):
             tables.append(ImageTable.interleaved(host.pixels.to(self.device, non_blocking=True), host.shapes.numpy()))
         frames, lengths = host.frames.numpy(), host.lengths.numpy()
-        direct = frames[:, 3] == 1 if self.batch_decoder is not None else np.zeros(len(frames), dtype=bool)
+        upright = frames[:, 4] == 1  # nvJPEG ignores EXIF orientation: Pillow decodes the others, upright
+        direct = (frames[:, 3] == 1) & upright if self.batch_decoder is not None else np.zeros(len(frames), dtype=bool)
         order = np.concatenate([np.flatnonzero(direct), np.flatnonzero(~direct)])
         if direct.any():
             try:
@@ -514,8 +517,13 @@ class StreamLoader:
         rest = np.flatnonzero(~direct)
         if len(rest):
             blobs = [host.compressed[frames[k, 0]:frames[k, 0] + lengths[k]] for k in rest.tolist()]
-            images = _decode_on_gpu(blobs, self.device) if self.on_gpu else \
-                [d if isinstance(d, str) else d.to(self.device) for d in map(_decode_with_pil, blobs)]
+            on_gpu = [k for k, i in enumerate(rest.tolist()) if self.on_gpu and upright[i]]
+            images: list = [None] * len(rest)
+            for k, image in zip(on_gpu, _decode_on_gpu([blobs[k] for k in on_gpu], self.device) if on_gpu else ()):
+                images[k] = image
+            for k in (k for k in range(len(rest)) if images[k] is None):  # Pillow: on the CPU, or on its side
+                image = _decode_with_pil(blobs[k])
+                images[k] = image if isinstance(image, str) else image.to(self.device)
             for j, image in enumerate(images):
                 if isinstance(image, str):
                     failures[len(host.shapes) + int(rest[j])] = image
