@@ -1,10 +1,15 @@
 """A plain PyTorch training loop, with or without gpuaccel.Accelerator (the lines marked ACC are
 the changes), run by tests/test_accelerator.py in one process or under torchrun.
 
-    python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate} GLOBAL_BATCH STEPS [--no-resident]
+    python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate|acc-capture} GLOBAL_BATCH STEPS [--no-resident]
+
+acc-capture runs the step through ``acc.capture`` (one CUDA graph on a GPU; on the CPU the
+step runs as it is). GPUACCEL_LOOP_DEVICE picks the device (default cpu).
 """
 import contextlib
+import os
 import sys
+import warnings
 
 import torch
 import torch.nn as nn
@@ -25,19 +30,40 @@ def model():
     return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 2))
 
 
+def training_step(acc, net, optimizer):
+    """The step as one function of the batch, for ``acc.capture``."""
+    def step(x, y):
+        with acc.autocast():
+            loss = F.cross_entropy(net(x), y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    return step
+
+
 def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = True) -> None:
     net, dataset = model(), data()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    acc = gpuaccel.Accelerator(device="cpu") if mode != "plain" else None
+    device = os.environ.get("GPUACCEL_LOOP_DEVICE", "cpu")
+    acc = gpuaccel.Accelerator(device=device, precision="fp32") if mode != "plain" else None
+    if acc is None:
+        net.to(device)
     world = acc.world_size if acc else 1
     micro = 2 if mode == "acc-accumulate" else 1
     loader = DataLoader(dataset, batch_size=global_batch // world // micro, shuffle=False)
     if acc:
         net, optimizer, loader = acc.prepare(net, optimizer, loader, device_resident=resident)  # ACC
     losses, batches = [], iter(loader)
+    if mode == "acc-capture":
+        step = acc.capture(training_step(acc, net, optimizer), warmup=2)  # ACC
+        for _ in range(steps):
+            losses.append(step(*next(batches)).item())
+        steps = 0
     for _ in range(steps):
         for k in range(micro):
-            x, y = next(batches)
+            x, y = (t.to(device) for t in next(batches))
             # ACC: the first micro-batch of an accumulation (forward and backward) without the all-reduce
             local = acc.no_sync(net) if acc and k < micro - 1 else contextlib.nullcontext()
             with local:
@@ -55,4 +81,5 @@ def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = Tr
 
 
 if __name__ == "__main__":
+    warnings.filterwarnings("ignore", message="capture\\(\\): CUDA graphs need a GPU")
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--no-resident" not in sys.argv)

@@ -42,7 +42,7 @@ def _torchrun(*args):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("mode", ["acc", "acc-accumulate"])
+@pytest.mark.parametrize("mode", ["acc", "acc-accumulate", "acc-capture"])
 def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_path, mode):
     accelerator_loop.main(str(tmp_path / "one.pt"), "plain", 32, 5)
     _torchrun(str(tmp_path / "two.pt"), mode, "32", "5")
@@ -92,3 +92,63 @@ def test_image_batches_come_in_the_prepared_models_layout(resident):
     x, y = next(iter(loader))
     assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() and y.dim() == 1
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def _captured_training(device: str, capture: bool, step_fn=None):
+    """AdamW with a decaying rate over 8 batches; the step captured or not. Returns the
+    losses, the final weights and the step."""
+    from torch.utils.data import DataLoader
+
+    net = accelerator_loop.model()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    acc = gpuaccel.Accelerator(device=device, precision="fp32")
+    loader = DataLoader(accelerator_loop.data(), batch_size=32, drop_last=True)
+    net, optimizer, loader = acc.prepare(net, optimizer, loader)
+    step = (step_fn or accelerator_loop.training_step)(acc, net, optimizer)
+    step = acc.capture(step) if capture else step
+    losses = []
+    for x, y in loader:
+        losses.append(step(x, y).item())
+        schedule.step()
+    return losses, {k: v.detach().cpu() for k, v in net.state_dict().items()}, step
+
+
+def test_capture_on_the_cpu_runs_the_step_uncaptured_with_one_notice():
+    plain_losses, plain_params, _ = _captured_training("cpu", capture=False)
+    with pytest.warns(UserWarning, match="on the CPU the step runs uncaptured"):
+        losses, params, _ = _captured_training("cpu", capture=True)
+    assert losses == plain_losses
+    for key, value in plain_params.items():
+        assert torch.equal(params[key], value)
+    with pytest.raises(GpuaccelError, match="not available with strategy='fsdp'"):
+        gpuaccel.Accelerator(device="cpu", strategy="fsdp").capture(lambda: None)
+    with pytest.raises(GpuaccelError, match="compile_mode='default'"):
+        gpuaccel.Accelerator(device="cpu", compile=True, compile_mode="reduce-overhead").capture(lambda: None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_captured_step_trains_like_the_uncaptured_one_and_reads_the_schedules_rate():
+    plain_losses, plain_params, _ = _captured_training("cuda", capture=False)
+    losses, params, step = _captured_training("cuda", capture=True)
+    assert step.captured and len(losses) == 8  # 3 warm-up steps, a recorded one, 4 replays
+    assert max(abs(a - b) for a, b in zip(losses, plain_losses)) < 1e-5
+    for key, value in plain_params.items():
+        torch.testing.assert_close(params[key], value, atol=1e-5, rtol=1e-5)
+    x, y = accelerator_loop.data().tensors
+    with pytest.raises(GpuaccelError, match="shapes it was captured with"):
+        step(x[:16].cuda(), y[:16].cuda())
+
+    def syncing(acc, net, optimizer):
+        def step(x, y):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            if loss.item() > 100:  # a host sync: cannot be recorded
+                loss = loss / 2
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss.detach()
+        return step
+
+    with pytest.raises(GpuaccelError, match="cannot be captured as one CUDA graph"):
+        _captured_training("cuda", capture=True, step_fn=syncing)

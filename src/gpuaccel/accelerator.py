@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,8 @@ from .device import resolve_device, resolve_precision
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
 from .parallel import DataParallel, Distributed, Sharded, SingleDevice, Strategy
+from .parallel.data_parallel import average_gradients
+from .train.step_graph import CapturedStep
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 
@@ -64,6 +67,8 @@ class Accelerator:
         self._strategies: "weakref.WeakKeyDictionary[nn.Module, Strategy]" = weakref.WeakKeyDictionary()
         self._layout = torch.contiguous_format  # of image batches: channels_last once a model is
         self._optimizers: list[PreparedOptimizer] = []
+        self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
+        self._captured_steps: list[CapturedStep] = []
 
     # ------------------------------------------------------------------ who this process is
 
@@ -179,6 +184,46 @@ class Accelerator:
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled where fp16 needs it."""
         self.scaler.scale(loss).backward()
+        if self._reduce_in_backward:
+            average_gradients([p.grad for model in self._strategies for p in model.parameters() if p.grad is not None])
+
+    def capture(self, step_fn, *, warmup: int = 3) -> CapturedStep:
+        """``step_fn`` (forward, ``acc.backward``, optimizer step, all on the batch it is given)
+        as one CUDA graph: the first ``warmup`` calls run it as it is, the next records and
+        replays it, every later call only copies its batch in and replays (one launch for the
+        whole step). With several processes the gradient all-reduce is recorded inside it
+        (``acc.backward`` does it, in place of DDP's hooks). What it returns is overwritten by the
+        next call. Off a GPU the step runs uncaptured, with one notice."""
+        if self.strategy_name == "fsdp":
+            raise GpuaccelError("capture() is not available with strategy='fsdp' (FSDP gathers and frees "
+                                "parameters on the host between layers); use strategy='ddp'")
+        if self.compile and self.compile_mode == "reduce-overhead":
+            raise GpuaccelError("capture() records the whole step as one CUDA graph already; use compile_mode="
+                                "'default' (compiled kernels without torch.compile's own graphs)")
+        if self.precision.loss_scaling:
+            raise GpuaccelError("capture() needs bf16 or fp32: fp16's loss scaling decides on the host whether "
+                                "each step is taken; use precision='bf16' (or fp32)")
+        if self.device.type != "cuda":
+            warnings.warn("capture(): CUDA graphs need a GPU; on the CPU the step runs uncaptured", stacklevel=2)
+        elif self.dist.active:
+            self._without_ddp_hooks()
+        step = CapturedStep(step_fn, [o.optimizer for o in self._optimizers], self.device, warmup=warmup)
+        self._captured_steps.append(step)
+        return step
+
+    def _without_ddp_hooks(self) -> None:
+        """Data parallel as the trainer's step graph does it (parallel/graph_data_parallel.py):
+        DDP's reducer runs hooks on the host during the backward pass, which a replay skips, and
+        it keeps each parameter's gradient accumulator from the stream it was made on, which a
+        capture may not wait for. So each prepared DDP model calls its module directly from now
+        on, without the reducer, and ``backward`` averages the gradients in one all-reduce,
+        recorded inside the graph. (Replicas start equal: DDP broadcast rank 0's at prepare.)"""
+        for strategy in self._strategies.values():
+            if isinstance(strategy, DataParallel) and strategy.ddp is not None and strategy.ddp.reducer is not None:
+                strategy.ddp.forward = strategy.ddp.module.forward
+                strategy.ddp.reducer = strategy.ddp.logger = None  # (the logger holds the reducer too)
+        gc.collect()  # (the accumulators the reducer held)
+        self._reduce_in_backward = True
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """Clips the gradients' norm (unscaled first, under fp16); returns the norm before."""
@@ -207,14 +252,16 @@ class Accelerator:
         return torch.cat(parts)
 
     def end(self) -> None:
-        """Ends a multi-process run: waits for every process, releases the parallel wrappers
-        this accelerator made, then leaves the process group. Call it last (the prepared models
+        """Ends a multi-process run: waits for every process, releases the captured steps and the
+        parallel wrappers this accelerator made, then leaves the process group. Call it last (the prepared models
         no longer synchronise afterwards). Destroying the group while a DDP wrapper still held it
         left one process of two hanging in the wrapper's destructor about one run in four
         (torch 2.13, gloo, two CPU processes)."""
         if not self.dist.active or not torch.distributed.is_initialized():
             return
         self.dist.barrier()
+        for step in self._captured_steps:  # a graph holding an NCCL all-reduce must go before its group
+            step.release()
         for strategy in list(self._strategies.values()):
             if isinstance(strategy, DataParallel) and strategy.ddp is not None:
                 strategy.ddp.reducer = None  # (the reducer holds the process group)

@@ -31,12 +31,52 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
+from ..errors import GpuaccelError
 from ..tasks import call_model
 from .ema import WeightAverage
 
 
 def _copy_into(static, new) -> None:
     tree_map(lambda s, n: s.copy_(n), static, new)
+
+
+def load_learning_rates(optimizer: torch.optim.Optimizer, lrs: list[torch.Tensor]) -> None:
+    """The groups' current (float) learning rates into the tensors a captured step reads."""
+    for group, lr in zip(optimizer.param_groups, lrs):
+        lr.fill_(group["lr"])
+
+
+@contextlib.contextmanager
+def tensor_learning_rates(optimizer: torch.optim.Optimizer, lrs: list[torch.Tensor]):
+    """While inside, each group's learning rate is its tensor in ``lrs`` (filled from the float
+    first), so that a step captured here reads the rate at replay, not the one of the capture."""
+    load_learning_rates(optimizer, lrs)
+    groups = optimizer.param_groups
+    rates = [group["lr"] for group in groups]
+    for group, lr in zip(groups, lrs):
+        group["lr"] = lr
+    try:
+        yield
+    finally:
+        for group, rate in zip(groups, rates):
+            group["lr"] = rate
+
+
+def prepare_graph_state(optimizer: torch.optim.Optimizer) -> None:
+    """Creates the optimizer state a captured step reads, as the first eager step would: SGD
+    momentum buffers as zeros (the first update is then the same as PyTorch's first step,
+    which copies the gradient); Adam's moments as zeros and its step count as a device
+    tensor (capturable). Created inside the capture, they would be zeroed by every replay."""
+    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if adam and not state:
+                state.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                             exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                             exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+            elif group.get("momentum") and not adam and state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 class StepGraph:
@@ -72,22 +112,10 @@ class StepGraph:
         return loss.detach()
 
     def _load_lrs(self) -> None:
-        """The groups' current (float) learning rates into the tensors the step reads."""
-        for group, lr in zip(self.optimizer.param_groups, self.lrs):
-            lr.fill_(group["lr"])
+        load_learning_rates(self.optimizer, self.lrs)
 
-    @contextlib.contextmanager
     def _tensor_lrs(self):
-        self._load_lrs()
-        groups = self.optimizer.param_groups
-        rates = [group["lr"] for group in groups]
-        for group, lr in zip(groups, self.lrs):
-            group["lr"] = lr
-        try:
-            yield
-        finally:
-            for group, rate in zip(groups, rates):
-                group["lr"] = rate
+        return tensor_learning_rates(self.optimizer, self.lrs)
 
     def warm(self, inputs, targets, steps: int = 3) -> None:
         """Runs the step's code eagerly on a side stream (compilation, cuDNN's algorithm search,
@@ -104,20 +132,7 @@ class StepGraph:
         torch.cuda.current_stream().wait_stream(side)
 
     def prepare(self) -> None:
-        """Creates the optimizer state a captured step reads, as the first eager step would: SGD
-        momentum buffers as zeros (the first update is then the same as PyTorch's first step,
-        which copies the gradient); Adam's moments as zeros and its step count as a device
-        tensor (capturable). Created inside the capture, they would be zeroed by every replay."""
-        adam = isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW))
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                state = self.optimizer.state[p]
-                if adam and not state:
-                    state.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
-                                 exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                                 exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
-                elif group.get("momentum") and not adam and state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        prepare_graph_state(self.optimizer)
 
     def capture(self) -> None:
         """Records the step (after :meth:`warm`). The state it records must not be replaced afterwards."""
@@ -150,3 +165,127 @@ class StepGraph:
         _copy_into(self.targets, targets)
         self.graph.replay()
         return self.loss
+
+
+class CapturedStep:
+    """A user's own training step, ``fn(*batch)``, captured as one CUDA graph and replayed:
+    what :class:`StepGraph` does for ``Trainer``, for a loop the user keeps
+    (``Accelerator.capture``).
+
+    The first ``warmup`` calls run ``fn`` eagerly on a side stream, as real steps (compilation,
+    cuDNN's algorithm search and library workspaces happen there, not in the graph). The next
+    call records ``fn`` on copies of its arguments, then replays the recording once: recording
+    runs nothing. Every later call copies its tensors into those copies and replays. What
+    ``fn`` returns is the recording's output, overwritten by the next call.
+
+    ``optimizers``' learning rates are read from tensors at replay, so schedulers keep working;
+    Adam's step count moves to the device (``capturable``). Off a GPU, ``fn`` is called as it
+    is."""
+
+    def __init__(self, fn: Callable, optimizers: list[torch.optim.Optimizer], device: torch.device, *,
+                 warmup: int = 3):
+        self.fn, self.optimizers, self.device, self.warmup = fn, optimizers, device, warmup
+        self.lrs = [[torch.zeros((), device=device) for _ in opt.param_groups] for opt in optimizers]
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_args = self.outputs = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    @contextlib.contextmanager
+    def _tensor_lrs(self):
+        with contextlib.ExitStack() as stack:
+            for optimizer, lrs in zip(self.optimizers, self.lrs):
+                stack.enter_context(tensor_learning_rates(optimizer, lrs))
+            yield
+
+    def __call__(self, *args):
+        if self.device.type != "cuda":
+            return self.fn(*args)
+        if self.graph is not None:
+            return self._replay(args)
+        if self.calls == 0:
+            for optimizer in self.optimizers:
+                _make_capturable(optimizer)
+        self.calls += 1
+        if self.calls <= self.warmup:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), self._tensor_lrs():
+                outputs = self.fn(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            return outputs
+        return self._capture(args)
+
+    def _capture(self, args):
+        self.static_args = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)  # gradients are then allocated by the graph, once
+            prepare_graph_state(optimizer)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with self._tensor_lrs(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                outputs = self.fn(*self.static_args)
+        except RuntimeError as exc:
+            while isinstance(exc.__context__, RuntimeError):  # the first failure, not the capture's end
+                exc = exc.__context__
+            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise GpuaccelError(
+                f"the step cannot be captured as one CUDA graph: {cause}. A captured step must launch the same "
+                f"kernels every call without waiting for the GPU: no .item(), .cpu(), .tolist(), print(tensor) or "
+                f"'if tensor ...' inside it, no shapes that change; move those out of the step, or call it "
+                f"uncaptured") from None
+        self.graph, self.outputs = graph, outputs
+        graph.replay()  # this call's step: recording ran nothing
+        return outputs
+
+    def _replay(self, args):
+        def copy(static, new):
+            if isinstance(static, torch.Tensor):
+                if not isinstance(new, torch.Tensor) or new.shape != static.shape or new.dtype != static.dtype:
+                    got = f"{tuple(new.shape)} {new.dtype}" if isinstance(new, torch.Tensor) else repr(new)
+                    raise GpuaccelError(f"a captured step takes tensors of the shapes it was captured with: "
+                                        f"{tuple(static.shape)} {static.dtype}, got {got} (drop_last=True keeps "
+                                        f"the last batch from being short)")
+                static.copy_(new, non_blocking=True)
+            elif static != new:
+                raise GpuaccelError(f"a captured step keeps the non-tensor arguments it was captured with "
+                                    f"({static!r}); got {new!r}")
+
+        try:
+            tree_map(copy, self.static_args, args)
+        except ValueError:  # the structure differs: another number or nesting of arguments
+            raise GpuaccelError("a captured step takes arguments of the structure it was captured with") from None
+        for optimizer, lrs in zip(self.optimizers, self.lrs):
+            load_learning_rates(optimizer, lrs)
+        self.graph.replay()
+        return self.outputs
+
+    def release(self) -> None:
+        """Frees the recording; the next call records again."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+            self.graph, self.calls = None, 0
+
+
+def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """An update a graph can hold, reading its learning rate from a tensor: Adam's and AdamW's
+    step count on the device (``capturable``); SGD's fused kernel (its multi-tensor path reads
+    a tensor rate on the host). Other optimizers are left as they are."""
+    if isinstance(optimizer, torch.optim.SGD):
+        for group in optimizer.param_groups:
+            if not group.get("differentiable"):
+                group.update(fused=True, foreach=False)
+        return
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return
+    for group in optimizer.param_groups:
+        group["capturable"] = True
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.device != p.device:
+                optimizer.state[p]["step"] = step.to(p.device, torch.float32)
