@@ -2,6 +2,7 @@
 the changes), run by tests/test_accelerator.py in one process or under torchrun.
 
     python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate|acc-capture} GLOBAL_BATCH STEPS [--no-resident]
+    python tests/accelerator_loop.py OUT.pt fsdp-resume
 
 acc-capture runs the step through ``acc.capture`` (one CUDA graph on a GPU; on the CPU the
 step runs as it is). GPUACCEL_LOOP_DEVICE picks the device (default cpu).
@@ -80,6 +81,39 @@ def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = Tr
         acc.end()  # ACC: the process group goes after what uses it
 
 
+def fsdp_resume(out: str) -> None:
+    """FSDP over the processes: 3 steps, a sharded save, 2 more steps; then the save loaded back
+    and the same 2 steps again. Rank 0 writes both end states and the checkpoint's files."""
+    acc = gpuaccel.Accelerator(device=os.environ.get("GPUACCEL_LOOP_DEVICE", "cpu"), precision="fp32",
+                               strategy="fsdp")
+    net = acc.prepare(model())
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    optimizer, loader = acc.prepare(optimizer, DataLoader(data(), batch_size=16))
+    batches, ends = list(loader), []
+
+    def train(first: int, last: int) -> None:
+        for x, y in batches[first:last]:
+            acc.backward(F.cross_entropy(net(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            schedule.step()
+
+    train(0, 3)
+    acc.save(out + ".ckpt", model=net, optimizer=optimizer, schedule=schedule)
+    train(3, 5)
+    ends.append(acc._state_of(net))
+    acc.load(out + ".ckpt", model=net, optimizer=optimizer, schedule=schedule)
+    train(3, 5)
+    ends.append(acc._state_of(net))
+    if acc.is_main:
+        torch.save({"ends": ends, "files": sorted(os.listdir(out + ".ckpt")), "lr": schedule.get_last_lr()}, out)
+    acc.end()
+
+
 if __name__ == "__main__":
     warnings.filterwarnings("ignore", message="capture\\(\\): CUDA graphs need a GPU")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--no-resident" not in sys.argv)
+    if sys.argv[2] == "fsdp-resume":
+        fsdp_resume(sys.argv[1])
+    else:
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--no-resident" not in sys.argv)

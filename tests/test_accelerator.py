@@ -34,10 +34,11 @@ def test_the_same_loop_gives_the_same_losses_with_and_without_the_accelerator(tm
         torch.testing.assert_close(acc["params"][key], value, atol=1e-6, rtol=0)
 
 
-def _torchrun(*args):
+def _torchrun(out, mode="fsdp-resume", *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(TESTS / "accelerator_loop.py"), *args], env=env, capture_output=True, text=True,
+                           str(TESTS / "accelerator_loop.py"), out, mode, *args], env=env, capture_output=True,
+                          text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
@@ -49,6 +50,19 @@ def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_pat
     one, two = _result(tmp_path / "one.pt"), _result(tmp_path / "two.pt")
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=2e-6, rtol=0)
+
+
+def test_a_sharded_save_is_written_by_every_process_and_resumes_to_identical_weights(tmp_path):
+    _torchrun(str(tmp_path / "fsdp.pt"))
+    result = _result(tmp_path / "fsdp.pt")
+    after, again = result["ends"]
+    for key, value in after.items():
+        assert torch.equal(again[key], value), key
+    # torch.distributed.checkpoint's layout: its metadata and one shard file per process
+    assert ".metadata" in result["files"] and "extra.pt" in result["files"]
+    assert sum(name.endswith(".distcp") for name in result["files"]) == 2
+    assert result["lr"] == [pytest.approx(1e-2 * 0.5 ** 2)]  # the schedule came back too
+    assert not (tmp_path / "fsdp.pt.ckpt.partial").exists()
 
 
 def test_save_and_load_resume_to_identical_weights(tmp_path):
@@ -152,3 +166,36 @@ def test_a_captured_step_trains_like_the_uncaptured_one_and_reads_the_schedules_
 
     with pytest.raises(GpuaccelError, match="cannot be captured as one CUDA graph"):
         _captured_training("cuda", capture=True, step_fn=syncing)
+
+
+class _SlowDataset(torch.utils.data.Dataset):
+    """Items that take 20 ms each to read."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.02)
+        return torch.full((4,), float(i)), i % 2
+
+
+def test_stats_report_the_share_of_time_spent_waiting_for_batches():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    acc = gpuaccel.Accelerator(device="cpu")
+    slow = acc.prepare(DataLoader(_SlowDataset(), batch_size=4), device_resident=False)
+    for x, y in slow:
+        x.sum()  # next to no work: nearly all the time is spent waiting for the next batch
+    waiting = acc.stats()
+    assert waiting["data_wait_share"] > 0.8 and waiting["seconds"] > 0.2, waiting
+    assert waiting["gpu_util"] is None and waiting["gpu_monitor"] == "no GPU in use"
+    resident = acc.prepare(DataLoader(TensorDataset(torch.randn(64, 1024)), batch_size=16))
+    weight = torch.randn(1024, 1024) / 32
+    for (x,) in resident:
+        for _ in range(20):
+            x = torch.tanh(x @ weight)  # the time is the step's: the batch is already there
+    assert acc.stats()["data_wait_share"] < 0.2
+    assert acc.stats() == {"seconds": 0.0, "data_wait_share": 0.0, "gpu_util": None, "gpu_mem_used_mib": None,
+                           "gpu_power_w": None, "gpu_monitor": "no GPU in use"}  # nothing since the last call

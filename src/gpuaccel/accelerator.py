@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -38,8 +39,11 @@ from .data.tensors import TensorLoader, gather_tensors
 from .device import resolve_device, resolve_precision
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
+from .monitor.gpu import GpuSampler
+from .monitor.steps import DataWaitMeter
 from .parallel import DataParallel, Distributed, Sharded, SingleDevice, Strategy
 from .parallel.data_parallel import average_gradients
+from .parallel.fsdp import load_sharded, save_sharded
 from .train.step_graph import CapturedStep
 
 STRATEGIES = ("auto", "ddp", "fsdp")
@@ -47,12 +51,14 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 class Accelerator:
     def __init__(self, device: str = "auto", precision: str = "auto", compile: bool = False,
-                 compile_mode: str = "default", strategy: str = "auto", channels_last: bool | None = None):
+                 compile_mode: str = "default", strategy: str = "auto", channels_last: bool | None = None,
+                 monitor: bool = True):
         """``device``: auto (a CUDA GPU if there is one), cpu, cuda or cuda:N; ``precision``: auto
         (bf16 on GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU), fp32,
         bf16 or fp16; ``compile``: torch.compile the prepared models; ``strategy``: with several
         processes, ddp (auto) or fsdp; ``channels_last``: NHWC for models with convolutions
-        (default on GPUs)."""
+        (default on GPUs); ``monitor``: sample the GPU's utilisation, memory and power in the
+        background for :meth:`stats` (NVML, as ``Trainer`` does)."""
         if strategy not in STRATEGIES:
             raise choice_error("strategy", strategy, STRATEGIES)
         if compile_mode not in COMPILE_MODES:
@@ -69,6 +75,12 @@ class Accelerator:
         self._optimizers: list[PreparedOptimizer] = []
         self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
         self._captured_steps: list[CapturedStep] = []
+        self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders
+        self._sampler = GpuSampler(None, [self.device.index or 0]) if monitor and self.device.type == "cuda" \
+            else None
+        if self._sampler is not None:
+            self._sampler.start()
+        self._stats_since = 0.0
 
     # ------------------------------------------------------------------ who this process is
 
@@ -166,14 +178,14 @@ class Accelerator:
                 torch.initial_seed() % 2**31
             return ResidentLoader(tensors, batch_size=loader.batch_size, device=self.device, shuffle=shuffle,
                                   drop_last=loader.drop_last, rank=self.rank, world_size=self.world_size, seed=seed,
-                                  layout=self._layout)
+                                  layout=self._layout, meter=self._data_wait)
         if self.dist.active and not isinstance(loader.sampler, DistributedSampler):
             sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle)
             loader = DataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
                                 num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                 pin_memory=self.device.type == "cuda", drop_last=loader.drop_last,
                                 persistent_workers=loader.persistent_workers)
-        return PrefetchLoader(loader, self.device, layout=self._layout)
+        return PrefetchLoader(loader, self.device, layout=self._layout, meter=self._data_wait)
 
     # ------------------------------------------------------------------ the step
 
@@ -257,6 +269,8 @@ class Accelerator:
         no longer synchronise afterwards). Destroying the group while a DDP wrapper still held it
         left one process of two hanging in the wrapper's destructor about one run in four
         (torch 2.13, gloo, two CPU processes)."""
+        if self._sampler is not None:
+            self._sampler.stop()
         if not self.dist.active or not torch.distributed.is_initialized():
             return
         self.dist.barrier()
@@ -269,6 +283,22 @@ class Accelerator:
         gc.collect()
         self.dist.close()
 
+    def stats(self) -> dict:
+        """Since the previous call (or the first batch): the seconds, the share of them spent
+        waiting for the prepared loaders' batches (read off the GPU's timeline, as ``Trainer``
+        reports its data wait), and the GPU's mean utilisation (%), memory used (MiB) and power
+        (W) from NVML samples (None without them; ``gpu_monitor`` says why). It waits for the
+        GPU: call it where the loop would anyway, e.g. once per epoch."""
+        waited = self._data_wait.read()
+        sampler = self._sampler
+        now = time.perf_counter() - sampler.origin if sampler is not None and sampler.origin is not None else 0.0
+        gpu = {name: (round(value, 1) if value is not None else None)
+               for name, value in ((f"gpu_{field}", sampler.mean(field, since=self._stats_since) if sampler else None)
+                                   for field in ("util", "mem_used_mib", "power_w"))}
+        self._stats_since = now
+        return {"seconds": round(waited["total_seconds"], 4), "data_wait_share": round(waited["data_share"], 4),
+                **gpu, "gpu_monitor": "no GPU in use" if sampler is None else sampler.unavailable or "nvml"}
+
     # ------------------------------------------------------------------ state
 
     def _state_of(self, obj):
@@ -278,10 +308,33 @@ class Accelerator:
                 {k: v.detach().cpu() for k, v in obj.state_dict().items()}
         return obj.state_dict()
 
+    def _sharded(self, objects: dict):
+        """(name and module of the one FSDP model among ``objects``, name and optimizer of the
+        one optimizer, or None) when saving sharded; None otherwise."""
+        if not (self.dist.active and self.strategy_name == "fsdp"):
+            return None
+        models = [(n, o) for n, o in objects.items() if isinstance(self._strategies.get(o), Sharded)]
+        optimizers = [(n, o) for n, o in objects.items() if isinstance(o, (PreparedOptimizer, torch.optim.Optimizer))]
+        if len(models) != 1 or len(optimizers) > 1:
+            raise GpuaccelError("a sharded save takes one prepared model and at most one optimizer (it pairs "
+                                "the optimizer's state with that model's shards)")
+        return models[0], (optimizers[0] if optimizers else None)
+
     def save(self, path, **objects) -> None:
         """Writes the named objects' state (models, optimizers, schedulers, any object with
-        ``state_dict``) to ``path`` atomically, from the main process; with FSDP every process
-        takes part in gathering the full state, so every process calls it."""
+        ``state_dict``) to ``path`` atomically, from the main process. With ``strategy="fsdp"``
+        under several processes, ``path`` becomes a folder of torch.distributed.checkpoint
+        shards: each process writes its own part of the model and optimizer, nothing is
+        gathered, and every process calls it."""
+        sharded = self._sharded(objects)
+        if sharded is not None:
+            (_, model), optimizer = sharded
+            plain = {n: o.state_dict() for n, o in objects.items() if o is not model and
+                     (optimizer is None or o is not optimizer[1])}
+            save_sharded(path, self._strategies[model].model,
+                         None if optimizer is None else getattr(optimizer[1], "optimizer", optimizer[1]),
+                         {**plain, "_scaler": self.scaler.state_dict()})
+            return
         state = {name: self._state_of(obj) for name, obj in objects.items()}
         state["_scaler"] = self.scaler.state_dict()
         if self.is_main:
@@ -291,6 +344,20 @@ class Accelerator:
     def load(self, path, **objects) -> None:
         """Restores what :meth:`save` wrote into the named objects (every process reads the file)."""
         path = Path(path)
+        if path.is_dir():
+            sharded = self._sharded(objects)
+            if sharded is None:
+                raise GpuaccelError(f"{path} is a sharded checkpoint: load it with strategy='fsdp' under torchrun")
+            (_, model), optimizer = sharded
+            extra = load_sharded(path, self._strategies[model].model,
+                                 None if optimizer is None else getattr(optimizer[1], "optimizer", optimizer[1]))
+            for name, obj in objects.items():
+                if obj is not model and (optimizer is None or obj is not optimizer[1]):
+                    if name not in extra:
+                        raise GpuaccelError(f"{path} holds no state for {name}")
+                    obj.load_state_dict(extra[name])
+            self.scaler.load_state_dict(extra["_scaler"])
+            return
         if not path.is_file():
             raise GpuaccelError(f"{path} does not exist")
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -340,10 +407,11 @@ class ResidentLoader:
     new seeded order, this process's shard, batched by indexing on the device."""
 
     def __init__(self, tensors, *, batch_size: int, device: torch.device, shuffle: bool, drop_last: bool,
-                 rank: int, world_size: int, seed: int, layout=torch.contiguous_format):
+                 rank: int, world_size: int, seed: int, layout=torch.contiguous_format,
+                 meter: DataWaitMeter | None = None):
         self._loader = TensorLoader(tensors, batch_size=batch_size, device=device, train=shuffle, seed=seed,
                                     rank=rank, world_size=world_size, drop_last=drop_last)
-        self.layout = layout
+        self.layout, self.meter = layout, meter or DataWaitMeter(device)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -351,15 +419,17 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator:
         epoch, self.epoch = self.epoch, self.epoch + 1
-        return (_laid_out(batch, self.layout) for batch in self._loader.batches(epoch))
+        return self.meter.timed(_laid_out(batch, self.layout) for batch in self._loader.batches(epoch))
 
 
 class PrefetchLoader:
     """A DataLoader whose batches arrive on the device, copied from pinned memory one step
     ahead on a side stream (``set_epoch`` on a DistributedSampler at each ``iter``)."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, layout=torch.contiguous_format):
+    def __init__(self, loader: DataLoader, device: torch.device, layout=torch.contiguous_format,
+                 meter: DataWaitMeter | None = None):
         self.loader, self.device, self.layout = loader, device, layout
+        self.meter = meter or DataWaitMeter(device)
         self._copies = DeviceCopies(device)
         self.epoch = 0
 
@@ -370,7 +440,7 @@ class PrefetchLoader:
         if hasattr(self.loader.sampler, "set_epoch"):
             self.loader.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return (_laid_out(batch, self.layout) for batch in self._copies(iter(self.loader)))
+        return self.meter.timed(_laid_out(batch, self.layout) for batch in self._copies(iter(self.loader)))
 
 
 def _laid_out(batch, layout):

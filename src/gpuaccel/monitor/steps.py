@@ -23,7 +23,8 @@ class DataWaitMeter:
 
     def reset(self) -> None:
         self._marks: list = []  # (before the batch was asked for, once it was ready) per step
-        self._open = None
+        self._first = None  # the first mark since the last read: where the total time starts
+        self._folded = 0.0  # seconds of wait of the marks already summed (and dropped)
 
     def _now(self):
         if not self.on_gpu:
@@ -41,21 +42,37 @@ class DataWaitMeter:
                 batch = next(iterator)
             except StopIteration:
                 return
+            if self._first is None:
+                self._first = before
             self._marks.append((before, self._now()))
+            if len(self._marks) >= 1024:  # a loop that reads rarely (Accelerator.stats) keeps few events
+                self._fold()
             yield batch
+
+    def _fold(self) -> None:
+        """Sums the waits whose end the GPU has passed, without waiting for the others."""
+        pending = []
+        for before, ready in self._marks:
+            if not self.on_gpu:
+                self._folded += ready - before
+            elif ready.query():
+                self._folded += before.elapsed_time(ready) / 1000
+            else:
+                pending.append((before, ready))
+        self._marks = pending
 
     def read(self) -> dict:
         """Seconds waiting for data and in all since the last read (or reset), and the share.
         On a GPU this synchronises; call it where the loop synchronises anyway."""
-        if not self._marks:
+        if self._first is None:
             return {"data_seconds": 0.0, "total_seconds": 0.0, "data_share": 0.0}
         end = self._now()
         if self.on_gpu:
             end.synchronize()
-            wait = sum(a.elapsed_time(b) for a, b in self._marks) / 1000
-            total = self._marks[0][0].elapsed_time(end) / 1000
+            wait = self._folded + sum(a.elapsed_time(b) for a, b in self._marks) / 1000
+            total = self._first.elapsed_time(end) / 1000
         else:
-            wait = sum(b - a for a, b in self._marks)
-            total = end - self._marks[0][0]
+            wait = self._folded + sum(b - a for a, b in self._marks)
+            total = end - self._first
         self.reset()
         return {"data_seconds": wait, "total_seconds": total, "data_share": wait / total if total > 0 else 0.0}

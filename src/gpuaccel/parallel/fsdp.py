@@ -90,6 +90,54 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_st
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
 
 
+def save_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict) -> None:
+    """Writes ``model``'s (and ``optimizer``'s) sharded state with torch.distributed.checkpoint:
+    a folder in which each process writes its own shards, nothing gathered. The folder is
+    written beside ``path`` and renamed into place once every process has finished, so an
+    interrupted save leaves the previous one whole. ``extra`` (small, unsharded state, e.g. a
+    scheduler's) goes into the folder from rank 0. A collective: every process calls it."""
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    if dist.get_rank() == 0 and partial.exists():
+        shutil.rmtree(partial)
+    dist.barrier()
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, checkpoint_id=str(partial))
+    if dist.get_rank() == 0:
+        torch.save(extra, partial / "extra.pt")
+        previous = path.with_name(path.name + ".previous")
+        if path.exists():
+            path.rename(previous)
+        partial.rename(path)
+        shutil.rmtree(previous, ignore_errors=True)
+    dist.barrier()
+
+
+def load_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Reads what :func:`save_sharded` wrote into the sharded ``model`` (and ``optimizer``), each
+    process its own shards (resharded if the number of processes changed); returns ``extra``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return torch.load(f"{path}/extra.pt", map_location="cpu", weights_only=True)
+
+
 class Sharded(Strategy):
     """FSDP2 over all processes (one also works): parameters, gradients and optimizer state
     split; checkpoints gathered whole to rank 0."""
