@@ -43,7 +43,7 @@ from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
 from .parallel import DataParallel, Distributed, Sharded, SingleDevice, Strategy
 from .parallel.data_parallel import average_gradients
-from .parallel.fsdp import load_sharded, save_sharded
+from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .train.step_graph import CapturedStep
 
 STRATEGIES = ("auto", "ddp", "fsdp")
@@ -311,7 +311,7 @@ class Accelerator:
     def _sharded(self, objects: dict):
         """(name and module of the one FSDP model among ``objects``, name and optimizer of the
         one optimizer, or None) when saving sharded; None otherwise."""
-        if not (self.dist.active and self.strategy_name == "fsdp"):
+        if self.strategy_name != "fsdp":
             return None
         models = [(n, o) for n, o in objects.items() if isinstance(self._strategies.get(o), Sharded)]
         optimizers = [(n, o) for n, o in objects.items() if isinstance(o, (PreparedOptimizer, torch.optim.Optimizer))]
@@ -322,9 +322,8 @@ class Accelerator:
 
     def save(self, path, **objects) -> None:
         """Writes the named objects' state (models, optimizers, schedulers, any object with
-        ``state_dict``) to ``path`` atomically, from the main process. With ``strategy="fsdp"``
-        under several processes, ``path`` becomes a folder of torch.distributed.checkpoint
-        shards: each process writes its own part of the model and optimizer, nothing is
+        ``state_dict``) to ``path`` atomically, from the main process. With ``strategy="fsdp"``,
+        ``path`` becomes a folder of torch.distributed.checkpoint shards: each process writes its own part of the model and optimizer, nothing is
         gathered, and every process calls it."""
         sharded = self._sharded(objects)
         if sharded is not None:
@@ -347,7 +346,8 @@ class Accelerator:
         if path.is_dir():
             sharded = self._sharded(objects)
             if sharded is None:
-                raise GpuaccelError(f"{path} is a sharded checkpoint: load it with strategy='fsdp' under torchrun")
+                raise GpuaccelError(f"{path} is a sharded checkpoint: load it into a model prepared with "
+                                    f"strategy='fsdp'")
             (_, model), optimizer = sharded
             extra = load_sharded(path, self._strategies[model].model,
                                  None if optimizer is None else getattr(optimizer[1], "optimizer", optimizer[1]))
@@ -367,7 +367,9 @@ class Accelerator:
                                 f"{', '.join(k for k in state if not k.startswith('_'))})")
         for name, obj in objects.items():
             strategy = self._strategies.get(obj) if isinstance(obj, nn.Module) else None
-            if strategy is not None:
+            if isinstance(strategy, Sharded):  # a whole state dict into a sharded model: each takes its shards
+                load_full_state(strategy.model, None, state[name], None)
+            elif strategy is not None:
                 strategy.model.load_state_dict(state[name])
             else:
                 obj.load_state_dict(state[name])

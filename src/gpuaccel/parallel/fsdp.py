@@ -81,13 +81,14 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None):
     return model_state, optimizer_state
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                    optimizer_state: dict) -> None:
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
+                    optimizer_state: dict | None) -> None:
     """Loads full (unsharded) state dicts, which every process has read, into the sharded model."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     set_model_state_dict(model, model_state, options=_options())
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
 
 
 def save_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict) -> None:
