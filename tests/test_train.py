@@ -186,6 +186,19 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
     assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)
 
 
+def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path, digits):
+    saved_at = []
+    save = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (saved_at.append(self.epoch), save(self))[1])
+    for every, expected in ((1, [1, 2, 3, 4]), (2, [2, 4]), (0, [4])):  # (the end is always saved)
+        saved_at.clear()
+        fit(tmp_path / str(every), digits, model="mlp", epochs=4, eval_every=10**6, monitor=False,
+            checkpoint_epochs=every)
+        assert saved_at == expected, every
+    with pytest.raises(GpuaccelError, match="--checkpoint-epochs must be a whole number >= 0"):
+        TrainConfig(checkpoint_epochs=-1).validate()
+
+
 def test_training_runs_with_the_warm_up_objects_frozen_and_leaves_the_collector_as_it_was(monkeypatch, tmp_path,
                                                                                            digits):
     """Objects that exist before training (compilation's, the model's) are frozen out of the
