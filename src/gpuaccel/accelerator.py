@@ -264,9 +264,10 @@ class Accelerator:
         return torch.cat(parts)
 
     def end(self) -> None:
-        """Ends a multi-process run: waits for every process, releases the captured steps and the
-        parallel wrappers this accelerator made, then leaves the process group. Call it last (the prepared models
-        no longer synchronise afterwards). Destroying the group while a DDP wrapper still held it
+        """Ends a run: stops the GPU sampler; with several processes, waits for every process,
+        releases the captured steps and the parallel wrappers this accelerator made, then leaves
+        the process group. Call it last (the prepared models no longer synchronise afterwards).
+        Destroying the group while a DDP wrapper still held it
         left one process of two hanging in the wrapper's destructor about one run in four
         (torch 2.13, gloo, two CPU processes)."""
         if self._sampler is not None:
@@ -309,30 +310,29 @@ class Accelerator:
         return obj.state_dict()
 
     def _sharded(self, objects: dict):
-        """(name and module of the one FSDP model among ``objects``, name and optimizer of the
-        one optimizer, or None) when saving sharded; None otherwise."""
+        """With ``strategy="fsdp"``: (the one prepared model's sharded module, the optimizer or
+        None, the other objects by name), as a sharded save writes them; None otherwise."""
         if self.strategy_name != "fsdp":
             return None
-        models = [(n, o) for n, o in objects.items() if isinstance(self._strategies.get(o), Sharded)]
-        optimizers = [(n, o) for n, o in objects.items() if isinstance(o, (PreparedOptimizer, torch.optim.Optimizer))]
+        models = [o for o in objects.values() if isinstance(self._strategies.get(o), Sharded)]
+        optimizers = [o for o in objects.values() if isinstance(o, (PreparedOptimizer, torch.optim.Optimizer))]
         if len(models) != 1 or len(optimizers) > 1:
             raise GpuaccelError("a sharded save takes one prepared model and at most one optimizer (it pairs "
                                 "the optimizer's state with that model's shards)")
-        return models[0], (optimizers[0] if optimizers else None)
+        rest = {n: o for n, o in objects.items() if o is not models[0] and not any(o is p for p in optimizers)}
+        optimizer = getattr(optimizers[0], "optimizer", optimizers[0]) if optimizers else None
+        return self._strategies[models[0]].model, optimizer, rest
 
     def save(self, path, **objects) -> None:
         """Writes the named objects' state (models, optimizers, schedulers, any object with
         ``state_dict``) to ``path`` atomically, from the main process. With ``strategy="fsdp"``,
-        ``path`` becomes a folder of torch.distributed.checkpoint shards: each process writes its own part of the model and optimizer, nothing is
-        gathered, and every process calls it."""
+        ``path`` becomes a folder of torch.distributed.checkpoint shards: each process writes its
+        own part of the model and optimizer, nothing is gathered, and every process calls it."""
         sharded = self._sharded(objects)
         if sharded is not None:
-            (_, model), optimizer = sharded
-            plain = {n: o.state_dict() for n, o in objects.items() if o is not model and
-                     (optimizer is None or o is not optimizer[1])}
-            save_sharded(path, self._strategies[model].model,
-                         None if optimizer is None else getattr(optimizer[1], "optimizer", optimizer[1]),
-                         {**plain, "_scaler": self.scaler.state_dict()})
+            model, optimizer, rest = sharded
+            save_sharded(path, model, optimizer,
+                         {**{n: o.state_dict() for n, o in rest.items()}, "_scaler": self.scaler.state_dict()})
             return
         state = {name: self._state_of(obj) for name, obj in objects.items()}
         state["_scaler"] = self.scaler.state_dict()
@@ -348,14 +348,12 @@ class Accelerator:
             if sharded is None:
                 raise GpuaccelError(f"{path} is a sharded checkpoint: load it into a model prepared with "
                                     f"strategy='fsdp'")
-            (_, model), optimizer = sharded
-            extra = load_sharded(path, self._strategies[model].model,
-                                 None if optimizer is None else getattr(optimizer[1], "optimizer", optimizer[1]))
-            for name, obj in objects.items():
-                if obj is not model and (optimizer is None or obj is not optimizer[1]):
-                    if name not in extra:
-                        raise GpuaccelError(f"{path} holds no state for {name}")
-                    obj.load_state_dict(extra[name])
+            model, optimizer, rest = sharded
+            extra = load_sharded(path, model, optimizer)
+            for name, obj in rest.items():
+                if name not in extra:
+                    raise GpuaccelError(f"{path} holds no state for {name}")
+                obj.load_state_dict(extra[name])
             self.scaler.load_state_dict(extra["_scaler"])
             return
         if not path.is_file():

@@ -118,10 +118,9 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
                 try:
                     decoded = nvjpeg.torchvision_decode(raw, ImageReadMode.UNCHANGED, device)
                 except RuntimeError:
-                    decoded = None
                     for k in on_gpu:
                         arrays[k] = _decode_one(part[k], None)
-                if decoded is not None:
+                else:
                     # one device-to-host copy per image shape, not one per image
                     by_shape: dict[tuple, list[int]] = {}
                     for i, img in enumerate(decoded):

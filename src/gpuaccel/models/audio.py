@@ -174,17 +174,13 @@ class TemporalCNN(nn.Module):
         return self.head(self.blocks(self.stem(features)))
 
 
-def _augment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width) -> SpecAugment:
-    return SpecAugment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width)
-
-
 @register_model("audio_resnet")
 def audio_resnet(num_classes: int, sample_rate: int = 16000, n_mels: int = 40, width: int = 32,
                  depths: tuple[int, ...] = (1, 1, 1), dropout: float = 0.1, time_shift: float = 0.1,
                  freq_masks: int = 2, freq_width: int = 6, time_masks: int = 2, time_width: int = 10) -> AudioClassifier:
     """Log-mel features, then a residual 2-D CNN (stem at stride 2, stages doubling the width)."""
     return AudioClassifier(LogMel(sample_rate, n_mels),
-                           _augment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width),
+                           SpecAugment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width),
                            ResNet2d(num_classes, width, tuple(depths), dropout))
 
 
@@ -194,5 +190,5 @@ def audio_tcnn(num_classes: int, sample_rate: int = 16000, n_mels: int = 40, wid
                freq_masks: int = 2, freq_width: int = 6, time_masks: int = 2, time_width: int = 10) -> AudioClassifier:
     """Log-mel features, then 1-D residual convolutions over time (the mel bands as channels)."""
     return AudioClassifier(LogMel(sample_rate, n_mels),
-                           _augment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width),
+                           SpecAugment(sample_rate, time_shift, freq_masks, freq_width, time_masks, time_width),
                            TemporalCNN(num_classes, n_mels, width, tuple(depths), dropout))

@@ -91,6 +91,16 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, m
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
 
 
+def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """This process's shards of the model's (and optimizer's) state, as DCP saves and fills them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
 def save_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict) -> None:
     """Writes ``model``'s (and ``optimizer``'s) sharded state with torch.distributed.checkpoint:
     a folder in which each process writes its own shards, nothing gathered. The folder is
@@ -101,17 +111,13 @@ def save_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None
     from pathlib import Path
 
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     if dist.get_rank() == 0 and partial.exists():
         shutil.rmtree(partial)
     dist.barrier()
-    state = {"model": get_model_state_dict(model)}
-    if optimizer is not None:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    dcp.save(state, checkpoint_id=str(partial))
+    dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(partial))
     if dist.get_rank() == 0:
         torch.save(extra, partial / "extra.pt")
         previous = path.with_name(path.name + ".previous")
@@ -126,12 +132,9 @@ def load_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None
     """Reads what :func:`save_sharded` wrote into the sharded ``model`` (and ``optimizer``), each
     process its own shards (resharded if the number of processes changed); returns ``extra``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    state = {"model": get_model_state_dict(model)}
-    if optimizer is not None:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    state = _sharded_state(model, optimizer)
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
