@@ -266,7 +266,8 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
     write_sentences(tmp_path / "d", sentiment_rows(800, 4))
     write_sentences(tmp_path / "d", sentiment_rows(200, 5), name="dev.tsv")
     args = {"bag_of_ngrams": {"width": 32, "buckets": 4096}, "text_cnn": {"width": 32, "filters": 16},
-            "text_transformer": {"layers": 1, "heads": 2, "width": 32}}[model]
+            "text_transformer": {"layers": 1, "heads": 2, "width": 32, "pooling": "mean_max",
+                                 "word_dropout": 0.1}}[model]
     summary = Trainer(TrainConfig(data=str(tmp_path / "d"), model=model, model_args=args, optimizer="adamw", lr=1e-2,
                                   weight_decay=0.0, batch_size=32, epochs=3, monitor=False, cache_dir=None,
                                   run_dir=str(tmp_path / "run"), device="cpu"), quiet=True).fit()
@@ -288,6 +289,22 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
         assert report["passed"] and report["sentences"] == 200 and report["max_abs_diff"] < 1e-4
         meta = json.loads(Path(report["artifact"] + ".json").read_text())
         assert meta["classes"] == ["0", "1"] and meta["tokenizer"]["kind"] == "word"
+
+
+def test_pooling_sees_words_only_and_word_dropout_leaves_every_sentence_a_word():
+    from gpuaccel.models.text import masked_pool
+
+    x = torch.tensor([[[1.0, -1.0], [3.0, 5.0], [9.0, 9.0]]])  # the third position is padding
+    mask = torch.tensor([[True, True, False]])
+    assert masked_pool(x, mask, "mean").tolist() == [[2.0, 2.0]]
+    assert masked_pool(x, mask, "max").tolist() == [[3.0, 5.0]]
+    assert masked_pool(x, mask, "mean_max").tolist() == [[2.0, 2.0, 3.0, 5.0]]
+    model = create_model("text_transformer", vocab_size=10, num_classes=2, layers=1, heads=2, width=8,
+                         word_dropout=0.99, pooling="max").train()
+    ids = torch.tensor([[3, 4, 0, 0], [5, 0, 0, 0]])
+    assert torch.isfinite(model(ids)).all()  # (with every word hidden, attention would give NaN)
+    with pytest.raises(GpuaccelError, match="pooling 'sum' is not one of mean, max, mean_max"):
+        create_model("text_transformer", vocab_size=10, num_classes=2, pooling="sum")
 
 
 def test_a_language_model_resumes_on_its_text_and_refuses_changed_text(tmp_path, corpus_file):

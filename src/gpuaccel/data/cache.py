@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..caches import cache_root
+
 CACHE_VERSION = 2  # 2: JPEGs decoded upright by their EXIF orientation
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("GPUACCEL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuaccel")
-    return Path(root) / "datasets"
+    return cache_root() / "datasets"
 
 
 def cache_key(reader: str, fingerprint, options: dict) -> str:

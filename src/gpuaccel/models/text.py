@@ -5,7 +5,9 @@ into ``buckets`` rows) has an embedding; the sentence is their mean; a linear la
 classifies it. Word order is seen only through the pairs; it trains in seconds.
 
 ``text_transformer``: a small bidirectional transformer encoder (the GPT's blocks without
-the causal mask, padding masked out), mean-pooled over the words, then a linear layer.
+the causal mask, padding masked out), pooled over the words (mean, max, or both side by side),
+then a linear layer. ``word_dropout`` hides a random share of each training sentence's words
+from attention and pooling, as if they were padding.
 """
 
 from __future__ import annotations
@@ -21,10 +23,22 @@ from .registry import register_model
 _PAIR_PRIME = 1_000_003
 
 
+POOLINGS = ("mean", "max", "mean_max")
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over dimension 1 of the positions where ``mask`` (batch, time) is true."""
     weights = mask.to(x.dtype).unsqueeze(-1)
     return (x * weights).sum(1) / weights.sum(1).clamp_min(1)
+
+
+def masked_pool(x: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """``pooling`` over dimension 1 of the positions where ``mask`` is true: their mean, their
+    maximum, or both concatenated (twice the width)."""
+    if pooling == "mean":
+        return masked_mean(x, mask)
+    peak = x.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(1)
+    return peak if pooling == "max" else torch.cat([masked_mean(x, mask), peak], -1)
 
 
 class BagOfNgrams(nn.Module):
@@ -77,15 +91,19 @@ class EncoderBlock(nn.Module):
 
 class TextTransformer(RotaryTables):
     def __init__(self, vocab_size: int, num_classes: int, context_length: int = 256, layers: int = 2,
-                 heads: int = 4, width: int = 128, dropout: float = 0.1):
+                 heads: int = 4, width: int = 128, dropout: float = 0.1, word_dropout: float = 0.0,
+                 pooling: str = "mean"):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise GpuaccelError(f"text_transformer: width {width} must split into {heads} heads of an even size")
+        if pooling not in POOLINGS:
+            raise GpuaccelError(f"text_transformer: pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+        self.word_dropout, self.pooling = word_dropout, pooling
         self.embedding = nn.Embedding(vocab_size, width, padding_idx=0)
         self.blocks = nn.ModuleList(EncoderBlock(width, heads, dropout) for _ in range(layers))
         self.norm = nn.RMSNorm(width)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(width, num_classes)
+        self.classifier = nn.Linear(2 * width if pooling == "mean_max" else width, num_classes)
         cos, sin = rotary_tables(context_length, width // heads)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -94,11 +112,15 @@ class TextTransformer(RotaryTables):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         mask = ids != 0
+        if self.training and self.word_dropout > 0:
+            kept = mask & (torch.rand(mask.shape, device=ids.device) >= self.word_dropout)
+            # a sentence that lost every word keeps them all: attention needs one position to attend to
+            mask = torch.where(kept.any(1, keepdim=True), kept, mask)
         attend = mask[:, None, None, :]  # every position attends to the words, not the padding
         x = self.embedding(ids)
         for block in self.blocks:
             x = block(x, self.cos[:t], self.sin[:t], attend)
-        return self.classifier(self.dropout(masked_mean(self.norm(x), mask)))
+        return self.classifier(self.dropout(masked_pool(self.norm(x), mask, self.pooling)))
 
 
 class TextCNN(nn.Module):
@@ -132,9 +154,11 @@ def bag_of_ngrams(vocab_size: int, num_classes: int, width: int = 64, buckets: i
 
 @register_model("text_transformer")
 def text_transformer(vocab_size: int, num_classes: int, context_length: int = 256, layers: int = 2,
-                     heads: int = 4, width: int = 128, dropout: float = 0.1) -> TextTransformer:
+                     heads: int = 4, width: int = 128, dropout: float = 0.1, word_dropout: float = 0.0,
+                     pooling: str = "mean") -> TextTransformer:
     """A small transformer encoder for sentence classification."""
-    return TextTransformer(vocab_size, num_classes, context_length, layers, heads, width, dropout)
+    return TextTransformer(vocab_size, num_classes, context_length, layers, heads, width, dropout, word_dropout,
+                           pooling)
 
 
 @register_model("text_cnn")

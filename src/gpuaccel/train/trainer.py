@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
+from ..caches import cache_root
 from ..compiling import compile_arguments
 from ..data import resolved_spec
 from ..device import device_name, resolve_device, resolve_precision, synchronize
@@ -224,9 +225,7 @@ class Trainer:
         if self._compile_mode is None:
             return module
         # compiled kernels are cached on disk, so only the first run on a machine pays for them
-        from ..data.cache import default_cache_dir
-
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir().parent / "inductor"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
         # Static shapes: a short last evaluation batch gets a graph of its own rather than making
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
         return torch.compile(module, dynamic=False, **compile_arguments(self._compile_mode))

@@ -1,0 +1,42 @@
+"""Where gpuaccel keeps what it computes once per machine: decoded data sets, compiled kernels
+and, where the interpreter is told not to write it beside the sources, Python bytecode.
+
+This module imports nothing heavy: ``gpuaccel/__init__.py`` calls :func:`use_bytecode_cache`
+before anything imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """``$GPUACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpuaccel``, else ``~/.cache/gpuaccel``."""
+    return Path(os.environ.get("GPUACCEL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuaccel"))
+
+
+def use_bytecode_cache() -> str | None:
+    """Keeps Python bytecode under the cache root when the interpreter was told not to write it
+    (``PYTHONDONTWRITEBYTECODE``, which many container images set); returns the folder, or None.
+
+    Why: without bytecode every process compiles torch's Python sources again. On an H200
+    machine whose image sets it, that was 4 s of each command's start-up, and 9 s more where
+    torch.compile imports Dynamo and Inductor (docs/results.md). Nothing is written beside the
+    sources, which is what the setting is for; child processes (compile workers, loader workers,
+    torchrun's) are pointed at the same folder. ``GPUACCEL_BYTECODE_CACHE=0`` leaves the
+    interpreter as it was told."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0":
+        return None
+    folder = cache_root() / "bytecode"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: run as told
+        return None
+    sys.pycache_prefix = str(folder)
+    sys.dont_write_bytecode = False
+    os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children write into the folder, not beside sources
+    return str(folder)
