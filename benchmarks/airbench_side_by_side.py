@@ -111,17 +111,11 @@ def reference(script: Path, runs: int, work: Path, default_compile: bool) -> dic
 
 
 def recipe_runs(recipe: str, data_spec: str, dataset, seeds: int, overrides: dict) -> dict:
-    import torch
-
-    import gpuaccel
     from gpuaccel.train.recipes import load_recipe
+    from tune_recipe import run_seeds  # (benchmarks/, this script's folder)
 
-    torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
     runs = []
-    for seed in range(1, seeds + 1):
-        config = gpuaccel.TrainConfig.from_dict({**load_recipe(recipe), "data": data_spec, **overrides,
-                                                 "seed": seed, "run_dir": tempfile.mkdtemp()})
-        s = gpuaccel.Trainer(config, dataset=dataset, quiet=True).fit()
+    for seed, s in enumerate(run_seeds(load_recipe(recipe), data_spec, dataset, overrides, range(1, seeds + 1)), 1):
         phases = dict(s["phases"])
         runs.append({"seed": seed, "train_seconds": s["train_seconds"], "accuracy": s["test_accuracy"],
                      "warmup_seconds": s["warmup_seconds"], "epochs": s["epochs"],

@@ -21,6 +21,16 @@ from gpuaccel.data import NON_IMAGE_KINDS, parse_spec
 from gpuaccel.train.recipes import load_recipe
 
 
+def run_seeds(base: dict, data_spec: str, dataset, overrides: dict, seeds) -> list[dict]:
+    """The recipe ``base`` with ``overrides`` trained once per seed in this process, on
+    ``dataset`` when given (decoded images, shared by the runs); each run's summary."""
+    torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
+    return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict({**base, "data": data_spec, **overrides, "seed": seed,
+                                                             "run_dir": tempfile.mkdtemp()}),
+                             dataset=dataset, quiet=True).fit()
+            for seed in seeds]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", required=True)
@@ -39,12 +49,7 @@ def main():
     rows = []
     for variant in args.variant or ["{}"]:
         overrides = json.loads(variant)
-        torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
-        runs = []
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            cfg = gpuaccel.TrainConfig.from_dict({**base, "data": args.data, **overrides, "seed": seed,
-                                                  "run_dir": tempfile.mkdtemp()})
-            runs.append(gpuaccel.Trainer(cfg, dataset=data, quiet=True).fit())
+        runs = run_seeds(base, args.data, data, overrides, range(args.first_seed, args.first_seed + args.seeds))
         metric = runs[0].get("main_metric") or "accuracy"
         values = [r["metrics"][metric] for r in runs]
         secs = [r["train_seconds"] for r in runs]
