@@ -10,8 +10,8 @@ the CIFAR-10 folder is decoded once by gpuaccel's reader and written in the form
 
 airbench runs in its own process, exactly as its ``__main__`` does (the network compiled with its
 published mode; airbench94 makes one warm-up run first), with two changes made to its source text
-in memory: the number of runs (200 there, ``--runs`` here) and, with ``--default-compile``, its
-compile mode. Its time is its own: CUDA events around its training and its final test-time-
+in memory: the number of runs (200 there, ``--runs`` here) and, with ``--airbench-compile default``,
+its compile mode. Its time is its own: CUDA events around its training and its final test-time-
 augmented evaluation, per-epoch evaluations excluded. It is read from the table it prints (the
 last row of each run); the last training row gives its training time without that evaluation.
 The first run's time is left out of the means (a warm-up, or a run that includes compiling).
@@ -136,8 +136,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5, help="gpuaccel runs per recipe and variant (seeds 1..N)")
     ap.add_argument("--variant", action="append", default=[], metavar="JSON",
                     help="recipe overrides to measure, each in turn ('{}': the recipe as shipped, the default)")
-    ap.add_argument("--default-compile", action="store_true",
-                    help="also run each airbench script with torch.compile's default mode")
+    ap.add_argument("--airbench-compile", nargs="+", choices=("published", "default"), default=["published"],
+                    help="airbench's compile modes to run, in turn: as published, torch.compile's default mode")
+    ap.add_argument("--default-compile", action="store_true", help=argparse.SUPPRESS)  # (the child process)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "airbench-work")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--reference", type=Path, help=argparse.SUPPRESS)  # (the child process)
@@ -165,7 +166,7 @@ def main() -> None:
         recipe, script = pair.split("=", 1)
         entry = {"recipe": recipe, "script": script, "airbench": [], "gpuaccel": []}
         result["pairs"].append(entry)
-        for default_compile in (False, True) if args.default_compile else (False,):
+        for default_compile in [mode == "default" for mode in args.airbench_compile]:
             ref = reference(args.airbench.resolve() / script, args.runs, args.work, default_compile)
             entry["airbench"].append(ref)
             print(json.dumps({k: v for k, v in ref.items() if k not in ("runs", "first_run", "printed")}), flush=True)

@@ -3,6 +3,9 @@
     python benchmarks/tune_recipe.py --recipe cifar10-fast --data DIR --seeds 2 \
         --variant '{}' --variant '{"lr": 1.0}' --out results.json
 
+A variant's "inductor" key sets Inductor's options for its runs (a probe of kernels that the
+recipe cannot choose), e.g. ``--variant '{"inductor": {"coordinate_descent_tuning": true}}'``.
+
 Prints one line per variant: the task's main metric (accuracy, RMSE, ...) per seed and its
 mean, and the mean training time. Image data is decoded
 once and shared by every run; other data (text, recordings) is read from gpuaccel's cache.
@@ -23,12 +26,18 @@ from gpuaccel.train.recipes import load_recipe
 
 def run_seeds(base: dict, data_spec: str, dataset, overrides: dict, seeds) -> list[dict]:
     """The recipe ``base`` with ``overrides`` trained once per seed in this process, on
-    ``dataset`` when given (decoded images, shared by the runs); each run's summary."""
+    ``dataset`` when given (decoded images, shared by the runs); each run's summary.
+    ``overrides["inductor"]``, if any, patches Inductor's options for these runs."""
+    import torch._inductor.config as inductor_config
+
+    overrides = dict(overrides)
+    inductor = overrides.pop("inductor", {})
     torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
-    return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict({**base, "data": data_spec, **overrides, "seed": seed,
-                                                             "run_dir": tempfile.mkdtemp()}),
-                             dataset=dataset, quiet=True).fit()
-            for seed in seeds]
+    with inductor_config.patch(inductor):
+        return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict({**base, "data": data_spec, **overrides, "seed": seed,
+                                                                 "run_dir": tempfile.mkdtemp()}),
+                                 dataset=dataset, quiet=True).fit()
+                for seed in seeds]
 
 
 def main():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from gpuaccel.bench.env import collect, format_report, measure_ceilings
@@ -25,18 +26,32 @@ def test_env_json_and_measure_on_this_machine(capsys):
     assert measure_ceilings(torch.device("cpu"))["skipped"]
 
 
-def _interpreter_state(tmp_path, **env) -> dict:
-    """sys.pycache_prefix and the bytecode setting of a fresh interpreter after `import gpuaccel`."""
+_BYTECODE_STATE = ("import json, os, sys, gpuaccel; print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode, "
+                   "os.environ.get('PYTHONPYCACHEPREFIX'), os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
+
+
+def _interpreter_state(tmp_path, code: str = _BYTECODE_STATE, **env):
+    """What ``code`` prints last, as JSON, in a fresh interpreter with gpuaccel's cache under
+    ``tmp_path`` and ``env`` (by default: sys.pycache_prefix and the bytecode setting after
+    `import gpuaccel`)."""
     import os
     import subprocess
     import sys
 
-    code = ("import json, os, sys, gpuaccel; print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode, "
-            "os.environ.get('PYTHONPYCACHEPREFIX'), os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "TORCHINDUCTOR_CACHE_DIR")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**base, "GPUACCEL_CACHE_DIR": str(tmp_path), **env})
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_compiled_kernels_go_to_gpuaccels_cache_whatever_imports_dynamo_first(tmp_path):
+    # importing Dynamo settles Inductor's folder (its default under /tmp unless told): gpuaccel
+    # names its own before, so every run of a machine reads and writes the same one
+    code = ("import json, gpuaccel, torch._dynamo; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+            "print(json.dumps(cache_dir()))")
+    assert _interpreter_state(tmp_path, code) == str(tmp_path / "inductor")
+    assert _interpreter_state(tmp_path, code, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
 
 
 def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_beside_sources(tmp_path):
@@ -49,3 +64,25 @@ def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_besid
     assert _interpreter_state(tmp_path)[0] is None
     off = _interpreter_state(tmp_path, PYTHONDONTWRITEBYTECODE="1", GPUACCEL_BYTECODE_CACHE="0")
     assert off[0] is None and off[1] is True and off[3] == "1"
+
+
+def test_a_setup_compiled_before_compiles_without_worker_processes(tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from gpuaccel.compiling import compile_workers_unless_cached
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    threads = inductor_config.compile_threads
+    with pytest.raises(RuntimeError), compile_workers_unless_cached({"model": "a"}):
+        raise RuntimeError("a compile that fails is not noted")
+    with compile_workers_unless_cached({"model": "a"}) as cached:
+        assert not cached and inductor_config.compile_threads == threads
+    with compile_workers_unless_cached({"model": "a"}) as cached:
+        assert cached and inductor_config.compile_threads == 1
+    assert inductor_config.compile_threads == threads
+    with compile_workers_unless_cached({"model": "b"}) as cached:  # another setup: its own note
+        assert not cached
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")  # the user's setting decides
+    with compile_workers_unless_cached({"model": "a"}) as cached:
+        assert not cached and inductor_config.compile_threads == threads

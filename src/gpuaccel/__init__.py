@@ -2,9 +2,10 @@
 
 __version__ = "0.1.0"
 
-from .caches import use_bytecode_cache  # noqa: E402  (first: before anything imports torch)
+from .caches import use_bytecode_cache, use_compile_cache  # noqa: E402  (first: before anything imports torch)
 
 use_bytecode_cache()
+use_compile_cache()
 
 from . import tasks  # noqa: E402  (gpuaccel.tasks: Classification, Regression, CustomTask, ...)
 from .accelerator import Accelerator  # noqa: E402

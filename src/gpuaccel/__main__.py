@@ -1,6 +1,4 @@
-import sys
-
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":  # a spawned child process (the streaming loader's) imports this module too
-    sys.exit(main())
+    run()

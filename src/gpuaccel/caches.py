@@ -2,7 +2,7 @@
 and, where the interpreter is told not to write it beside the sources, Python bytecode.
 
 This module imports nothing heavy: ``gpuaccel/__init__.py`` calls :func:`use_bytecode_cache`
-before anything imports torch.
+and :func:`use_compile_cache` before anything imports torch.
 """
 
 from __future__ import annotations
@@ -40,3 +40,19 @@ def use_bytecode_cache() -> str | None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children write into the folder, not beside sources
     return str(folder)
+
+
+def use_compile_cache() -> str:
+    """Points torch.compile's caches (Inductor's compiled graphs, and Triton's kernels inside
+    them) at ``<cache root>/inductor``, unless ``TORCHINDUCTOR_CACHE_DIR`` is set; returns the folder.
+
+    Why at import: Inductor settles its folder the first time anything asks for it, writing its
+    default (``/tmp/torchinductor_<user>``) into the environment, and importing Dynamo asks
+    (torch/_dynamo/package.py). Set later, the folder depended on what had imported Dynamo
+    first: on an H200, a run that decoded its data set used one folder and the next run, reading
+    the decoded cache, the other, and compiled everything again (20 s; docs/results.md)."""
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not folder:
+        folder = str(cache_root() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder

@@ -8,10 +8,12 @@ its traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -770,6 +772,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _format_warning(message, category, filename, lineno, line=None):
     return f"gpuaccel: warning: {message}\n"
+
+
+def run() -> None:
+    """The ``gpuaccel`` command (and ``python -m gpuaccel``): :func:`main`, then the process ends
+    as the interpreter would end it, less the interpreter's own finalisation.
+
+    Why: after a run on a GPU, finalising the interpreter (tearing down every module and the
+    CUDA state it holds) took 1.1-1.7 s of a 12 s ``gpuaccel train --recipe cifar10-fast`` on an
+    H200, and did nothing a user sees: every file gpuaccel writes is closed by then. Threads are
+    joined and exit handlers run (compile workers, loader processes and logging are shut down
+    there), as at a normal exit."""
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # (CPython's own exit path calls the same)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv=None) -> int:

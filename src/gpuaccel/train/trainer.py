@@ -12,7 +12,9 @@ value of any metric) happen between optimizer steps.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import gc
 import itertools
 import json
@@ -29,8 +31,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
-from ..caches import cache_root
-from ..compiling import compile_arguments
+from ..compiling import compile_arguments, compile_workers_unless_cached
 from ..data import resolved_spec
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
@@ -221,11 +222,22 @@ class Trainer:
             config.model, config.model_path = f"object:{type(model).__qualname__}", None
         return model
 
+    def _compiling(self, inputs, targets):
+        """Around the steps that compile the model (gpuaccel.compiling.compile_workers_unless_cached):
+        what identifies the compiled graphs is the configuration (less the seed and where the run
+        writes), the model, its first batch's shapes and the device."""
+        if self._compile_mode is None:
+            return contextlib.nullcontext()
+        config = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)
+                  if f.name != "seed" and f.metadata.get("section") != "logging"}
+        shapes = [(tuple(t.shape), str(t.dtype)) for t in tree_flatten((inputs, targets))[0] if torch.is_tensor(t)]
+        return compile_workers_unless_cached([config, repr(self.model), shapes, device_name(self.device)])
+
     def _compiled(self, module: nn.Module):
         if self._compile_mode is None:
             return module
-        # compiled kernels are cached on disk, so only the first run on a machine pays for them
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+        # compiled kernels are cached on disk (gpuaccel.caches.use_compile_cache), so only the
+        # first run on a machine pays for them
         # Static shapes: a short last evaluation batch gets a graph of its own rather than making
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
         return torch.compile(module, dynamic=False, **compile_arguments(self._compile_mode))
@@ -483,14 +495,15 @@ class Trainer:
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         inputs, targets = self.task.split(batch if batch is not None else next(iter(self.train_loader.batches(0))))
-        if self.step_graph is not None:
-            self.step_graph.warm(inputs, targets)
-        else:
-            for _ in range(3):  # torch.compile records CUDA graphs on the third call
-                self.forward_backward(inputs, targets)
-                self.optimizer_step()
-        if evaluate:
-            self.evaluate()
+        with self._compiling(inputs, targets):
+            if self.step_graph is not None:
+                self.step_graph.warm(inputs, targets)
+            else:
+                for _ in range(3):  # torch.compile records CUDA graphs on the third call
+                    self.forward_backward(inputs, targets)
+                    self.optimizer_step()
+            if evaluate:
+                self.evaluate(each_shape=True)
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -518,15 +531,25 @@ class Trainer:
         return self._compile_mode == "reduce-overhead" and self.device.type == "cuda"
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
+    def evaluate(self, each_shape: bool = False) -> dict:
         """The loss and the task's metrics on the held-out split (one host synchronisation at
-        the end), with the weight average when there is one: {"loss": ..., metric: ...}."""
+        the end), with the weight average when there is one: {"loss": ..., metric: ...}.
+
+        ``each_shape`` (the warm-up's pass, whose metrics are thrown away): in a single process,
+        only the batches of an input shape not yet seen twice, which is what compiling and
+        recording CUDA graphs need; the rest of the held-out split would only cost time."""
         net = self.eval_forward
         was_training = self.model.training
         self.model.eval()
         tracker = self.metric_tracker
+        seen: dict[tuple, int] = {}
         for batch in self.eval_loader.batches():
             inputs, targets = self.task.split(batch)
+            if each_shape and not self.dist.active:
+                shapes = tuple(tuple(t.shape) for t in tree_flatten(inputs)[0] if torch.is_tensor(t))
+                seen[shapes] = seen.get(shapes, 0) + 1
+                if seen[shapes] > 2:
+                    continue
             with self.precision.autocast(self.device):
                 outputs = self.task.eval_outputs(lambda x: self._call(net, x), inputs)
             if self.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
