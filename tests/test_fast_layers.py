@@ -117,6 +117,10 @@ def test_the_stem_on_a_gpu_matches_pytorch_in_bf16_and_under_compile():
 def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():
     assert compile_arguments("tuned") == {"options": {"coordinate_descent_tuning": True}}
     assert compile_arguments("reduce-overhead") == {"mode": "reduce-overhead"}
+    # --tune-kernels keeps the mode's own options (torch.compile takes a mode or options, not both)
+    assert compile_arguments("default", tune_kernels=True) == compile_arguments("tuned")
+    assert compile_arguments("reduce-overhead", tune_kernels=True)["options"] == \
+        {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
     TrainConfig(data="digits", compile=True, compile_mode="tuned").validate()
     with pytest.raises(GpuaccelError, match="compile mode"):
         TrainConfig(data="digits", compile=True, compile_mode="fastest").validate()

@@ -185,6 +185,65 @@ def test_worker_loader_resumes_mid_epoch_and_shards():
     assert len(set(labels[0].tolist()) & set(labels[1].tolist())) <= 1  # only the wrap-around pad
 
 
+def test_size_schedule_serves_each_stage_at_its_size_then_full_size():
+    cfg = AugmentConfig(sizes=aug.parse_size_schedule(["3:1.5", "2:0.5"]))
+    loader = make_loader(augment=cfg)  # 10 batches of 4x4 images per epoch
+    sides = [[x.shape[-1] for x, _ in loader.batches(epoch)] for epoch in range(3)]
+    assert sides[0] == [3] * 10 and sides[1] == [3] * 5 + [2] * 5 and sides[2] == [4] * 10
+    rest = [x.shape[-1] for x, _ in make_loader(augment=cfg).batches(1, start=7)]
+    assert rest == [2] * 3  # a resumed epoch continues the schedule where it was
+    for x, y in loader.batches(0):  # each image constant: scaling keeps it so, and paired with its label
+        torch.testing.assert_close(x[:, 0, 0, 0], y.float())
+
+
+def test_size_schedule_parsing_rejects_what_is_not_size_and_epochs():
+    assert aug.parse_size_schedule(["24:3", [28, 0.5]]) == ((24, 3.0), (28, 0.5))
+    for bad in (["24"], ["x:1"], ["1:1"], ["24:0"], ["24:1:2"]):
+        with pytest.raises(ValueError):
+            aug.parse_size_schedule(bad)
+
+
+def test_resize_keeps_dtype_and_layout_and_averages():
+    x = torch.rand(2, 3, 8, 8).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    y = aug.resize(x, 4)
+    assert y.shape == (2, 3, 4, 4) and y.dtype == torch.bfloat16
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y.float().mean(), x.float().mean(), atol=0.02, rtol=0)  # antialiased: an average
+    u = torch.full((1, 1, 6, 6), 200, dtype=torch.uint8)
+    assert torch.equal(aug.resize(u, (3, 2)), torch.full((1, 1, 3, 2), 200, dtype=torch.uint8))
+    assert aug.resize(x, 8) is x and aug.resize(x, None) is x
+
+
+def test_color_jitter_shifts_then_scales_each_image_within_its_bounds():
+    x = torch.zeros(2000, 3, 2, 2) + torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)
+    generator = torch.Generator().manual_seed(0)
+    unit = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1)
+    y = aug.color_jitter(x, 0.1, 0.2, generator, unit=unit)
+    factor = y / (x + 0 * unit)  # each image's value over its original, per channel
+    shift = y[:, :, 0, 0]
+    assert torch.equal(y, y[:, :, :1, :1].expand_as(y))  # one shift and one factor per image
+    low, high = (x[:, :, 0, 0] - 0.1 * unit.view(1, 3)) * 0.8, (x[:, :, 0, 0] + 0.1 * unit.view(1, 3)) * 1.2
+    assert ((shift >= low - 1e-5) & (shift <= high + 1e-5)).all()
+    assert factor.std() > 0.05 and abs(float(shift.mean(0)[0]) - 1.0) < 0.1  # centred, and varied
+    assert aug.color_jitter(x, 0.0, 0.0, generator) is x
+
+
+def test_worker_loader_jitters_and_resizes_like_the_device_loader():
+    mean, std = torch.tensor([0.4, 0.5, 0.6]).view(1, 3, 1, 1), torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    device, host = make_pair(augment=AugmentConfig(crop_padding=1, brightness=0.1, contrast=0.2), workers=0)
+    for (xa, ya), (xb, yb) in zip(device.batches(0), host.batches(0), strict=True):
+        assert torch.equal(ya, yb)
+        pixels = (xa * std + mean) * 255
+        unclipped = (pixels > 1) & (pixels < 254)  # the host clips to 0..255 (uint8), the device does not
+        assert unclipped.float().mean() > 0.5
+        torch.testing.assert_close(xa[unclipped], xb[unclipped], atol=0.03, rtol=0)  # up to uint8 rounding
+    device, host = make_pair(augment=AugmentConfig(flip="random", sizes=((4, 1.0),)), workers=0)
+    for (xa, _), (xb, _) in zip(device.batches(0), host.batches(0), strict=True):
+        assert xa.shape == xb.shape == (10, 3, 4, 4)
+        torch.testing.assert_close(xa, xb, atol=0.03, rtol=0)
+    assert next(device.batches(1))[0].shape[-1] == 6
+
+
 class _LoggedKeys(torch.utils.data.Dataset):
     """Item ``key`` is ``key``; each one made is appended to a file, where the test sees what
     the worker processes made and when."""

@@ -3,6 +3,8 @@ augmentation, the warm-up that leaves no trace, and recipe files."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -93,6 +95,36 @@ def test_warm_up_leaves_no_trace(tmp_path, digits):
     assert trainer.optimizer.state_dict()["state"] == {}
     assert trainer.scheduler.last_epoch == 0 and trainer.ema.updates == 0
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_progressive_resizing_trains_small_first_and_warms_every_size(tmp_path, cifar_dir):
+    cfg = TrainConfig(data=str(cifar_dir / "cifar-10-batches-py"), model="fastnet", epochs=2, batch_size=20,
+                      model_args={"widths": [8, 16, 16]}, size_schedule=["16:1"], brightness=0.1, contrast=0.1,
+                      crop_padding=2, flip="alternate", optimizer="muon", device="cpu", monitor=False,
+                      run_dir=str(tmp_path / "r"))
+    trainer = Trainer(cfg, quiet=True)
+    first = next(iter(trainer.train_loader.batches(0)))
+    assert [x.shape[-1] for x, _ in trainer._each_training_shape(*first)] == [16, 32]
+    sides = []
+    trainer.model.register_forward_pre_hook(lambda module, args: sides.append((module.training, args[0].shape[-1])))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.warm_up()  # trains each shape three steps, then puts everything back
+    assert sorted({side for _, side in sides}) == [16, 32]
+    assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+    sides.clear()
+    summary = trainer.fit()
+    training = [side for is_training, side in sides if is_training]
+    assert training == [16] * 5 + [32] * 5  # 100 images, batches of 20: epoch 0 at 16 px, epoch 1 at full size
+    assert {side for is_training, side in sides if not is_training} == {32}  # evaluated at full size
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["size_schedule"] == ["16:1"]
+
+
+@pytest.mark.parametrize("options, needle", [({"size_schedule": ["24"]}, "SIZE:EPOCHS"),
+                                             ({"brightness": 1.5}, "--brightness"),
+                                             ({"contrast": -0.1}, "--contrast")])
+def test_resizing_and_jitter_options_are_checked(options, needle):
+    with pytest.raises(GpuaccelError, match=needle):
+        TrainConfig(**options).validate()
 
 
 def test_shipped_recipes_are_valid_configs():

@@ -252,6 +252,47 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
     assert all(isinstance(group["lr"], float) for group in graphed.optimizer.param_groups)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_step_graph_records_each_batch_shape_and_replays_them_in_any_order():
+    """Progressive resizing trains on two or more batch shapes: each gets its own recording,
+    and replaying them interleaved trains exactly like eager steps."""
+    import contextlib
+    import copy
+
+    import torch.nn as nn
+
+    from gpuaccel.train.step_graph import StepGraph
+
+    torch.manual_seed(0)
+    graphed = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(8, 4)).cuda()
+    eager = copy.deepcopy(graphed)
+    graphed_sgd = torch.optim.SGD(graphed.parameters(), lr=0.1, momentum=0.9, fused=True)
+    eager_sgd = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9, fused=True)
+    loss_fn = nn.functional.cross_entropy
+    step = StepGraph(graphed, graphed, graphed_sgd, loss_fn=loss_fn, autocast=contextlib.nullcontext)
+    batches = [(torch.randn(16, 3, side, side, device="cuda"), torch.randint(0, 4, (16,), device="cuda"))
+               for side in (8, 6, 6, 8, 6, 8, 8)]
+    saved = copy.deepcopy(graphed.state_dict()), copy.deepcopy(graphed_sgd.state_dict())
+    step.warm(*batches[0])
+    step.warm(*batches[1])
+    graphed.load_state_dict(saved[0])  # in place: the recordings must see the restored weights
+    graphed_sgd.load_state_dict(saved[1])
+    step.capture()
+    assert len(step.recordings) == 2 and step.captured
+    for x, y in batches:
+        got = step.run(x, y).clone()
+        eager_sgd.zero_grad(set_to_none=True)
+        expected = loss_fn(eager(x), y)
+        expected.backward()
+        eager_sgd.step()
+        torch.testing.assert_close(got, expected.detach(), atol=1e-4, rtol=1e-4)
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    step.release()
+    assert not step.captured
+
+
 def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
     from gpuaccel.monitor.phases import BEFORE, process_age
 

@@ -14,17 +14,23 @@ from .caches import use_compile_cache
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "tuned")
 
 
-def compile_arguments(mode: str) -> dict:
-    """Keyword arguments of ``torch.compile`` (or ``nn.Module.compile``) for ``mode``.
+def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
+    """Keyword arguments of ``torch.compile`` (or ``nn.Module.compile``) for ``mode``, with
+    ``tune_kernels``: each of inductor's Triton kernels' launch parameters tuned by coordinate
+    descent when it is compiled (the tuned kernels are cached with the rest).
 
-    "tuned" is inductor's default code with each of its Triton kernels' block sizes tuned by
-    coordinate descent: PyTorch's max-autotune-no-cudagraphs without the search over
-    convolution and matrix-product templates, whose compile time did not fit ResNet-50. For
-    ResNet-50 at 224 px on an H200 it gave 1.08x the default step and 217 s of compilation
-    instead of 38 s, once per machine (benchmarks/resnet50_kernels.py)."""
+    "tuned" is inductor's default code with tuned kernels: PyTorch's max-autotune-no-cudagraphs
+    without the search over convolution and matrix-product templates, whose compile time did
+    not fit ResNet-50. For ResNet-50 at 224 px on an H200 it gave 1.08x the default step and
+    217 s of compilation instead of 38 s, once per machine (benchmarks/resnet50_kernels.py)."""
     if mode == "tuned":
-        return {"options": {"coordinate_descent_tuning": True}}
-    return {"mode": mode}
+        mode, tune_kernels = "default", True
+    if not tune_kernels:
+        return {"mode": mode}
+    import torch._inductor
+
+    # torch.compile takes a mode or options, not both: the mode's own options, plus tuning
+    return {"options": {**torch._inductor.list_mode_options(mode), "coordinate_descent_tuning": True}}
 
 
 @contextlib.contextmanager

@@ -128,7 +128,9 @@ class DeviceLoader(_ShardedOrder):
             x = self.normaliser.scale(self.images[idx])
             if self.augment is not None:
                 generator = torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step))
-                x = augment_batch(x, idx, epoch, self.augment, self.seed, generator)
+                x = augment_batch(x, idx, epoch, self.augment, self.seed, generator,
+                                  size=self.augment.size_at(epoch + step / len(self)),
+                                  unit=255.0 * self.normaliser.inv_std)
             yield self.normaliser.finish(x), self.labels[idx]
 
 
@@ -149,7 +151,9 @@ class _HostBatches(torch.utils.data.Dataset):
         x = self.images[idx]
         if self.augment is not None:
             generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, step))
-            x = augment_batch(x, idx, epoch, self.augment, self.order.seed, generator, self.fill)
+            x = augment_batch(x, idx, epoch, self.augment, self.order.seed, generator, self.fill,
+                              size=self.augment.size_at(epoch + step / len(self.order)),
+                              unit=255.0, mean=self.fill.float())
         return x, self.labels[idx]
 
 
@@ -273,7 +277,8 @@ class WorkerLoader(_ShardedOrder):
     """The same batches as :class:`DeviceLoader`, prepared by ``workers`` processes on the host.
 
     Cutout fills with the mean pixel (what a zero after normalisation is), so the batches
-    equal the device loader's up to uint8 rounding inside cutout squares.
+    equal the device loader's up to uint8 rounding inside cutout squares, and (brightness,
+    contrast, resizing, which work on uint8 here) up to rounding and clipping to 0..255.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,

@@ -4,6 +4,7 @@ strategy is; one file each: DDP, the step graph's own all-reduce, FSDP with CPU 
 pipeline stages); activation checkpointing; and the launcher (torch.distributed.run)
 behind ``gpuaccel train --gpus N``."""
 
+from ..compiling import compile_arguments
 from .base import SingleDevice, Strategy
 from .checkpointing import apply_activation_checkpointing
 from .data_parallel import DataParallel, apply_ddp, average_gradients, broadcast_state
@@ -32,7 +33,7 @@ def build_strategy(config, dist: Distributed, device, *, precision, graph_step: 
             **place, stages=config.pipeline_stages, microbatches=config.pipeline_microbatches,
             schedule=config.pipeline_schedule, split_points=config.split_points, batch_size=config.batch_size,
             eval_batch_size=config.eval_batch_size, channels_last=channels_last,
-            compile_mode=config.compile_mode if config.compile else None,
+            compile_options=compile_arguments(config.compile_mode, config.tune_kernels) if config.compile else None,
             activation_checkpointing=config.activation_checkpointing,
             autocast=lambda: precision.autocast(device))
     if config.shard:

@@ -37,7 +37,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compiling import compile_arguments
 from ..errors import GpuaccelError
 from .base import Strategy
 from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
@@ -161,7 +160,7 @@ class Pipeline:
     def __init__(self, model: nn.Module, *, stages: int, microbatches: int, schedule: str,
                  split_points: list[str] | None, device: torch.device, input_shape: tuple[int, ...],
                  batch_size: int, eval_batch_size: int, channels_last: bool, loss_fn=F.cross_entropy,
-                 compile_mode: str | None = None, activation_checkpointing: bool = False):
+                 compile_options: dict | None = None, activation_checkpointing: bool = False):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
@@ -227,9 +226,9 @@ class Pipeline:
 
         train_module = _Stage(train_traced, channels_last)
         eval_module = _Stage(eval_traced, channels_last)
-        if compile_mode is not None:
-            train_module.compile(dynamic=False, **compile_arguments(compile_mode))
-            eval_module.compile(dynamic=False, **compile_arguments(compile_mode))
+        if compile_options is not None:  # (gpuaccel.compiling.compile_arguments)
+            train_module.compile(dynamic=False, **compile_options)
+            eval_module.compile(dynamic=False, **compile_options)
         self.replica_group = mesh["replica"].get_group() if self.replicas > 1 else None
         # the stages' shapes and dtypes (under autocast) are inferred on the first step
         kind = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
@@ -364,12 +363,12 @@ class PipelineParallel(Strategy):
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, stages: int, microbatches: int,
                  schedule: str, split_points: list[str] | None, batch_size: int, eval_batch_size: int,
-                 channels_last: bool, compile_mode: str | None, activation_checkpointing: bool, autocast):
+                 channels_last: bool, compile_options: dict | None, activation_checkpointing: bool, autocast):
         super().__init__(device, rank, world_size)
         self.stages, self.autocast = stages, autocast
         self.options = dict(stages=stages, microbatches=microbatches, schedule=schedule, split_points=split_points,
                             device=device, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                            channels_last=channels_last, compile_mode=compile_mode,
+                            channels_last=channels_last, compile_options=compile_options,
                             activation_checkpointing=activation_checkpointing)
         self.pipeline: Pipeline | None = None
 

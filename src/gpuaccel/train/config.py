@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..compiling import COMPILE_MODES
-from ..data.augment import FLIP_MODES
+from ..data.augment import FLIP_MODES, parse_size_schedule
 from ..data.loader import PLACEMENTS
 from ..data.stream import check_cpu_decode
 from ..data.text import TOKENIZERS
@@ -98,6 +98,13 @@ class TrainConfig:
     crop_padding: int = setting(0, "data", "random translation by up to P pixels", metavar="P")
     flip: str = setting("none", "data", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
     cutout: int = setting(0, "data", "zero a random SxS square in each image", metavar="S")
+    brightness: float = setting(0.0, "data", "shift each image's pixels by a random amount, up to B of the full "
+                                             "range", metavar="B")
+    contrast: float = setting(0.0, "data", "scale each image's deviations from the mean pixel by a random "
+                                           "factor in [1 - C, 1 + C]", metavar="C")
+    size_schedule: list[str] | None = setting(
+        None, "data", "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
+        "at 24x24, then 2 at 28x28, then full size); each size compiles and captures its own step", metavar="SIZE:EPOCHS,...")
     # -- model: what is trained, for which task
     model: str = setting(
         "lenet5", "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
@@ -129,6 +136,10 @@ class TrainConfig:
         "default", "runtime", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
         "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
         "once per machine, about 8% faster ResNet-50 steps on an H200)", choices=COMPILE_MODES, metavar="MODE")
+    tune_kernels: bool = setting(
+        False, "runtime", "with --compile: tune the launch parameters of each kernel inductor generates (coordinate "
+        "descent): a few percent faster steps for a minute or more of compiling, once per machine (torch 2.11 "
+        "tunes again in every run: PyTorch issue 172819, fixed in 2.13)")
     step_graph: bool = setting(
         True, "runtime", "with --compile-mode reduce-overhead on GPUs: capture the whole training step (forward, "
         "backward, gradient all-reduce with --gpus, optimizer, weight average) as one CUDA graph where the step "
@@ -226,6 +237,14 @@ class TrainConfig:
     def _validate_data(self) -> None:
         for name in ("crop_padding", "cutout"):
             _at_least(self, name, 0)
+        for name in ("brightness", "contrast"):
+            if not 0 <= getattr(self, name) < 1:
+                raise GpuaccelError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        try:
+            self.size_schedule = [f"{size}:{epochs:g}" for size, epochs in parse_size_schedule(self.size_schedule)] \
+                or None
+        except ValueError as exc:
+            raise GpuaccelError(f"--size-schedule: {exc}") from None
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
         check_cpu_decode(self.cpu_decode)

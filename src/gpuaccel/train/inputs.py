@@ -19,7 +19,7 @@ import torch
 from ..data import AUDIO_KIND, NON_IMAGE_KINDS, RATINGS_KIND, ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
 from ..data.audio import AudioDataset, load_audio
 from ..data.ratings import Interactions, NegativeSamplingLoader, Ratings, load_interactions, load_ratings
-from ..data.augment import AugmentConfig
+from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.loader import build_loader
 from ..data.tensors import TensorLoader, build_user_loader, is_tensors, split_off
 from ..data.sentences import LabelledText, SentenceLoader, load_sentences
@@ -250,6 +250,12 @@ def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInpu
         ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
 
 
+def augment_config(config: TrainConfig) -> AugmentConfig:
+    """The training images' augmentation (and progressive resizing) that ``config`` asks for."""
+    return AugmentConfig(config.crop_padding, config.flip, config.cutout, config.brightness, config.contrast,
+                         parse_size_schedule(config.size_schedule))
+
+
 def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:
     mean, std = ds.channel_stats()
     streamed = isinstance(ds, StreamingDataset)
@@ -262,16 +268,16 @@ def _image_inputs(ds: ImageDataset | StreamingDataset) -> TrainingInputs:
         common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
                       seed=config.seed, rank=rank, world_size=world_size)
         if streamed:
-            if config.crop_padding or config.cutout:
-                raise GpuaccelError("--crop-padding and --cutout are for in-memory data; streamed images are "
-                                    "random-resized crops with random flips")
+            if config.crop_padding or config.cutout or config.brightness or config.contrast or config.size_schedule:
+                raise GpuaccelError("--crop-padding, --cutout, --brightness, --contrast and --size-schedule are for "
+                                    "in-memory data; streamed images are random-resized crops with random flips")
             common.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
             return (ds.loader(train=True, batch_size=config.batch_size, **common),
                     ds.loader(train=False, batch_size=config.eval_batch_size, **common))
         common.update(placement=config.loader, workers=config.workers)
         train = build_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
                              batch_size=config.batch_size, train=True,
-                             augment=AugmentConfig(config.crop_padding, config.flip, config.cutout), **common)
+                             augment=augment_config(config), **common)
         test = build_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
                             batch_size=config.eval_batch_size, train=False, **common)
         return train, test

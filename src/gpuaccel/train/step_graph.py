@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import GpuaccelError
 from ..tasks import call_model
@@ -79,7 +79,25 @@ def prepare_graph_state(optimizer: torch.optim.Optimizer) -> None:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def batch_shapes(*trees) -> tuple:
+    """What a recording is specific to: the shapes and dtypes of the batch's tensors."""
+    return tuple((tuple(t.shape), t.dtype) for t in tree_flatten(trees)[0] if isinstance(t, torch.Tensor))
+
+
+class _Recording:
+    """One captured step: its graph and the tensors it reads (the batch) and writes (the loss)."""
+
+    def __init__(self, inputs, targets):
+        self.inputs, self.targets = inputs, targets
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.loss: torch.Tensor | None = None
+
+
 class StepGraph:
+    """The training step, captured once per batch shape that :meth:`warm` saw (one, or one per
+    size of a progressive-resizing schedule); each recording has its own memory pool, so they
+    may be replayed in any order."""
+
     def __init__(self, model: nn.Module, forward: Callable, optimizer: torch.optim.Optimizer, *,
                  loss_fn: Callable, autocast: Callable[[], contextlib.AbstractContextManager],
                  grad_clip: float | None = None, ema: WeightAverage | None = None,
@@ -94,13 +112,16 @@ class StepGraph:
         device = next(model.parameters()).device
         self.lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
         self.ema_weight = torch.zeros((), device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.inputs = self.targets = self.loss = None
+        self.recordings: dict[tuple, _Recording] = {}
 
-    def _body(self) -> torch.Tensor:
+    @property
+    def captured(self) -> bool:
+        return any(r.graph is not None for r in self.recordings.values())
+
+    def _body(self, inputs, targets) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)  # gradients are then allocated by the graph, once
         with self.autocast():
-            loss = self.loss_fn(call_model(self.forward, self.inputs), self.targets)
+            loss = self.loss_fn(call_model(self.forward, inputs), targets)
         loss.backward()
         if self.reduce_gradients is not None:
             self.reduce_gradients([p.grad for p in self.model.parameters() if p.grad is not None])
@@ -119,52 +140,59 @@ class StepGraph:
 
     def warm(self, inputs, targets, steps: int = 3) -> None:
         """Runs the step's code eagerly on a side stream (compilation, cuDNN's algorithm search,
-        per-stream library workspaces), as ``torch.cuda.make_graphed_callables`` does. It trains:
+        per-stream library workspaces), as ``torch.cuda.make_graphed_callables`` does, and
+        keeps copies of the batch for :meth:`capture` to record this shape with. It trains:
         save and restore the state around it, then call :meth:`capture`."""
-        self.inputs, self.targets = tree_map(torch.clone, inputs), tree_map(torch.clone, targets)
+        recording = _Recording(tree_map(torch.clone, inputs), tree_map(torch.clone, targets))
+        self.recordings.setdefault(batch_shapes(inputs, targets), recording)
         if self.ema is not None:
             self.ema_weight.fill_(1.0)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), self._tensor_lrs():
             for _ in range(steps):
-                self._body()
+                self._body(recording.inputs, recording.targets)
         torch.cuda.current_stream().wait_stream(side)
 
     def prepare(self) -> None:
         prepare_graph_state(self.optimizer)
 
     def capture(self) -> None:
-        """Records the step (after :meth:`warm`). The state it records must not be replaced afterwards."""
+        """Records the step for each shape :meth:`warm` saw. The state it records must not be
+        replaced afterwards."""
         self.prepare()
         torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with self._tensor_lrs(), torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.loss = self._body()
+        for recording in self.recordings.values():
+            recording.graph = torch.cuda.CUDAGraph()
+            with self._tensor_lrs(), torch.cuda.graph(recording.graph, capture_error_mode="thread_local"):
+                recording.loss = self._body(recording.inputs, recording.targets)
 
     def release(self) -> None:
-        """Frees the recorded graph (the next :meth:`capture` records it again). A graph holding a
-        captured NCCL all-reduce must go before its process group is destroyed: with one alive,
+        """Frees the recorded graphs (the next :meth:`capture` records them again). A graph holding
+        a captured NCCL all-reduce must go before its process group is destroyed: with one alive,
         every process of a 4-GPU run hung at exit (torch 2.11, NCCL)."""
-        if self.graph is not None:
+        if self.captured:
             torch.cuda.synchronize()
-            self.graph.reset()
-            self.graph = None
+        for recording in self.recordings.values():
+            if recording.graph is not None:
+                recording.graph.reset()
+                recording.graph = None
 
     def run(self, inputs, targets) -> torch.Tensor:
-        """One training step on this batch; returns the loss (overwritten by the next step).
-        Before :meth:`capture` the same code runs eagerly (on any device)."""
+        """One training step on this batch; returns the loss (overwritten by the next step of
+        this shape). Before :meth:`capture`, or for a shape that was not warmed, the same code
+        runs eagerly (on any device)."""
         if self.ema is not None:
             self.ema_weight.fill_(self.ema.advance())
-        if self.graph is None:
-            self.inputs, self.targets = inputs, targets
+        recording = self.recordings.get(batch_shapes(inputs, targets))
+        if recording is None or recording.graph is None:
             with self._tensor_lrs():
-                return self._body()
+                return self._body(inputs, targets)
         self._load_lrs()
-        _copy_into(self.inputs, inputs)
-        _copy_into(self.targets, targets)
-        self.graph.replay()
-        return self.loss
+        _copy_into(recording.inputs, inputs)
+        _copy_into(recording.targets, targets)
+        recording.graph.replay()
+        return recording.loss
 
 
 class CapturedStep:

@@ -32,7 +32,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..compiling import compile_arguments, compile_workers_unless_cached
-from ..data import resolved_spec
+from ..data import ImageDataset, resolved_spec
+from ..data.augment import parse_size_schedule, resize
 from ..device import device_name, resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..files import MetricsFile, RunLock, remove_stale_temporaries
@@ -51,7 +52,7 @@ from .ema import WeightAverage
 from .inputs import USER_DATA, open_inputs
 from .optim import build_optimizer, build_scheduler
 from .progress import Progress
-from .step_graph import StepGraph
+from .step_graph import StepGraph, batch_shapes
 
 CHECKPOINT = "checkpoint.pt"
 FINAL_MODEL = "model.pt"
@@ -240,7 +241,7 @@ class Trainer:
         # first run on a machine pays for them
         # Static shapes: a short last evaluation batch gets a graph of its own rather than making
         # Dynamo recompile the model for a symbolic batch size (CUDA graphs record fixed shapes).
-        return torch.compile(module, dynamic=False, **compile_arguments(self._compile_mode))
+        return torch.compile(module, dynamic=False, **compile_arguments(self._compile_mode, self.config.tune_kernels))
 
     @property
     def jpeg_decoder(self) -> str | None:
@@ -484,7 +485,8 @@ class Trainer:
         return copy.deepcopy(state)
 
     def warm_up(self, evaluate: bool = True, batch=None) -> float:
-        """Runs three training steps on ``batch`` (by default the first of epoch 0) and
+        """Runs three training steps on ``batch`` (by default the first of epoch 0; with progressive
+        resizing, three on its images at each size too) and
         (``evaluate``) a full evaluation, then puts every piece of state back, so that
         compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
         it took."""
@@ -496,12 +498,13 @@ class Trainer:
                  "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         inputs, targets = self.task.split(batch if batch is not None else next(iter(self.train_loader.batches(0))))
         with self._compiling(inputs, targets):
-            if self.step_graph is not None:
-                self.step_graph.warm(inputs, targets)
-            else:
-                for _ in range(3):  # torch.compile records CUDA graphs on the third call
-                    self.forward_backward(inputs, targets)
-                    self.optimizer_step()
+            for inputs, targets in self._each_training_shape(inputs, targets):
+                if self.step_graph is not None:
+                    self.step_graph.warm(inputs, targets)
+                else:
+                    for _ in range(3):  # torch.compile records CUDA graphs on the third call
+                        self.forward_backward(inputs, targets)
+                        self.optimizer_step()
             if evaluate:
                 self.evaluate(each_shape=True)
         self.model.load_state_dict(saved["model"])
@@ -517,6 +520,18 @@ class Trainer:
             self.step_graph.capture()
         synchronize(self.device)
         return time.perf_counter() - start
+
+    def _each_training_shape(self, inputs, targets) -> list:
+        """(inputs, targets) of each shape training will see: the first batch, and with
+        progressive resizing its images at full size and at each size of the schedule."""
+        batches = {batch_shapes(inputs): (inputs, targets)}
+        if self.config.size_schedule and isinstance(self.dataset, ImageDataset):
+            sizes = [tuple(self.dataset.train_images.shape[2:])]
+            sizes += [(size, size) for size, _ in parse_size_schedule(self.config.size_schedule)]
+            for size in sizes:
+                resized = resize(inputs, size)
+                batches.setdefault(batch_shapes(resized), (resized, targets))
+        return list(batches.values())
 
     def _call(self, net, inputs) -> torch.Tensor:
         """One forward pass. Under CUDA graphs an output lives in memory the next replay
