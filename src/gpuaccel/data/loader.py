@@ -85,6 +85,7 @@ class _Normaliser:
         self.dtype, self.channels_last = dtype, channels_last
         # the same as (2, C) scale and shift, for a producer that normalises as it writes
         self.affine = torch.stack([self.inv_std.flatten(), -(self.mean * self.inv_std).flatten()])
+        self.pixel_range = 255.0 * self.inv_std  # the full 0..255 range, normalised (colour jitter's unit)
 
     @property
     def finished_form(self) -> dict:
@@ -130,7 +131,7 @@ class DeviceLoader(_ShardedOrder):
                 generator = torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step))
                 x = augment_batch(x, idx, epoch, self.augment, self.seed, generator,
                                   size=self.augment.size_at(epoch + step / len(self)),
-                                  unit=255.0 * self.normaliser.inv_std)
+                                  unit=self.normaliser.pixel_range)
             yield self.normaliser.finish(x), self.labels[idx]
 
 
@@ -141,6 +142,7 @@ class _HostBatches(torch.utils.data.Dataset):
     def __init__(self, order: _ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
                  augment: AugmentConfig | None, fill: torch.Tensor):
         self.order, self.images, self.labels, self.augment, self.fill = order, images, labels, augment, fill
+        self.mean_pixel = fill.float()  # colour jitter's centre, on the uint8 scale
         self._epoch, self._indices = None, None
 
     def __getitem__(self, key: tuple[int, int]):
@@ -153,7 +155,7 @@ class _HostBatches(torch.utils.data.Dataset):
             generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, step))
             x = augment_batch(x, idx, epoch, self.augment, self.order.seed, generator, self.fill,
                               size=self.augment.size_at(epoch + step / len(self.order)),
-                              unit=255.0, mean=self.fill.float())
+                              unit=255.0, mean=self.mean_pixel)
         return x, self.labels[idx]
 
 
