@@ -68,6 +68,11 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     "linear-1x1-autotune-gemm-tuned": {"linear_1x1": True,
                                        "inductor": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN",
                                                     "coordinate_descent_tuning": True}},
+    # more images per step: larger convolutions for cuDNN, the same bytes per image for batch norm
+    "batch-384": {"batch": 384},
+    "batch-512": {"batch": 512},
+    "tuned": {"mode": "tuned"},
+    "batch-512-tuned": {"batch": 512, "mode": "tuned"},
 }
 
 
@@ -305,9 +310,12 @@ def part_layers() -> dict:
 
 
 def part_variant(name: str) -> dict:
+    import imagenet_throughput
     import torch._inductor.config as inductor_config
 
+    global BATCH
     settings = VARIANTS[name]
+    BATCH = imagenet_throughput.BATCH = settings.get("batch", BATCH)  # (this child process only)
     defaults = {}  # this torch's own value of each setting changed
     for key, value in settings.get("inductor", {}).items():
         *path, attribute = key.split(".")  # "triton.x" is inductor_config.triton.x
@@ -323,7 +331,7 @@ def part_variant(name: str) -> dict:
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)
-    row = {"variant": name, **settings, "inductor_defaults": defaults, **timed(step),
+    row = {"variant": name, "batch": BATCH, **settings, "inductor_defaults": defaults, **timed(step),
            "compile_seconds": compile_seconds,
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
     if settings.get("fused_bn"):  # which of cuDNN's graphs ran, and why it declined others

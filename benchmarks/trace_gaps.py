@@ -11,7 +11,9 @@ and reports, over the profiled steps:
   overlapped time; time covered by none of them is Python or waiting for the GIL);
 - GPU time per stream, so the input pipeline's own kernels and copies are counted;
 - the host's CUDA calls that blocked for 1 ms or more, per thread and name (a library that
-  waits on its own events or synchronises the device shows here).
+  waits on its own events or synchronises the device shows here);
+- GPU time per step by kind of kernel (convolution, matrix product, Triton, other) and the
+  kernels that took most of it (kernels replayed from a CUDA graph included).
 
     python benchmarks/trace_gaps.py runs/x/profile/trace.json --out gaps.json
 """
@@ -26,6 +28,18 @@ import json
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 SMALLEST_GAP_US = 5.0
 LONGEST_CALL_US = 1000.0
+# kernel name fragments, checked in this order (cuDNN's and cuBLAS's sm90 kernels share "xmma")
+KERNEL_KINDS = (("convolution", ("fprop", "dgrad", "wgrad", "conv", "cudnn")),
+                ("matrix product", ("gemm", "nvjet", "cutlass", "cublas")),
+                ("triton (inductor's, named triton_*)", ("triton",)))
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, fragments in KERNEL_KINDS:
+        if any(f in lowered for f in fragments):
+            return kind
+    return "other (ATen, copies, memsets, gpuaccel's own Triton kernels)"
 
 
 def load(path: str) -> list[dict]:
@@ -105,6 +119,12 @@ def analyse(events: list[dict]) -> dict:
     per_stream: dict[str, float] = collections.defaultdict(float)
     for e in gpu:
         per_stream[f"stream {e['tid']}"] += e["dur"]
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    by_name: dict[str, float] = collections.defaultdict(float)
+    for e in gpu:
+        by_kind[kernel_kind(e["name"])] += e["dur"]
+        by_name[e["name"][:120]] += e["dur"]
+    per_step = 1e3 * max(1, len(steps))  # (microseconds to milliseconds per step)
     span = window[1] - window[0]
     busy_us = sum(b - a for a, b in busy)
     return {
@@ -118,6 +138,9 @@ def analyse(events: list[dict]) -> dict:
         "blocking_calls": {k: {"count": len(v), "total_ms": round(sum(v) / 1e3, 3), "max_ms": round(max(v) / 1e3, 3)}
                            for k, v in sorted(blocking.items(), key=lambda kv: -sum(kv[1]))},
         "gpu_ms_by_stream": {k: round(v / 1e3, 3) for k, v in sorted(per_stream.items(), key=lambda kv: -kv[1])},
+        "gpu_ms_per_step_by_kind": {k: round(v / per_step, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": {k: round(v / per_step, 3)
+                                    for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]},
     }
 
 

@@ -64,7 +64,8 @@ import torch, torch.nn.functional as F
 from gpuaccel.models import max_pool_kernel
 generator = torch.Generator().manual_seed(0)
 cases = [((2, 5, 9, 11), 3, 2, 1, True), ((2, 70, 8, 8), 3, 2, 1, True), ((1, 3, 7, 7), 2, 2, 0, False),
-         ((2, 4, 10, 9), 3, 1, 1, True), ((1, 2, 6, 6), 5, 3, 2, False)]
+         ((2, 4, 10, 9), 3, 1, 1, True), ((1, 2, 6, 6), 5, 3, 2, False),
+         ((2, 6, 8, 8), 2, 2, 0, True)]  # (the last: FastNet's pooling)
 for shape, k, s, p, channels_last in cases:
     x = torch.randint(-3, 4, shape, generator=generator).float()  # small integers: many ties
     x[0, 0, 1, 1] = float("nan")

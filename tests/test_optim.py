@@ -75,12 +75,12 @@ def test_filters_are_renormalised_then_moved_by_the_orthogonalised_momentum(tens
 
 def test_build_optimizer_orthogonalises_only_convolution_filters():
     model = create_model("lenet5", image_size=8)
-    opt = build_optimizer(model, TrainConfig(optimizer="muon", lr=0.1, bias_lr_scale=4.0, muon_lr=0.2),
-                          torch.device("cpu"))
+    opt = build_optimizer(model, TrainConfig(optimizer="muon", lr=0.1, bias_lr_scale=4.0, muon_lr=0.2,
+                                             muon_ns_steps=3), torch.device("cpu"))
     assert isinstance(opt, Muon)
     weights, biases, filters = opt.param_groups
     assert all(p.ndim == 4 for p in filters["params"]) and filters["orthogonalize"] and filters["lr"] == 0.2
-    assert filters["momentum"] == 0.6
+    assert filters["momentum"] == 0.6 and filters["ns_steps"] == 3
     assert all(p.ndim == 2 for p in weights["params"]) and not weights["orthogonalize"] and weights["lr"] == 0.1
     assert all(p.ndim == 1 for p in biases["params"]) and biases["lr"] == pytest.approx(0.4)
     conv_count = sum(1 for m in model.modules() if isinstance(m, torch.nn.Conv2d))

@@ -10,6 +10,7 @@ import torch
 
 from gpuaccel import GpuaccelError, TrainConfig, Trainer, create_model, load_dataset
 from gpuaccel.data.images import gpu_jpeg_decoder_available
+from gpuaccel.models.layers import TritonMaxPool2d
 from gpuaccel.train.ema import WeightAverage
 from gpuaccel.train.recipes import list_recipes, load_recipe
 
@@ -37,6 +38,7 @@ def test_fastnet_res_adds_each_stage_input_to_its_last_two_convolutions():
     with torch.no_grad():
         stage.conv3.weight.zero_()  # the residual branch then adds GELU(0) = 0
     stage.eval()
+    assert isinstance(stage.pool, TritonMaxPool2d)  # gpuaccel's kernels on a GPU, PyTorch's here
     first = torch.nn.functional.gelu(stage.norm1(torch.nn.functional.max_pool2d(stage.conv1(x), 2)))
     torch.testing.assert_close(stage(x), first)
     with torch.no_grad():

@@ -253,8 +253,7 @@ def run_bench(options: BenchOptions, log=print) -> dict:
     run_dir = Path(options.run_dir or f"runs/bench-{options.model.replace(':', '_')}-"
                    f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    dataset = load_dataset(options.data, val_split=options.val_split, image_size=options.image_size,
-                           decode_device=gpu)
+    dataset = load_dataset(options.data, val_split=options.val_split, image_size=options.image_size)  # Pillow, as train
     model_args = {"num_classes": dataset.num_classes, "in_channels": dataset.in_channels,
                   "image_size": dataset.image_size}
     base = TrainConfig(data=options.data, model=options.model, batch_size=options.batch_size, lr=options.lr,

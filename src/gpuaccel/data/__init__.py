@@ -100,8 +100,8 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
 
     ``cache_dir=None`` turns the decoded-file cache off; the default lives under
     ``$GPUACCEL_CACHE_DIR`` or ``~/.cache/gpuaccel``. With ``decode_device`` a CUDA device
-    (and torchvision installed), JPEG files are decoded on that GPU in batches.
-    """
+    (and torchvision installed), JPEG files are decoded on that GPU in batches (nvJPEG), whose
+    pixels differ from Pillow's; gpuaccel's trainer decodes with Pillow."""
     kind, path = parse_spec(spec)
     if kind in NON_IMAGE_KINDS:
         raise GpuaccelError(f"{path} is {'text' if kind in TEXT_KINDS else kind}; image tools read image data")

@@ -182,6 +182,8 @@ class TrainConfig:
                                    metavar="X")
     muon_lr: float = setting(0.24, "optimizer", "with --optimizer muon: the filters' learning rate")
     muon_momentum: float = setting(0.6, "optimizer", "with --optimizer muon: the filters' momentum")
+    muon_ns_steps: int = setting(5, "optimizer", "with --optimizer muon: Newton-Schulz iterations per update "
+                                                 "(fewer: a cheaper step, a rougher orthogonalisation)", metavar="K")
     schedule: str = setting("onecycle", "optimizer", "the learning-rate schedule: onecycle, cosine (with "
                                                      "warm-up) or constant",
                             choices=("onecycle", "cosine", "constant"), metavar="NAME")
@@ -291,6 +293,7 @@ class TrainConfig:
 
     def _validate_optimizer(self) -> None:
         _whole(self, "grad_accum")
+        _whole(self, "muon_ns_steps")
         for name in ("lr", "muon_lr", "bias_lr_scale"):
             if not getattr(self, name) > 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")

@@ -77,8 +77,8 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data=None, dist=None,
-                device: torch.device) -> TrainingInputs:
+def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data=None,
+                dist=None) -> TrainingInputs:
     if train_data is not None:
         if dataset is not None:
             raise GpuaccelError("pass either dataset= (a gpuaccel image data set) or train_data=, not both")
@@ -116,9 +116,13 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
         if kind == RATINGS_KIND:
             return _ratings_inputs(_shared_read(dist, lambda: load_ratings(
                 path, val_split=config.val_split, seed=config.seed, cache_dir=_cache_dir(config))), config)
+        # Decoded once into the cache with Pillow (libjpeg), the reference decoder, also on a GPU machine:
+        # nvJPEG's pixels differ (half of CIFAR-10's by 1-94 levels) and cost cifar10-fast 0.3% of
+        # accuracy, and for small images its batches were slower than Pillow in 16 processes
+        # (docs/results.md). nvJPEG decodes where it pays: streamed batches (--loader stream).
         dataset = _shared_read(dist, lambda: open_dataset(
             config.data, stream=config.loader == "stream", val_split=config.val_split, image_size=config.image_size,
-            skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir, decode_device=device))
+            skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir))
     return _image_inputs(dataset)
 
 

@@ -142,7 +142,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
               for (decayed, scale), params in grouped.items()]
     if config.optimizer == "muon":
         groups.append({"params": filters, "lr": config.muon_lr, "momentum": config.muon_momentum,
-                       "orthogonalize": True})
+                       "orthogonalize": True, "ns_steps": config.muon_ns_steps})
         return Muon(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
     fused = {"fused": True} if (fused and device.type == "cuda") else {}
     if config.optimizer == "adamw":

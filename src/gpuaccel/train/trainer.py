@@ -95,7 +95,7 @@ class Trainer:
         if train_data is None and dataset is None:
             config.data = resolved_spec(config.data)  # recorded so that a resume works from anywhere
         self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data,
-                                  dist=self.dist, device=self.device)
+                                  dist=self.dist)
         if train_data is not None and self.inputs.images is None:
             config.data = USER_DATA
         self.phases.mark("reading the data")
