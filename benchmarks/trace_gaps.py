@@ -72,7 +72,8 @@ def analyse(events: list[dict]) -> dict:
         raise SystemExit("no GPU work in the trace (was it profiled on a GPU?)")
     launches = {e["args"]["correlation"]: e for e in events  # runtime API, and driver API (Triton's launches)
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    # the host's step annotations (Kineto mirrors each on the GPU's timeline as gpu_user_annotation)
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
     main_tid = steps[0]["tid"] if steps else collections.Counter(e["tid"] for e in launches.values()).most_common(1)[0][0]
     # top-level operators of the training thread: the outermost cpu_op at each moment
     ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
@@ -124,7 +125,7 @@ def analyse(events: list[dict]) -> dict:
     for e in gpu:
         by_kind[kernel_kind(e["name"])] += e["dur"]
         by_name[e["name"][:120]] += e["dur"]
-    per_step = 1e3 * max(1, len(steps))  # (microseconds to milliseconds per step)
+    per_step = 1e3 * max(1, len({e["name"] for e in steps}))  # (microseconds to milliseconds per step)
     span = window[1] - window[0]
     busy_us = sum(b - a for a, b in busy)
     return {
