@@ -22,6 +22,7 @@ import time
 import torch
 
 from step_time import training_step
+from trace_gaps import kind_of
 
 # name -> (inductor settings, batch size)
 VARIANTS = {
@@ -34,24 +35,6 @@ VARIANTS = {
     "conv1x1-mm+autotune-gemm": ({"conv_1x1_as_mm": True, "max_autotune_gemm": True}, 256),
     "max-autotune": ({"max_autotune": True}, 256),
 }
-
-KERNEL_KINDS = (  # first match wins; names of cuDNN/CUTLASS kernels vary by version
-    ("matrix product", ("triton_tem_",)),  # inductor's templates (max-autotune)
-    # before "convolution": inductor names fused kernels after every op they hold
-    ("fused pointwise/reduction (inductor)", ("triton_",)),
-    ("optimizer", ("multi_tensor", "fused_sgd", "foreach")),
-    ("convolution", ("conv", "xmma", "implicit", "dgrad", "wgrad", "nhwc", "nchw", "cudnn")),
-    ("matrix product", ("gemm", "cutlass", "sm90_", "sm80_", "nvjet", "mm_")),
-)
-
-
-def kind_of(name: str) -> str:
-    lowered = name.lower()
-    for kind, marks in KERNEL_KINDS:
-        if any(mark in lowered for mark in marks):
-            return kind
-    return "other"
-
 
 def build(batch: int, classes: int = 100):
     try:

@@ -12,8 +12,9 @@ and reports, over the profiled steps:
 - GPU time per stream, so the input pipeline's own kernels and copies are counted;
 - the host's CUDA calls that blocked for 1 ms or more, per thread and name (a library that
   waits on its own events or synchronises the device shows here);
-- GPU time per step by kind of kernel (convolution, matrix product, Triton, other) and the
-  kernels that took most of it (kernels replayed from a CUDA graph included).
+- GPU time per step by kind of kernel (convolution, matrix product, inductor's fused kernels,
+  optimizer, other) and the kernels that took most of it (kernels replayed from a CUDA graph
+  included).
 
     python benchmarks/trace_gaps.py runs/x/profile/trace.json --out gaps.json
 """
@@ -28,18 +29,22 @@ import json
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 SMALLEST_GAP_US = 5.0
 LONGEST_CALL_US = 1000.0
-# kernel name fragments, checked in this order (cuDNN's and cuBLAS's sm90 kernels share "xmma")
-KERNEL_KINDS = (("convolution", ("fprop", "dgrad", "wgrad", "conv", "cudnn")),
-                ("matrix product", ("gemm", "nvjet", "cutlass", "cublas")),
-                ("triton (inductor's, named triton_*)", ("triton",)))
+KERNEL_KINDS = (  # first match wins; names of cuDNN/CUTLASS kernels vary by version
+    ("matrix product", ("triton_tem_",)),  # inductor's templates (max-autotune)
+    # before "convolution": inductor names fused kernels after every op they hold
+    ("fused pointwise/reduction (inductor)", ("triton_",)),
+    ("optimizer", ("multi_tensor", "fused_sgd", "foreach")),
+    ("convolution", ("conv", "xmma", "implicit", "dgrad", "wgrad", "nhwc", "nchw", "cudnn")),
+    ("matrix product", ("gemm", "cutlass", "sm90_", "sm80_", "nvjet", "mm_")),
+)
 
 
-def kernel_kind(name: str) -> str:
+def kind_of(name: str) -> str:
     lowered = name.lower()
-    for kind, fragments in KERNEL_KINDS:
-        if any(f in lowered for f in fragments):
+    for kind, marks in KERNEL_KINDS:
+        if any(mark in lowered for mark in marks):
             return kind
-    return "other (ATen, copies, memsets, gpuaccel's own Triton kernels)"
+    return "other"
 
 
 def load(path: str) -> list[dict]:
@@ -123,7 +128,7 @@ def analyse(events: list[dict]) -> dict:
     by_kind: dict[str, float] = collections.defaultdict(float)
     by_name: dict[str, float] = collections.defaultdict(float)
     for e in gpu:
-        by_kind[kernel_kind(e["name"])] += e["dur"]
+        by_kind[kind_of(e["name"])] += e["dur"]
         by_name[e["name"][:120]] += e["dur"]
     per_step = 1e3 * max(1, len({e["name"] for e in steps}))  # (microseconds to milliseconds per step)
     span = window[1] - window[0]
