@@ -71,6 +71,9 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     # more images per step: larger convolutions for cuDNN, the same bytes per image for batch norm
     "batch-384": {"batch": 384},
     "batch-512": {"batch": 512},
+    "batch-768": {"batch": 768},
+    # inductor fuses nodes that share no memory reads, fewer kernels over the same bytes
+    "aggressive-fusion": {"inductor": {"aggressive_fusion": True}},
     "tuned": {"mode": "tuned"},
     "batch-512-tuned": {"batch": 512, "mode": "tuned"},
 }

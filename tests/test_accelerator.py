@@ -166,6 +166,10 @@ def test_a_captured_step_trains_like_the_uncaptured_one_and_reads_the_schedules_
 
     with pytest.raises(GpuaccelError, match="cannot be captured as one CUDA graph"):
         _captured_training("cuda", capture=True, step_fn=syncing)
+    # the failed capture leaves the generator usable: random draws and another capture still work
+    torch.randn(4, device="cuda")
+    losses, _, step = _captured_training("cuda", capture=True)
+    assert step.captured and max(abs(a - b) for a, b in zip(losses, plain_losses)) < 1e-5
 
 
 class _SlowDataset(torch.utils.data.Dataset):

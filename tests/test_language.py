@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -276,7 +277,8 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
     # gpuaccel infer: the labelled folder scores as the run's evaluation did; plain lines get labels
     assert main(["infer", str(tmp_path / "run"), str(tmp_path / "d")]) == 0
     err = capsys.readouterr().err
-    assert "200 sentences on cpu" in err and f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
+    # (on the GPU when there is one: infer chooses its device as train does)
+    assert re.search(r"200 sentences on (cpu|cuda:\d+): ", err) and f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
     lines = tmp_path / "lines.txt"
     lines.write_text("the film was lovely and great\n\nthe plot was awful\n")
     assert main(["infer", str(tmp_path / "run"), str(lines), "--out", str(tmp_path / "p.csv")]) == 0

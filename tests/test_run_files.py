@@ -152,11 +152,11 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypat
     evaluate = Trainer.evaluate
     calls = []
 
-    def interrupted_at_the_end(self):
+    def interrupted_at_the_end(self, **kwargs):  # (kwargs: the warm-up's pass on a GPU)
         calls.append(self.global_step)
         if self.epochs_done >= self.config.epochs:
             raise KeyboardInterrupt  # Ctrl-C during the final evaluation
-        return evaluate(self)
+        return evaluate(self, **kwargs)
     monkeypatch.setattr(Trainer, "evaluate", interrupted_at_the_end)
     with pytest.raises(KeyboardInterrupt):
         trainer.fit()

@@ -36,6 +36,23 @@ from ..tasks import call_model
 from .ema import WeightAverage
 
 
+@contextlib.contextmanager
+def _recording(graph: torch.cuda.CUDAGraph):
+    """``torch.cuda.graph(graph)`` that leaves the device's random number generator usable when
+    the capture fails. torch takes the generator out of its capturing state only at the end of a
+    capture that succeeds; after a failed one, every random draw outside a graph raised "Offset
+    increment outside graph capture encountered unexpectedly" (torch 2.11), in whatever the
+    process did next. The generator gets back a copy of its state from before the capture."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    before = generator.clone_state()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            yield
+    except BaseException:
+        generator.graphsafe_set_state(before)
+        raise
+
+
 def _copy_into(static, new) -> None:
     tree_map(lambda s, n: s.copy_(n), static, new)
 
@@ -164,7 +181,7 @@ class StepGraph:
         torch.cuda.synchronize()
         for recording in self.recordings.values():
             recording.graph = torch.cuda.CUDAGraph()
-            with self._tensor_lrs(), torch.cuda.graph(recording.graph, capture_error_mode="thread_local"):
+            with self._tensor_lrs(), _recording(recording.graph):
                 recording.loss = self._body(recording.inputs, recording.targets)
 
     def release(self) -> None:
@@ -255,7 +272,7 @@ class CapturedStep:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
-            with self._tensor_lrs(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with self._tensor_lrs(), _recording(graph):
                 outputs = self.fn(*self.static_args)
         except RuntimeError as exc:
             while isinstance(exc.__context__, RuntimeError):  # the first failure, not the capture's end
