@@ -175,3 +175,18 @@ def test_spec_detection(mnist_dir, cifar_dir, image_folder, npz_file, tmp_path):
     assert parse_spec(f"imagefolder:{image_folder}") == ("imagefolder", image_folder)
     with pytest.raises(GpuaccelError, match="unknown data kind 'bogus'"):
         parse_spec(f"bogus:{image_folder}")
+
+
+def test_channel_stats_are_the_mean_and_deviation_of_the_pixels_as_floats():
+    from gpuaccel.data.dataset import ImageDataset
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (30, 3, 8, 8), dtype=np.uint8)
+    images[:, 1] = rng.integers(100, 110, (30, 8, 8), dtype=np.uint8)  # a narrow channel
+    images[:, 2] = 7  # a constant one: its deviation is floored, not zero
+    ds = ImageDataset("t", images, np.arange(30) % 2, images[:4], np.arange(4) % 2, ["a", "b"])
+    mean, std = ds.channel_stats()
+    pixels = images.astype(np.float64) / 255.0
+    np.testing.assert_allclose(mean, pixels.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(std[:2], pixels.std(axis=(0, 2, 3))[:2], rtol=1e-12)
+    assert std[2] == 1e-3

@@ -65,11 +65,19 @@ class ImageDataset:
         return int(max(self.train_images.shape[2:]))
 
     def channel_stats(self) -> tuple[list[float], list[float]]:
-        """Per-channel mean and standard deviation of the training images, on a 0..1 scale."""
-        sample = self.train_images[:: max(1, len(self.train_images) // 10000)].astype(np.float64) / 255.0
-        mean = sample.mean(axis=(0, 2, 3))
-        std = sample.std(axis=(0, 2, 3))
-        return mean.tolist(), np.maximum(std, 1e-3).tolist()
+        """Per-channel mean and standard deviation of (about 10,000 of) the training images, on a
+        0..1 scale. Computed from each channel's histogram of its 256 values: the same numbers as
+        the mean and deviation of the pixels as floats, without making them floats (that took
+        0.5 s of every CIFAR-10 command on a 2-core machine, this takes 0.05 s)."""
+        sample = self.train_images[:: max(1, len(self.train_images) // 10000)]
+        levels = np.arange(256, dtype=np.float64) / 255.0
+        means, stds = [], []
+        for c in range(sample.shape[1]):
+            weights = np.bincount(sample[:, c].ravel(), minlength=256) / (sample[:, c].size or 1)
+            mean = float(weights @ levels)
+            means.append(mean)
+            stds.append(max(float(np.sqrt(weights @ (levels - mean) ** 2)), 1e-3))
+        return means, stds
 
     def describe(self) -> str:
         c, h, w = self.train_images.shape[1:]
