@@ -163,6 +163,11 @@ def main() -> None:
               "command": " ".join(sys.argv), "data": write_airbench_data(dataset, args.work), "pairs": []}
 
     def save():
+        for measured in result["pairs"]:  # ours against each of airbench's compile modes measured so far
+            for ours in measured["gpuaccel"]:
+                ours["time_ratio_to_airbench"] = {
+                    ref["compile"]: round(ours["train_seconds_mean"] / ref["seconds_mean"], 4)
+                    for ref in measured["airbench"] if "seconds_mean" in ref}
         if args.out:  # after every part, so a run cut short keeps what it measured
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=2))
@@ -188,10 +193,6 @@ def main() -> None:
 
         for part in (run_gpuaccel, run_airbench) if args.order == "gpuaccel-first" else (run_airbench, run_gpuaccel):
             part()
-        for ours in entry["gpuaccel"]:  # against each of airbench's compile modes that finished
-            ours["time_ratio_to_airbench"] = {ref["compile"]: round(ours["train_seconds_mean"] / ref["seconds_mean"], 4)
-                                              for ref in entry["airbench"] if "seconds_mean" in ref}
-        save()
 
 
 if __name__ == "__main__":

@@ -247,9 +247,9 @@ def _folder_dataset(name, source, opts, image_names, all_dirs, fetch, reader, fi
         cache.save(opts.cache_dir, key, meta, **arrays)
     images, labels, is_test = arrays["images"], arrays["labels"], arrays["is_test"].astype(bool)
     if "test" in splits:
-        train = int(np.count_nonzero(~is_test))
-        if is_test[train:].all():  # decoded train first, then test: views of the array, not copies
-            train, test = slice(0, train), slice(train, None)
+        train_count = int(np.count_nonzero(~is_test))
+        if is_test[train_count:].all():  # decoded train first, then test: views of the array, not copies
+            train, test = slice(0, train_count), slice(train_count, None)
         else:
             train, test = ~is_test, is_test
         return _finish(name, source, opts, images[train], labels[train], meta["classes"],
