@@ -305,12 +305,12 @@ class Trainer:
         wall_at_eval = 0.0
         # Compilation leaves millions of long-lived objects behind; the collector's full passes
         # over them would stall the training and pipeline threads mid-epoch. Frozen, they are
-        # skipped (as long-running servers do); the garbage made before is collected first. A
-        # caller that froze objects itself keeps them frozen, and this step is left to it.
-        freezing = gc.get_freeze_count() == 0
-        if freezing:
-            gc.collect()
-            gc.freeze()
+        # skipped (as long-running servers do); the garbage made before is collected first.
+        # Whatever was frozen before is thawed with them at the end: freezing is only a hint to
+        # the collector, and Python 3.12 itself starts with 375 objects frozen, so "leave it to a
+        # caller who froze" turned the freeze off for every 3.12 process (found in session 31).
+        gc.collect()
+        gc.freeze()
 
         def evaluate_and_log() -> dict:
             """Evaluates, appends the record to metrics.jsonl and prints it; the time it takes is
@@ -411,8 +411,7 @@ class Trainer:
                 self.step_graph.release()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
-            if freezing:
-                gc.unfreeze()
+            gc.unfreeze()
             self._unlock_run_dir()
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
