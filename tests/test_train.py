@@ -307,3 +307,37 @@ def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
     assert list(phases)[:3] == [BEFORE, "device (CUDA initialisation)", "reading the data"]
     assert phases["training"] == pytest.approx(summary["train_seconds"], abs=0.01)
     assert sum(phases.values()) == pytest.approx(process_age(), abs=0.5)  # no second left out
+
+
+@pytest.mark.parametrize("compile_eval", [True, False])
+def test_evaluation_runs_the_compiled_forward_only_with_compile_eval(monkeypatch, tmp_path, digits, compile_eval):
+    """--no-compile-eval: training calls what torch.compile made, evaluation the plain model,
+    and the warm-up has no evaluation to prepare."""
+    modes = []
+
+    def compiled(self, module):  # stands in for torch.compile: notes which mode each call ran in
+        def forward(*args):
+            modes.append("train" if module.training else "eval")
+            return module(*args)
+        return forward
+
+    monkeypatch.setattr(Trainer, "_compiled", compiled)
+    config = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, model="mlp", epochs=1, monitor=False,
+                         compile_eval=compile_eval)
+    trainer = Trainer(config, dataset=digits, quiet=True)
+    evaluations = []
+    evaluate = trainer.evaluate
+    monkeypatch.setattr(trainer, "evaluate", lambda **kw: (evaluations.append(kw), evaluate(**kw))[1])
+    trainer.warm_up()
+    assert evaluations == ([{"each_shape": True}] if compile_eval else [])
+    summary = trainer.fit()
+    assert "train" in modes and ("eval" in modes) == compile_eval
+    assert summary["test_accuracy"] > 0.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's autotuner is a GPU setting")
+@pytest.mark.parametrize("benchmark", [True, False])
+def test_cudnn_autotuning_follows_the_setting(tmp_path, digits, benchmark):
+    Trainer(TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, device="cuda", cudnn_benchmark=benchmark),
+            dataset=digits, quiet=True)
+    assert torch.backends.cudnn.benchmark is benchmark

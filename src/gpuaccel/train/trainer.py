@@ -142,7 +142,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False
         elif self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # shapes are fixed: let cuDNN pick its fastest kernels
+            torch.backends.cudnn.benchmark = config.cudnn_benchmark  # (shapes are fixed: each is timed once)
 
         self.mean, self.std = self.inputs.mean, self.inputs.std
         self.data_rank, self.data_ranks = self.strategy.data_rank, self.strategy.data_ranks
@@ -168,8 +168,10 @@ class Trainer:
             # (mode reduce-overhead) inside it would be graphs within a graph
             self._compile_mode = "default"
         self.forward = self.strategy.training_forward(self._compiled)
-        self.eval_forward = self.strategy.eval_forward(self._compiled, self.forward,
-                                                       self.ema.module if self.ema else None)
+        eval_compiled = self._compiled if config.compile_eval else (lambda module: module)
+        self.eval_forward = self.strategy.eval_forward(
+            eval_compiled, self.forward if config.compile_eval else self.strategy.training_forward(eval_compiled),
+            self.ema.module if self.ema else None)
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer,
@@ -486,7 +488,7 @@ class Trainer:
     def warm_up(self, evaluate: bool = True, batch=None) -> float:
         """Runs three training steps on ``batch`` (by default the first of epoch 0; with progressive
         resizing, three on its images at each size too) and
-        (``evaluate``) a full evaluation, then puts every piece of state back, so that
+        (``evaluate``, where evaluation is compiled) an evaluation, then puts every piece of state back, so that
         compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
         it took."""
         start = time.perf_counter()
@@ -504,7 +506,7 @@ class Trainer:
                     for _ in range(3):  # torch.compile records CUDA graphs on the third call
                         self.forward_backward(inputs, targets)
                         self.optimizer_step()
-            if evaluate:
+            if evaluate and self.config.compile_eval:  # (an eager evaluation has nothing to prepare)
                 self.evaluate(each_shape=True)
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
