@@ -336,8 +336,8 @@ def test_evaluation_runs_the_compiled_forward_only_with_compile_eval(monkeypatch
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's autotuner is a GPU setting")
-@pytest.mark.parametrize("benchmark", [True, False])
-def test_cudnn_autotuning_follows_the_setting(tmp_path, digits, benchmark):
-    Trainer(TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, device="cuda", cudnn_benchmark=benchmark),
+@pytest.mark.parametrize("search", [True, False])  # (not "benchmark": pytest-benchmark's fixture has that name)
+def test_cudnn_autotuning_follows_the_setting(tmp_path, digits, search):
+    Trainer(TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, device="cuda", cudnn_benchmark=search),
             dataset=digits, quiet=True)
-    assert torch.backends.cudnn.benchmark is benchmark
+    assert torch.backends.cudnn.benchmark is search
