@@ -323,7 +323,7 @@ def test_evaluation_runs_the_compiled_forward_only_with_compile_eval(monkeypatch
 
     monkeypatch.setattr(Trainer, "_compiled", compiled)
     config = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, model="mlp", epochs=1, monitor=False,
-                         compile_eval=compile_eval)
+                         compile=True, compile_eval=compile_eval)
     trainer = Trainer(config, dataset=digits, quiet=True)
     evaluations = []
     evaluate = trainer.evaluate

@@ -138,8 +138,8 @@ class TrainConfig:
         "once per machine, about 8% faster ResNet-50 steps on an H200)", choices=COMPILE_MODES, metavar="MODE")
     compile_eval: bool = setting(
         True, "runtime", "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
-        "tracing and loading a second graph: for cifar10-fast, which evaluates once, about 0.4-0.9 s of start-up "
-        "for 0.01-0.03 s more evaluation on an H100)")
+        "tracing and loading a second graph: 0.4-0.9 s of warm-up for cifar10-fast, which evaluates once, on an "
+        "H100)")
     cudnn_benchmark: bool = setting(
         True, "runtime", "on GPUs: cuDNN times its candidate algorithms for each new convolution shape, in every "
         "process, and keeps the fastest (off: its heuristics choose; for cifar10-fast the search took about 1 s of "

@@ -168,10 +168,10 @@ class Trainer:
             # (mode reduce-overhead) inside it would be graphs within a graph
             self._compile_mode = "default"
         self.forward = self.strategy.training_forward(self._compiled)
-        eval_compiled = self._compiled if config.compile_eval else (lambda module: module)
-        self.eval_forward = self.strategy.eval_forward(
-            eval_compiled, self.forward if config.compile_eval else self.strategy.training_forward(eval_compiled),
-            self.ema.module if self.ema else None)
+        compile_for_eval = self._compiled if config.compile_eval else (lambda module: module)
+        forward_for_eval = self.forward if config.compile_eval else self.strategy.training_forward(compile_for_eval)
+        self.eval_forward = self.strategy.eval_forward(compile_for_eval, forward_for_eval,
+                                                       self.ema.module if self.ema else None)
 
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
         self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer,
@@ -309,8 +309,8 @@ class Trainer:
         # over them would stall the training and pipeline threads mid-epoch. Frozen, they are
         # skipped (as long-running servers do); the garbage made before is collected first.
         # Whatever was frozen before is thawed with them at the end: freezing is only a hint to
-        # the collector, and Python 3.12 itself starts with 375 objects frozen, so "leave it to a
-        # caller who froze" turned the freeze off for every 3.12 process (found in session 31).
+        # the collector, and Python 3.12 itself starts with 375 objects frozen, so leaving the
+        # freeze to a caller who had frozen objects turned it off in every 3.12 process.
         gc.collect()
         gc.freeze()
 
@@ -488,7 +488,7 @@ class Trainer:
     def warm_up(self, evaluate: bool = True, batch=None) -> float:
         """Runs three training steps on ``batch`` (by default the first of epoch 0; with progressive
         resizing, three on its images at each size too) and
-        (``evaluate``, where evaluation is compiled) an evaluation, then puts every piece of state back, so that
+        (``evaluate``, unless evaluation runs eagerly) an evaluation, then puts every piece of state back, so that
         compilation and cuDNN autotuning happen before the clock starts. Returns the seconds
         it took."""
         start = time.perf_counter()
@@ -506,7 +506,8 @@ class Trainer:
                     for _ in range(3):  # torch.compile records CUDA graphs on the third call
                         self.forward_backward(inputs, targets)
                         self.optimizer_step()
-            if evaluate and self.config.compile_eval:  # (an eager evaluation has nothing to prepare)
+            # (--no-compile-eval: nothing to compile; cuDNN's first calls are left to the first evaluation)
+            if evaluate and (self.config.compile_eval or not self.config.compile):
                 self.evaluate(each_shape=True)
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
