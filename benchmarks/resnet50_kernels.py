@@ -6,7 +6,8 @@ global):
 
   kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
              convolutions' time by input shape (kernels-plain: the same with PyTorch's stem
-             convolution and max pooling)
+             convolution and max pooling; kernels-fused-bn-1x1: with the 1x1 convolutions'
+             statistics in their own kernels)
   bandwidth  the kernels part, with the GB each inductor kernel must move by inductor's own
              reckoning, and so its GB/s: which ones run far below the memory bandwidth
   convs      each distinct convolution of the model alone: forward, input gradient and weight
@@ -15,6 +16,8 @@ global):
   variants   the whole step under single changes (see VARIANTS)
 
     python benchmarks/resnet50_kernels.py --parts layers variants kernels bandwidth --out kernels.json
+
+--batch sets the images per step of every part (a variant's own "batch" still wins).
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
     # epilogue (models/conv_bn_stats.py)
     "fused-bn-statistics": {"fused_bn": "statistics"},
+    # only the 1x1 convolutions, whose statistics come from a Triton matrix product's epilogue
+    "fused-bn-1x1": {"fused_bn": "1x1"},
+    "fused-bn-1x1-tuned": {"fused_bn": "1x1", "mode": "tuned"},
     "fused-bn-blocks": {"fused_bn": "blocks"},
     "fused-bn-blocks-without-backward-sums": {"fused_bn": "blocks", "cudnn_graphs": ["forward", "weight_grad"]},
     "fused-bn-blocks-tuned": {"fused_bn": "blocks", "mode": "tuned"},
@@ -144,7 +150,7 @@ def warm(step) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def part_kernels(plain: bool, steps: int = 5, bandwidth: bool = False) -> dict:
+def part_kernels(plain: bool, steps: int = 5, bandwidth: bool = False, fused_bn: str = "off") -> dict:
     """Every kernel's GPU ms per step, and the convolutions' by input shape. With ``bandwidth``,
     also the bytes inductor reckons each of its kernels must move (``kernel_num_gb``, written
     into the kernels' source when ``benchmark_kernel`` is set) and so each one's GB/s."""
@@ -157,7 +163,7 @@ def part_kernels(plain: bool, steps: int = 5, bandwidth: bool = False) -> dict:
     if bandwidth:
         inductor_config.benchmark_kernel = True
     torch.backends.cudnn.benchmark = True
-    step = build_step(plain_stem=plain, plain_max_pool=plain)
+    step = build_step(plain_stem=plain, plain_max_pool=plain, fused_bn=fused_bn)
     compile_seconds = warm(step)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(steps):
@@ -344,9 +350,14 @@ def part_variant(name: str) -> dict:
 
 
 def child(args) -> dict:
+    import imagenet_throughput
+
+    global BATCH
+    BATCH = imagenet_throughput.BATCH = args.batch  # (this child process only)
     part, _, arg = args.child.partition(":")
-    if part == "kernels":
-        return part_kernels(plain=arg == "plain")
+    if part == "kernels":  # kernels:plain, kernels:fused-bn-1x1 (that batch-norm mode), or kernels
+        return part_kernels(plain=arg == "plain", fused_bn=arg.removeprefix("fused-bn-") if arg.startswith("fused-bn-")
+                            else "off")
     if part == "bandwidth":
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(args.work, "inductor-bandwidth")
         return part_kernels(plain=False, bandwidth=True)
@@ -361,6 +372,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", nargs="+", default=["layers", "variants", "kernels", "bandwidth", "convs"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--work", default="/tmp/resnet50_kernels")
     ap.add_argument("--out", required=True)
@@ -374,17 +386,18 @@ def main():
     for part in args.parts:
         if part in ("kernels", "layers", "bandwidth"):
             jobs.append(part)
-        elif part == "kernels-plain":
-            jobs.append("kernels:plain")
+        elif part in ("kernels-plain", "kernels-fused-bn-1x1"):
+            jobs.append("kernels:" + part.removeprefix("kernels-"))
         elif part == "convs":
             jobs += ["convs:10", "convs:0"]
         elif part == "variants":
             jobs += [f"variant:{v}" for v in args.variants]
     results = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
-               "cudnn": torch.backends.cudnn.version(), "batch": BATCH, "parts": {}}
+               "cudnn": torch.backends.cudnn.version(), "batch": args.batch, "parts": {}}
     for job in jobs:
-        start = time.perf_counter()
-        command = [sys.executable, __file__, "--child", job, "--work", args.work, "--out", args.out]
+        start, done = time.perf_counter(), None
+        command = [sys.executable, __file__, "--child", job, "--work", args.work, "--out", args.out,
+                   "--batch", str(args.batch)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
             lines = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -393,7 +406,7 @@ def main():
         except subprocess.TimeoutExpired:
             row = {"error": f"did not finish in {args.timeout:.0f} s"}
         row["seconds"] = round(time.perf_counter() - start, 1)
-        if "done" in locals():
+        if done is not None:
             with open(os.path.join(args.work, job.replace(":", "_") + ".log"), "w") as f:
                 f.write(done.stdout[-200000:] + "\n--- stderr ---\n" + done.stderr[-50000:])
         results["parts"][job] = row

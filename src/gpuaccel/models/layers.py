@@ -13,13 +13,15 @@ import torch.nn.functional as F
 from . import max_pool_kernel
 from .conv_bn_stats import conv2d_stats, per_channel_affine
 
-# How much of the batch norms' work moves into cuDNN's convolution kernels when training on a
-# GPU (models/conv_bn_stats.py): "off"; "statistics", each convolution's batch-norm statistics
-# taken in its epilogue; "blocks", also each batch norm inside ResNet's blocks applied by the
-# next convolution as it loads its input. Off: for ResNet-50 on an H200 the step ran at 0.86x
-# ("statistics") and 0.48x ("blocks") the default one (benchmarks/resnet50_kernels.py, variants
-# fused-bn-*; docs/results.md). GPUACCEL_FUSED_BN sets it.
-FUSED_BATCH_NORM_MODES = ("off", "statistics", "blocks")
+# How much of the batch norms' work moves into the convolution kernels when training on a GPU
+# (models/conv_bn_stats.py): "off"; "1x1", the batch-norm statistics of each 1x1 convolution
+# taken in its own kernel (Triton); "statistics", those of every convolution (cuDNN for the
+# others); "blocks", also each batch norm inside ResNet's blocks applied by the next
+# convolution as it loads its input. cuDNN's fused kernels were slower: for ResNet-50 on an
+# H200 the step ran at 0.86x ("statistics") and 0.48x ("blocks") the default one
+# (benchmarks/resnet50_kernels.py, variants fused-bn-*; docs/results.md). GPUACCEL_FUSED_BN
+# sets it.
+FUSED_BATCH_NORM_MODES = ("off", "1x1", "statistics", "blocks")
 FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "off")
 if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
     warnings.warn(f"GPUACCEL_FUSED_BN must be one of {', '.join(FUSED_BATCH_NORM_MODES)}; "
@@ -78,7 +80,8 @@ class ConvBatchNormAct(nn.Sequential):
             and conv.bias is None and conv.dilation == (1, 1) and conv.padding_mode == "zeros" \
             and not isinstance(conv.padding, str) and conv.stride[0] == conv.stride[1] \
             and conv.padding[0] == conv.padding[1] and norm.affine and norm.track_running_stats \
-            and norm.momentum is not None and (len(self) == 2 or type(self[2]) is nn.ReLU)
+            and norm.momentum is not None and (len(self) == 2 or type(self[2]) is nn.ReLU) \
+            and (FUSED_BATCH_NORM != "1x1" or (conv.kernel_size == (1, 1) and conv.padding == (0, 0)))
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         y, scale, shift = self.statistics_forward(x)
