@@ -6,7 +6,7 @@ global):
 
   kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
              convolutions' time by input shape (kernels-plain: the same with PyTorch's stem
-             convolution and max pooling; kernels-fused-bn-1x1: with the 1x1 convolutions'
+             convolution and max pooling; kernels-fused-bn-gram: with the widening 1x1 convolutions'
              statistics in their own kernels)
   bandwidth  the kernels part, with the GB each inductor kernel must move by inductor's own
              reckoning, and so its GB/s: which ones run far below the memory bandwidth
@@ -55,9 +55,10 @@ VARIANTS = {  # what each turns off or on, against gpuaccel as it is
     # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
     # epilogue (models/conv_bn_stats.py)
     "fused-bn-statistics": {"fused_bn": "statistics"},
-    # only the 1x1 convolutions, whose statistics come from a Triton matrix product's epilogue
-    "fused-bn-1x1": {"fused_bn": "1x1"},
-    "fused-bn-1x1-tuned": {"fused_bn": "1x1", "mode": "tuned"},
+    # only the widening 1x1 convolutions, whose statistics come from their input's Gram matrix
+    "fused-bn-gram": {"fused_bn": "gram"},
+    "fused-bn-gram-tuned": {"fused_bn": "gram", "mode": "tuned"},
+    "fused-bn-gram-batch-512-tuned": {"fused_bn": "gram", "mode": "tuned", "batch": 512},
     "fused-bn-blocks": {"fused_bn": "blocks"},
     "fused-bn-blocks-without-backward-sums": {"fused_bn": "blocks", "cudnn_graphs": ["forward", "weight_grad"]},
     "fused-bn-blocks-tuned": {"fused_bn": "blocks", "mode": "tuned"},
@@ -355,7 +356,7 @@ def child(args) -> dict:
     global BATCH
     BATCH = imagenet_throughput.BATCH = args.batch  # (this child process only)
     part, _, arg = args.child.partition(":")
-    if part == "kernels":  # kernels:plain, kernels:fused-bn-1x1 (that batch-norm mode), or kernels
+    if part == "kernels":  # kernels:plain, kernels:fused-bn-gram (that batch-norm mode), or kernels
         return part_kernels(plain=arg == "plain", fused_bn=arg.removeprefix("fused-bn-") if arg.startswith("fused-bn-")
                             else "off")
     if part == "bandwidth":
@@ -386,7 +387,7 @@ def main():
     for part in args.parts:
         if part in ("kernels", "layers", "bandwidth"):
             jobs.append(part)
-        elif part in ("kernels-plain", "kernels-fused-bn-1x1"):
+        elif part in ("kernels-plain", "kernels-fused-bn-gram"):
             jobs.append("kernels:" + part.removeprefix("kernels-"))
         elif part == "convs":
             jobs += ["convs:10", "convs:0"]

@@ -189,6 +189,58 @@ def test_batch_norm_statistics_from_the_convolution_give_the_modules_results(ker
     _assert_same_step(*_step_both(plain, fused, x, nn.Sequential.forward, ConvBatchNormAct.fused_forward))
 
 
+@pytest.mark.parametrize("act", [None, nn.ReLU])
+def test_batch_norm_statistics_from_the_inputs_gram_matrix_give_the_modules_results(act, monkeypatch):
+    """A widening 1x1 convolution (ResNet's expansion) whose batch norm takes its statistics
+    from the convolution's input: the same outputs, gradients and running statistics, and the
+    same under torch.compile."""
+    from gpuaccel.models import layers
+    monkeypatch.setattr(layers, "FUSED_BATCH_NORM", "gram")
+    plain, fused = _twins(lambda: conv_bn_act(8, 32, 1, act=act))
+    assert fused.fusable() and fused.widening_1x1()
+    x = torch.randn(4, 8, 10, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    _assert_same_step(*_step_both(plain, fused, x, nn.Sequential.forward, ConvBatchNormAct.gram_forward))
+    plain, fused = _twins(lambda: conv_bn_act(8, 32, 1, act=act), torch.float32)
+    compiled = torch.compile(ConvBatchNormAct.gram_forward, backend="aot_eager", fullgraph=True)
+    _assert_same_step(*_step_both(plain, fused, x.float(), nn.Sequential.forward, compiled), rtol=1e-4, atol=1e-4)
+    # under autocast, as the Trainer runs it: bf16 activations, fp32 statistics
+    _assert_same_step_in_norm(*_step_both(plain, fused, x.float(), _autocast(nn.Sequential.forward, "cpu"),
+                                          _autocast(ConvBatchNormAct.gram_forward, "cpu")))
+    assert fused[1].running_var.dtype == torch.float32
+    # only where the input is the smaller tensor, at stride 1 (the other convolutions keep theirs)
+    assert not conv_bn_act(32, 8, 1).widening_1x1() and not conv_bn_act(8, 32, 3).widening_1x1()
+    assert not conv_bn_act(8, 32, 1, 2).widening_1x1()
+    model = create_model("resnet50", num_classes=10, image_size=224)
+    assert model.stages[0][0].conv3.widening_1x1() and not model.stages[0][0].conv1.widening_1x1()
+
+
+def _assert_same_step_in_norm(got, expected, tolerance=1e-2):
+    """As :func:`_assert_same_step`, each tensor within ``tolerance`` of the expected one's norm:
+    in bf16 a few elements of a sum round differently, and gradients carry that on."""
+    pairs = [(got[0], expected[0]), (got[1], expected[1]), *zip(got[2], expected[2]), *zip(got[3], expected[3])]
+    for g, e in pairs:
+        g, e = g.double(), e.double()
+        assert (g - e).norm() <= tolerance * e.norm() + 1e-6, (g - e).norm() / e.norm()
+
+
+def _autocast(forward, device):
+    def run(module, x):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return forward(module, x)
+    return run
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gram_statistics_on_a_gpu_match_the_module_in_bf16_under_compile(monkeypatch):
+    from gpuaccel.models import layers
+    monkeypatch.setattr(layers, "FUSED_BATCH_NORM", "gram")
+    plain, fused = _twins(lambda: conv_bn_act(64, 256, 1, act=None), torch.float32, "cuda")
+    x = torch.relu(torch.randn(8, 64, 14, 14, device="cuda")).contiguous(memory_format=torch.channels_last)
+    compiled = torch.compile(ConvBatchNormAct.gram_forward)
+    _assert_same_step_in_norm(*_step_both(plain, fused, x, _autocast(nn.Sequential.forward, "cuda"),
+                                          _autocast(compiled, "cuda")))
+
+
 @pytest.mark.parametrize("kind", ["basic", "bottleneck"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_resnet_blocks_with_batch_norms_inside_their_convolutions_give_the_blocks_results(kind, stride):

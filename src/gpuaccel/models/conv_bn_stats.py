@@ -34,8 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import conv1x1_stats_kernel
-
 _PLANS_TIMED = 4  # cuDNN's first execution plans that build, each timed once per shape: the fastest is kept
 
 # The graphs cuDNN is asked to run; the others' work is left to PyTorch's operators (to measure
@@ -63,8 +61,6 @@ def conv2d_stats(x: Tensor, weight: Tensor, scale: Tensor | None, shift: Tensor 
     the sum and sum of squares of each of its output channels (fp32; fp64 for fp64 inputs). The
     input is ``relu(x * scale + shift)`` with per-channel ``scale`` and ``shift`` (fp32, one
     value per input channel), or ``x`` when they are None."""
-    if scale is None and conv1x1_stats_kernel.usable(x, weight, padding):
-        return conv1x1_stats_kernel.conv1x1_stats(x, weight, stride)
     x, weight = _channels_last(x), _channels_last(weight)
     y = _output(x, weight, stride, padding)
     total, squares = _statistics(y), _statistics(y)

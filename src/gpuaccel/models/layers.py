@@ -13,20 +13,21 @@ import torch.nn.functional as F
 from . import max_pool_kernel
 from .conv_bn_stats import conv2d_stats, per_channel_affine
 
-# How much of the batch norms' work moves into the convolution kernels when training on a GPU
-# (models/conv_bn_stats.py): "off"; "1x1", the batch-norm statistics of each 1x1 convolution
-# taken in its own kernel (Triton); "statistics", those of every convolution (cuDNN for the
-# others); "blocks", also each batch norm inside ResNet's blocks applied by the next
-# convolution as it loads its input. cuDNN's fused kernels were slower: for ResNet-50 on an
-# H200 the step ran at 0.86x ("statistics") and 0.48x ("blocks") the default one
-# (benchmarks/resnet50_kernels.py, variants fused-bn-*; docs/results.md). GPUACCEL_FUSED_BN
-# sets it.
-FUSED_BATCH_NORM_MODES = ("off", "1x1", "statistics", "blocks")
-FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "off")
+# How much of the batch norms' work moves out of their own passes when training on a GPU:
+# "off"; "gram" (the default), the statistics of each 1x1 convolution that widens its input
+# (ResNet-50's expansions) computed from that input (:func:`gram_statistics`), which is 2-4x
+# smaller than the output: ResNet-50's step at 224 px ran 1.023-1.029x faster on H200s (batch
+# 512; docs/results.md); "statistics", the statistics of every convolution taken in cuDNN's
+# convolution kernels (models/conv_bn_stats.py); "blocks", also each batch norm inside ResNet's
+# blocks applied by the next convolution as it loads its input. cuDNN's fused kernels were
+# slower: 0.86x ("statistics") and 0.48x ("blocks") the step without them
+# (benchmarks/resnet50_kernels.py, variants fused-bn-*). GPUACCEL_FUSED_BN sets it.
+FUSED_BATCH_NORM_MODES = ("off", "gram", "statistics", "blocks")
+FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "gram")
 if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
     warnings.warn(f"GPUACCEL_FUSED_BN must be one of {', '.join(FUSED_BATCH_NORM_MODES)}; "
-                  f"got {FUSED_BATCH_NORM!r}, so it is off")
-    FUSED_BATCH_NORM = "off"
+                  f"got {FUSED_BATCH_NORM!r}, so it is gram")
+    FUSED_BATCH_NORM = "gram"
 
 
 def eager_forward(cls):
@@ -71,7 +72,10 @@ class ConvBatchNormAct(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if FUSED_BATCH_NORM != "off" and self.training and x.is_cuda and self.fusable():
-            return self.fused_forward(x)
+            if FUSED_BATCH_NORM != "gram":
+                return self.fused_forward(x)
+            if self.widening_1x1():
+                return self.gram_forward(x)
         return super().forward(x)
 
     def fusable(self) -> bool:
@@ -80,8 +84,23 @@ class ConvBatchNormAct(nn.Sequential):
             and conv.bias is None and conv.dilation == (1, 1) and conv.padding_mode == "zeros" \
             and not isinstance(conv.padding, str) and conv.stride[0] == conv.stride[1] \
             and conv.padding[0] == conv.padding[1] and norm.affine and norm.track_running_stats \
-            and norm.momentum is not None and (len(self) == 2 or type(self[2]) is nn.ReLU) \
-            and (FUSED_BATCH_NORM != "1x1" or (conv.kernel_size == (1, 1) and conv.padding == (0, 0)))
+            and norm.momentum is not None and (len(self) == 2 or type(self[2]) is nn.ReLU)
+
+    def widening_1x1(self) -> bool:
+        """A 1x1 convolution at stride 1 to at least twice its input channels: its input's Gram
+        matrix is cheaper to read than its output (:func:`gram_statistics`)."""
+        conv = self[0]
+        return conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding in (0, (0, 0)) \
+            and conv.out_channels >= 2 * conv.in_channels
+
+    def gram_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The module's result, with the batch norm's statistics from :func:`gram_statistics`."""
+        y = self[0](x)
+        with torch.no_grad():
+            total, squares = gram_statistics(x.to(y.dtype), self[0].weight.to(y.dtype))
+        total, squares = _StatisticsOf.apply(y, total, squares)
+        out = per_channel_affine(y, *self.normalisation(total, squares, y.numel() // y.shape[1])).to(y.dtype)
+        return torch.relu(out) if len(self) > 2 else out
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         y, scale, shift = self.statistics_forward(x)
@@ -99,7 +118,13 @@ class ConvBatchNormAct(nn.Sequential):
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
         y, total, squares = conv2d_stats(x, weight, scale, shift, conv.stride[0], conv.padding[0])
-        count = y.numel() // y.shape[1]
+        return y, *self.normalisation(total, squares, y.numel() // y.shape[1])
+
+    def normalisation(self, total: torch.Tensor, squares: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift): the batch norm as a per-channel affine map, given its input's
+        per-channel sum and sum of squares over ``count`` elements each; updates the running
+        statistics as ``nn.BatchNorm2d`` does."""
+        norm = self[1]
         mean = total / count
         variance = (squares / count - mean * mean).clamp_min(0)
         with torch.no_grad():
@@ -107,7 +132,56 @@ class ConvBatchNormAct(nn.Sequential):
             norm.running_var.lerp_(variance * (count / max(count - 1, 1)), norm.momentum)
             norm.num_batches_tracked.add_(1)
         scale = norm.weight * torch.rsqrt(variance + norm.eps)
-        return y, scale, norm.bias - mean * scale
+        return scale, norm.bias - mean * scale
+
+
+def gram_statistics(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel sum and sum of squares (fp32) of ``conv2d(x, weight)`` for a 1x1
+    ``weight``, computed from ``x``: each output pixel is ``W @ x_p``, so the sum is ``W @ sum_p
+    x_p`` and the sum of squares of channel c is ``w_c @ G @ w_c`` with ``G = sum_p x_p x_p^T``.
+
+    Why: for a 1x1 convolution that widens its input (ResNet-50's expansions, 2-4x) reading the
+    input and a cuBLAS matrix product over it moves a half or less of the bytes of reading the
+    output, which is what a batch norm's own statistics pass does."""
+    pixels, channels = x.numel() // x.shape[1], x.shape[1]
+    # (chunks, pixels per chunk, channels): a view in channels-last. One product per chunk, then
+    # their sum: a single product over a million pixels into a 64 x 64 result leaves most of the
+    # GPU idle
+    chunks = _chunks(pixels)
+    flat = x.permute(0, 2, 3, 1).reshape(chunks, pixels // chunks, channels)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(x.device.type, enabled=False):  # fp32 throughout (autocast would take bf16)
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            gram = torch.bmm(flat.transpose(1, 2), flat, out_dtype=wide)  # fp32 sums of 16-bit products
+        else:
+            gram = torch.bmm(flat.transpose(1, 2).to(wide), flat.to(wide))
+        w = weight.flatten(1).to(wide)
+        return w @ flat.sum((0, 1), dtype=wide), ((w @ gram.sum(0)) * w).sum(1)
+
+
+def _chunks(pixels: int, least: int = 2048) -> int:
+    """The largest power of two that divides ``pixels`` into chunks of at least ``least``."""
+    chunks = 1
+    while pixels % (2 * chunks) == 0 and pixels // (2 * chunks) >= least:
+        chunks *= 2
+    return chunks
+
+
+class _StatisticsOf(torch.autograd.Function):
+    """``(total, squares)``, the per-channel sum and sum of squares of ``y`` computed elsewhere,
+    passed on as functions of ``y``: their gradients reach ``y`` as a batch norm's own would
+    (d total / dy = 1, d squares / dy = 2y)."""
+
+    @staticmethod
+    def forward(ctx, y, total, squares):
+        ctx.save_for_backward(y)
+        return total.clone(), squares.clone()
+
+    @staticmethod
+    def backward(ctx, grad_total, grad_squares):
+        y, = ctx.saved_tensors
+        grad = grad_total.view(1, -1, 1, 1) + 2 * y.float() * grad_squares.view(1, -1, 1, 1)
+        return grad.to(y.dtype), None, None
 
 
 def init_weights(model: nn.Module) -> None:
