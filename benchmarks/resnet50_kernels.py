@@ -7,7 +7,7 @@ global):
   kernels    every kernel of a step from torch.profiler, GPU ms per step, and the cuDNN
              convolutions' time by input shape (kernels-plain: the same with PyTorch's stem
              convolution and max pooling; kernels-fused-bn-gram: with the widening 1x1 convolutions'
-             statistics in their own kernels)
+             statistics from their inputs' Gram matrices)
   bandwidth  the kernels part, with the GB each inductor kernel must move by inductor's own
              reckoning, and so its GB/s: which ones run far below the memory bandwidth
   convs      each distinct convolution of the model alone: forward, input gradient and weight
@@ -38,7 +38,10 @@ BATCH = 256
 CLASSES = 1000
 
 
-VARIANTS = {  # what each turns off or on, against gpuaccel as it is
+# What each turns off or on, against gpuaccel as it is, except that the batch norms' work stays in
+# their own passes unless a variant says "fused_bn" (GPUACCEL_FUSED_BN=off): gpuaccel's default
+# since session 32 is the variant fused-bn-gram
+VARIANTS = {
     "default": {},
     "plain-stem": {"plain_stem": True},
     "plain-max-pool": {"plain_max_pool": True},

@@ -99,11 +99,13 @@ class ConvBatchNormAct(nn.Sequential):
         with torch.no_grad():
             total, squares = gram_statistics(x.to(y.dtype), self[0].weight.to(y.dtype))
         total, squares = _StatisticsOf.apply(y, total, squares)
-        out = per_channel_affine(y, *self.normalisation(total, squares, y.numel() // y.shape[1])).to(y.dtype)
-        return torch.relu(out) if len(self) > 2 else out
+        return self.normalised(y, *self.normalisation(total, squares, y.numel() // y.shape[1]))
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, scale, shift = self.statistics_forward(x)
+        return self.normalised(*self.statistics_forward(x))
+
+    def normalised(self, y: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The batch norm's output as ``y * scale + shift``, in ``y``'s dtype, and the ReLU if any."""
         out = per_channel_affine(y, scale, shift).to(y.dtype)
         return torch.relu(out) if len(self) > 2 else out
 
@@ -112,7 +114,7 @@ class ConvBatchNormAct(nn.Sequential):
         """(y, scale, shift): the convolution's output and the per-channel affine map that is
         its batch norm (in training: with this batch's statistics, which also update the running
         ones). The convolution's input is ``relu(x * scale + shift)`` when those are given."""
-        conv, norm = self[0], self[1]
+        conv = self[0]
         weight = conv.weight
         if torch.is_autocast_enabled(x.device.type):  # a custom operator is not cast by autocast itself
             dtype = torch.get_autocast_dtype(x.device.type)
