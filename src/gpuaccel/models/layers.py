@@ -94,12 +94,19 @@ class ConvBatchNormAct(nn.Sequential):
             and conv.out_channels >= 2 * conv.in_channels
 
     def gram_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The module's result, with the batch norm's statistics from :func:`gram_statistics`."""
-        y = self[0](x)
-        with torch.no_grad():
-            total, squares = gram_statistics(x.to(y.dtype), self[0].weight.to(y.dtype))
-        total, squares = _StatisticsOf.apply(y, total, squares)
-        return self.normalised(y, *self.normalisation(total, squares, y.numel() // y.shape[1]))
+        """The module's result with its batch norm folded into the convolution: the statistics
+        come from the input (:func:`gram_statistics`) before the convolution runs, the scale
+        multiplies the weights and the shift is added to the output. Autograd differentiates
+        through the statistics, so the backward pass has no batch-norm pass over the output
+        either: the statistics' gradient reaches the input through its Gram matrix, a product
+        over the smaller tensor."""
+        conv = self[0]
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        total, squares = gram_statistics(x.to(dtype), conv.weight)
+        scale, shift = self.normalisation(total, squares, x.numel() // x.shape[1])
+        y = F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1))
+        out = (y + shift.view(1, -1, 1, 1)).to(y.dtype)
+        return torch.relu(out) if len(self) > 2 else out
 
     def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.normalised(*self.statistics_forward(x))
@@ -141,24 +148,47 @@ def gram_statistics(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor
     """The per-channel sum and sum of squares (fp32) of ``conv2d(x, weight)`` for a 1x1
     ``weight``, computed from ``x``: each output pixel is ``W @ x_p``, so the sum is ``W @ sum_p
     x_p`` and the sum of squares of channel c is ``w_c @ G @ w_c`` with ``G = sum_p x_p x_p^T``.
+    Differentiable in both arguments.
 
     Why: for a 1x1 convolution that widens its input (ResNet-50's expansions, 2-4x) reading the
     input and a cuBLAS matrix product over it moves a half or less of the bytes of reading the
     output, which is what a batch norm's own statistics pass does."""
-    pixels, channels = x.numel() // x.shape[1], x.shape[1]
-    # (chunks, pixels per chunk, channels): a view in channels-last. One product per chunk, then
-    # their sum: a single product over a million pixels into a 64 x 64 result leaves most of the
-    # GPU idle
-    chunks = _chunks(pixels)
-    flat = x.permute(0, 2, 3, 1).reshape(chunks, pixels // chunks, channels)
-    wide = torch.promote_types(x.dtype, torch.float32)
-    with torch.autocast(x.device.type, enabled=False):  # fp32 throughout (autocast would take bf16)
-        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
-            gram = torch.bmm(flat.transpose(1, 2), flat, out_dtype=wide)  # fp32 sums of 16-bit products
-        else:
-            gram = torch.bmm(flat.transpose(1, 2).to(wide), flat.to(wide))
-        w = weight.flatten(1).to(wide)
-        return w @ flat.sum((0, 1), dtype=wide), ((w @ gram.sum(0)) * w).sum(1)
+    gram, total = _GramMatrix.apply(x)
+    w = weight.flatten(1).to(gram.dtype)
+    with torch.autocast(x.device.type, enabled=False):  # fp32 (autocast would take bf16)
+        return w @ total, ((w @ gram) * w).sum(1)
+
+
+class _GramMatrix(torch.autograd.Function):
+    """``(G, s)`` for an (N, C, H, W) ``x``: its channels' Gram matrix ``sum_p x_p x_p^T`` and sum
+    ``sum_p x_p`` over the pixels p, both at least fp32. The input's gradient is ``x_p (dG +
+    dG^T) + ds`` at each pixel: one matrix product over ``x`` with a C x C matrix."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        pixels, channels = x.numel() // x.shape[1], x.shape[1]
+        # (chunks, pixels per chunk, channels): a view in channels-last. One product per chunk,
+        # then their sum: a single product over a million pixels into a 64 x 64 result leaves
+        # most of the GPU idle
+        chunks = _chunks(pixels)
+        flat = x.permute(0, 2, 3, 1).reshape(chunks, pixels // chunks, channels)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):  # fp32 throughout (autocast would take bf16)
+            if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+                gram = torch.bmm(flat.transpose(1, 2), flat, out_dtype=wide)  # fp32 sums of 16-bit products
+            else:
+                gram = torch.bmm(flat.transpose(1, 2).to(wide), flat.to(wide))
+            return gram.sum(0), flat.sum((0, 1), dtype=wide)
+
+    @staticmethod
+    def backward(ctx, grad_gram, grad_total):
+        x, = ctx.saved_tensors
+        n, channels, height, width = x.shape
+        with torch.autocast(x.device.type, enabled=False):
+            flat = x.permute(0, 2, 3, 1).reshape(-1, channels)
+            grad = torch.addmm(grad_total.to(x.dtype), flat, (grad_gram + grad_gram.t()).to(x.dtype))
+        return grad.view(n, height, width, channels).permute(0, 3, 1, 2)
 
 
 def _chunks(pixels: int, least: int = 2048) -> int:
@@ -167,23 +197,6 @@ def _chunks(pixels: int, least: int = 2048) -> int:
     while pixels % (2 * chunks) == 0 and pixels // (2 * chunks) >= least:
         chunks *= 2
     return chunks
-
-
-class _StatisticsOf(torch.autograd.Function):
-    """``(total, squares)``, the per-channel sum and sum of squares of ``y`` computed elsewhere,
-    passed on as functions of ``y``: their gradients reach ``y`` as a batch norm's own would
-    (d total / dy = 1, d squares / dy = 2y)."""
-
-    @staticmethod
-    def forward(ctx, y, total, squares):
-        ctx.save_for_backward(y)
-        return total.clone(), squares.clone()
-
-    @staticmethod
-    def backward(ctx, grad_total, grad_squares):
-        y, = ctx.saved_tensors
-        grad = grad_total.view(1, -1, 1, 1) + 2 * y.float() * grad_squares.view(1, -1, 1, 1)
-        return grad.to(y.dtype), None, None
 
 
 def init_weights(model: nn.Module) -> None:
