@@ -17,11 +17,12 @@ from .conv_bn_stats import conv2d_stats, per_channel_affine
 # "off"; "gram" (the default), each 1x1 convolution that widens its input (ResNet-50's
 # expansions) with its batch norm folded in, the statistics computed from that input, which is
 # 2-4x smaller than the output (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224
-# px ran 1.07x faster on an H200 (batch 512; docs/results.md, session 33); "statistics", the statistics of every convolution taken in cuDNN's
-# convolution kernels (models/conv_bn_stats.py); "blocks", also each batch norm inside ResNet's
-# blocks applied by the next convolution as it loads its input. cuDNN's fused kernels were
-# slower: 0.86x ("statistics") and 0.48x ("blocks") the step without them
-# (benchmarks/resnet50_kernels.py, variants fused-bn-*). GPUACCEL_FUSED_BN sets it.
+# px ran 1.07x faster on an H200 (batch 512; docs/results.md, session 33); "statistics", the
+# statistics of every convolution taken in cuDNN's convolution kernels (models/conv_bn_stats.py);
+# "blocks", also each batch norm inside ResNet's blocks applied by the next convolution as it
+# loads its input. cuDNN's fused kernels were slower: 0.86x ("statistics") and 0.48x ("blocks")
+# the step without them (benchmarks/resnet50_kernels.py, variants fused-bn-*).
+# GPUACCEL_FUSED_BN sets it.
 FUSED_BATCH_NORM_MODES = ("off", "gram", "statistics", "blocks")
 FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "gram")
 if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
@@ -61,10 +62,11 @@ def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, group
 class ConvBatchNormAct(nn.Sequential):
     """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
     parameters, buffers and names). In training on a GPU with :data:`FUSED_BATCH_NORM` on, the
-    batch norm's statistics come out of the convolution kernel (:func:`conv2d_stats`) instead
-    of a pass of their own over its output, and the batch norm's arithmetic is written out
-    here: the running statistics updated as ``nn.BatchNorm2d`` does, the variance taken as
-    E[y^2] - E[y]^2 in fp32, as cuDNN's own fused batch norms do.
+    batch norm's statistics come from the convolution's input (:meth:`gram_forward`, "gram") or
+    out of the convolution kernel (:func:`conv2d_stats`, the cuDNN modes) instead of a pass of
+    their own over its output, and the batch norm's arithmetic is written out here: the running
+    statistics updated as ``nn.BatchNorm2d`` does, the variance taken as E[y^2] - E[y]^2 in
+    fp32, as cuDNN's own fused batch norms do.
 
     :meth:`statistics_forward` stops short of normalising: it returns the convolution's output
     and the per-channel scale and shift that would normalise it, which the next convolution can
