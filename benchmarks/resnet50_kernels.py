@@ -58,7 +58,8 @@ VARIANTS = {
     # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
     # epilogue (models/conv_bn_stats.py)
     "fused-bn-statistics": {"fused_bn": "statistics"},
-    # only the widening 1x1 convolutions, whose statistics come from their input's Gram matrix
+    # only the widening 1x1 convolutions, their batch norms folded in, the statistics from their
+    # inputs' Gram matrices (models/layers.py, ConvBatchNormAct.gram_forward)
     "fused-bn-gram": {"fused_bn": "gram"},
     "fused-bn-gram-tuned": {"fused_bn": "gram", "mode": "tuned"},
     "fused-bn-gram-batch-512-tuned": {"fused_bn": "gram", "mode": "tuned", "batch": 512},
