@@ -296,6 +296,24 @@ def test_a_pass_reader_without_a_following_pass_stops_after_each(tmp_path):
     assert list(reader.read(0)) == [1, 2, 3]
 
 
+class _Niceness(torch.utils.data.Dataset):
+    def __getitem__(self, key):
+        import os
+        return os.nice(0)
+
+
+def test_reader_processes_run_at_a_lower_priority_than_the_training_process():
+    import os
+
+    from gpuaccel.data.loader import READER_NICENESS
+
+    reader = PassReader(_Niceness(), lambda epoch: [0, 1], lambda epoch: None, workers=2, pin_memory=False,
+                        prefetch_factor=2)
+    expected = min(os.nice(0) + READER_NICENESS, 19)
+    assert list(reader.read(0)) == [expected, expected]
+    reader.close()
+
+
 def test_build_loader_keeps_cpu_data_in_process_unless_told():
     images, labels = torch.zeros(8, 1, 2, 2, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
     common = dict(device=CPU, batch_size=4, mean=[0.0], std=[1.0], train=False)

@@ -75,3 +75,30 @@ def test_stopping_early_joins_the_threads_and_closes_the_steps():
 def test_it_needs_a_thread():
     with pytest.raises(ValueError, match="at least one"):
         list(in_threads(range(3), slow_square, []))
+
+
+def test_the_threads_make_batches_before_the_first_is_asked_for():
+    made = threading.Event()
+
+    def make(step):
+        made.set()
+        return slow_square(step)
+
+    batches = in_threads(range(5), make, [None])
+    assert made.wait(5), "nothing was made before the first next()"
+    assert [int(y) for _, y in batches] == list(range(5))
+    assert not prefetch_threads_alive()
+
+
+def test_an_iterator_dropped_unread_stops_its_threads():
+    closed = threading.Event()
+
+    def steps():
+        try:
+            yield from range(1000)
+        finally:
+            closed.set()
+
+    batches = in_threads(steps(), slow_square, [None] * 2, depth=2)
+    del batches  # the threads hold the shared state, not the iterator: it is collected, and stops them
+    assert closed.wait(5) and not prefetch_threads_alive()

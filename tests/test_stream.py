@@ -548,6 +548,45 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
     assert json.loads(out)["test_images"] == 4 * len(CLASSES)
 
 
+def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(capsys, tmp_path, monkeypatch):
+    import threading
+
+    from gpuaccel.data.stream import StreamLoader
+    from gpuaccel.train.trainer import Trainer
+
+    events = []
+    batches, evaluate = StreamLoader.batches, Trainer.evaluate
+
+    def logged_batches(self, epoch=0, start=0):
+        if self.train:
+            events.append(("batches", epoch))
+        return batches(self, epoch, start)
+
+    def logged_evaluate(self, each_shape=False):
+        if not each_shape:  # (not the warm-up's pass)
+            events.append(("evaluate", self.epoch))
+        return evaluate(self, each_shape)
+
+    monkeypatch.setattr(StreamLoader, "batches", logged_batches)
+    monkeypatch.setattr(Trainer, "evaluate", logged_evaluate)
+    root = write_shards(tmp_path / "shards", "train", 2, 16)
+    write_shards(root, "val", 1, 8)
+    common = ["--data", str(root), "--model", "mlp", "--image-size", "16", "--batch-size", "8", "--json", "--quiet"]
+    code, out, err = run(capsys, "train", *common, "--epochs", "3", "--run-dir", str(tmp_path / "a"))
+    assert code == 0, err
+    # epoch k+1's batches are asked for before the evaluation that ends epoch k (self.epoch is k+1 by then)
+    assert [e for e in events if e[0] == "batches"][:3] == [("batches", 0), ("batches", 1), ("batches", 2)]
+    assert events.index(("batches", 1)) < events.index(("evaluate", 1))
+    assert events.index(("batches", 2)) < events.index(("evaluate", 2))
+    assert ("batches", 3) not in events  # none after the last epoch
+    # a run that stops at its target leaves the batches it set going for the next epoch stopped
+    code, out, err = run(capsys, "train", *common, "--epochs", "5", "--target", "accuracy=0.01",
+                         "--run-dir", str(tmp_path / "b"))
+    assert code == 0, err
+    assert json.loads(out)["stopped_by"] == "target"
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gpuaccel-prefetch")]
+
+
 def test_stream_errors(capsys, tmp_path):
     assert_user_error(capsys, ["train", "--data", "digits", "--loader", "stream"], "--loader stream", "digits")
     root = write_shards(tmp_path / "shards", "train", 2, 8)

@@ -203,7 +203,8 @@ class PassReader:
         self._passes = _Passes(keys, following)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_size=None, sampler=self._passes, num_workers=workers, pin_memory=pin_memory,
-            persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None)
+            persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
+            worker_init_fn=_yield_to_the_training_process if workers > 0 else None)
         self._items: Iterator | None = None
         self._next: tuple[int, int] | None = None  # the (epoch, step) _items hands over next, if known
 
@@ -237,6 +238,19 @@ class PassReader:
         """Stops the worker processes; the next read starts them again."""
         self._items = self._next = None
         self.loader._iterator = None  # the DataLoader holds the iterator of persistent workers; freeing it stops them
+
+
+READER_NICENESS = 10  # added to the reader processes' nice value
+
+
+def _yield_to_the_training_process(worker_id: int) -> None:
+    """Run in each reader process as it starts: lowers its scheduling priority, so that where
+    the cores are all busy (readers decoding JPEGs with Pillow) the training process's threads,
+    which launch the GPU's work, run first; an idle core still runs a reader at once."""
+    try:
+        os.nice(READER_NICENESS)
+    except OSError:  # (a platform or container that refuses it: run at the same priority)
+        pass
 
 
 def _close(reader: "weakref.ref[PassReader]") -> None:

@@ -33,10 +33,12 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 
 def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch.cuda.Stream | None],
-               depth: int = 3) -> Iterator[Batch]:
+               depth: int = 3) -> "Prefetched":
     """``make(step)`` for each of ``steps``, in order, made ahead by one background thread per
     entry of ``sides``, each on its stream there (from :func:`side_stream`, one per thread; None
-    off the GPU). At most ``depth`` + 1 steps are taken and not yet yielded: ``depth`` made and
+    off the GPU). The threads start at once, before the first batch is asked for, so a loader
+    can be set going ahead of its pass (the trainer starts the next epoch's before it
+    evaluates). At most ``depth`` + 1 steps are taken and not yet yielded: ``depth`` made and
     waiting, as in a queue of that size, and one more being made.
 
     Steps are taken in order under a lock, so ``steps`` may be a generator that reads; making
@@ -46,81 +48,113 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
     ``steps`` or ``make``, is raised again in the consumer's thread at its place in the order."""
     if not sides:
         raise ValueError("in_threads needs at least one stream entry (None off the GPU)")
-    iterator = iter(steps)
-    take = threading.Lock()  # one thread at a time reads the next step, so steps keep their order
-    turn = threading.Condition()  # guards what follows; the consumer never waits behind a read
-    made: dict[int, object] = {}  # order -> (x, y, ready event) or the exception that took its place
-    taken, consumed, end = 0, 0, None  # steps handed out; yielded; where the steps ran out
-    stop = threading.Event()
+    return Prefetched(iter(steps), make, sides, depth)
 
-    def finish(order: int, result=None, last: int | None = None) -> None:
-        nonlocal end
-        with turn:
+
+class _Making:
+    """What the threads of one :class:`Prefetched` share; they hold this, not the iterator, so
+    an iterator that nobody holds any more is collected, and its clean-up stops them."""
+
+    def __init__(self, steps: Iterator[T], make: Callable[[T], Batch], depth: int):
+        self.steps, self.make, self.depth = steps, make, depth
+        self.take = threading.Lock()  # one thread at a time reads the next step, so steps keep their order
+        self.turn = threading.Condition()  # guards what follows; the consumer never waits behind a read
+        self.made: dict[int, object] = {}  # order -> (x, y, ready event) or the exception in its place
+        self.taken, self.consumed, self.end = 0, 0, None  # steps handed out; yielded; where they ran out
+        self.stop = threading.Event()
+
+    def finish(self, order: int, result=None, last: int | None = None) -> None:
+        with self.turn:
             if result is not None:
-                made[order] = result
+                self.made[order] = result
             if last is not None:
-                end = last if end is None else min(end, last)
-            turn.notify_all()
+                self.end = last if self.end is None else min(self.end, last)
+            self.turn.notify_all()
 
-    def produce(side) -> None:
-        nonlocal taken
+    def produce(self, side) -> None:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             while True:
-                with take:
-                    with turn:
-                        while not stop.is_set() and end is None and taken - consumed > depth:
-                            turn.wait(0.1)
-                        if stop.is_set() or end is not None:
+                with self.take:
+                    with self.turn:
+                        while not self.stop.is_set() and self.end is None and self.taken - self.consumed > self.depth:
+                            self.turn.wait(0.1)
+                        if self.stop.is_set() or self.end is not None:
                             return
-                        order = taken
+                        order = self.taken
                     try:
-                        step = next(iterator)
+                        step = next(self.steps)
                     except StopIteration:
-                        return finish(order, last=order)
+                        return self.finish(order, last=order)
                     except BaseException as exc:  # raised again in the consumer's thread
-                        return finish(order, exc, last=order + 1)
-                    with turn:
-                        taken += 1
+                        return self.finish(order, exc, last=order + 1)
+                    with self.turn:
+                        self.taken += 1
                 try:
-                    x, y = make(step)
+                    x, y = self.make(step)
                     done = None
                     if side is not None:
                         done = torch.cuda.Event()
                         done.record(side)
-                    finish(order, (x, y, done))
+                    self.finish(order, (x, y, done))
                 except BaseException as exc:
-                    return finish(order, exc, last=order + 1)
+                    return self.finish(order, exc, last=order + 1)
 
-    workers = [threading.Thread(target=produce, args=(side,), daemon=True, name=f"gpuaccel-prefetch-{k}")
-               for k, side in enumerate(sides)]
-    for worker in workers:
-        worker.start()
-    try:
-        while True:
-            with turn:
-                while consumed not in made and (end is None or consumed < end):
-                    turn.wait()
-                if consumed not in made:
-                    return
-                item = made.pop(consumed)
-                consumed += 1
-                turn.notify_all()
-            if isinstance(item, BaseException):
-                raise item
-            x, y, done = item
-            if done is not None:
-                current = torch.cuda.current_stream(x.device)
-                current.wait_event(done)
-                x.record_stream(current)
-                y.record_stream(current)
-            yield x, y
-    finally:
-        with turn:
-            stop.set()
-            turn.notify_all()
-        for worker in workers:
+
+class Prefetched:
+    """The iterator :func:`in_threads` returns. Running out, an exception raised to the
+    consumer, :meth:`close` or being collected stops and joins its threads and closes the steps."""
+
+    def __init__(self, steps: Iterator[T], make: Callable[[T], Batch], sides: list, depth: int):
+        self._making = _Making(steps, make, depth)
+        self._closed = False
+        self._workers = [threading.Thread(target=self._making.produce, args=(side,), daemon=True,
+                                          name=f"gpuaccel-prefetch-{k}") for k, side in enumerate(sides)]
+        for worker in self._workers:
+            worker.start()
+
+    def __iter__(self) -> "Prefetched":
+        return self
+
+    def __next__(self) -> Batch:
+        making = self._making
+        with making.turn:
+            while not self._closed and making.consumed not in making.made and \
+                    (making.end is None or making.consumed < making.end):
+                making.turn.wait()
+            item = making.made.pop(making.consumed, None)
+            if item is not None:
+                making.consumed += 1
+                making.turn.notify_all()
+        if item is None:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        x, y, done = item
+        if done is not None:
+            current = torch.cuda.current_stream(x.device)
+            current.wait_event(done)
+            x.record_stream(current)
+            y.record_stream(current)
+        return x, y
+
+    def close(self) -> None:
+        """Stops the threads, waits for them, and closes the steps (a generator's own clean-up,
+        such as releasing a reader, runs now rather than at collection)."""
+        if self._closed:
+            return
+        making = self._making
+        with making.turn:
+            self._closed = True
+            making.stop.set()
+            making.turn.notify_all()
+        for worker in self._workers:
             worker.join()
-        close = getattr(iterator, "close", None)
-        if close is not None:  # a generator's own clean-up (locks, readers) runs now, not at collection
+        close = getattr(making.steps, "close", None)
+        if close is not None:
             close()
 
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()

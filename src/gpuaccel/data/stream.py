@@ -48,7 +48,12 @@ from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
-DEFAULT_CPU_DECODE = 0.0  # share of each batch the reader processes decode when nvJPEG can do it all
+# share of each batch the reader processes decode with Pillow when nvJPEG could do it all, given
+# at least CPU_DECODE_MIN_WORKERS of them: nvJPEG's decoding beside training slows the step and
+# falls behind it, and a third decoded on the host kept up (ResNet-50 at 224 px, H200 with a
+# 16-core host: docs/results.md, session 34)
+DEFAULT_CPU_DECODE = 0.3
+CPU_DECODE_MIN_WORKERS = 8
 
 
 def check_cpu_decode(share) -> None:
@@ -441,11 +446,12 @@ class StreamLoader:
         self.on_gpu = gpu_jpeg_decoder_available(device)
         self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu else None
         check_cpu_decode(cpu_decode)
-        if cpu_decode is None:
-            cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
-        self.cpu_decode = cpu_decode
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
+        if cpu_decode is None:
+            cpu_decode = 1.0 if not self.on_gpu else \
+                DEFAULT_CPU_DECODE if self.workers >= CPU_DECODE_MIN_WORKERS else 0.0
+        self.cpu_decode = cpu_decode
         step_ids = functools.partial(_step_ids, self.order, batch_size)
         self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)

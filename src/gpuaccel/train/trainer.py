@@ -375,6 +375,10 @@ class Trainer:
 
                     elapsed = self.train_seconds + time.perf_counter() - segment_start
                     finished = self.epochs_done >= cfg.epochs  # epochs may end inside an epoch (e.g. 9.5)
+                    if end_of_epoch and not finished:
+                        # a streaming loader makes the next epoch's first batches while this one is
+                        # evaluated and checkpointed, so that epoch does not start waiting for them
+                        first_batches = self.train_loader.batches(self.epoch)
                     due_eval = (end_of_epoch if cfg.eval_every is None else self.global_step % cfg.eval_every == 0) \
                         or finished
                     # ranks must agree on stopping, so the clock of any one of them decides; that takes an
@@ -413,6 +417,8 @@ class Trainer:
                 self.step_graph.release()
             raise KeyboardInterrupt(str(self.run_dir)) from None
         finally:
+            if first_batches is not None and hasattr(first_batches, "close"):
+                first_batches.close()  # started for an epoch that the run did not reach
             gc.unfreeze()
             self._unlock_run_dir()
             if previous_handler is not None:
