@@ -48,12 +48,11 @@ from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
-# share of each batch the reader processes decode with Pillow when nvJPEG could do it all, given
-# at least CPU_DECODE_MIN_WORKERS of them: nvJPEG's decoding beside training slows the step and
-# falls behind it, and a third decoded on the host kept up (ResNet-50 at 224 px, H200 with a
-# 16-core host: docs/results.md, session 34)
-DEFAULT_CPU_DECODE = 0.3
-CPU_DECODE_MIN_WORKERS = 8
+# share of each batch the reader processes decode with Pillow when nvJPEG can do it all. On an
+# H200 a third helped a compiled ResNet-50 whose training thread had time to spare (default
+# compile mode: 1.02x) and went with slower runs where it had none (tuned mode: 0.89-0.97x);
+# busy readers take CPU time that the training thread's launches need (docs/results.md, session 34)
+DEFAULT_CPU_DECODE = 0.0
 
 
 def check_cpu_decode(share) -> None:
@@ -449,8 +448,7 @@ class StreamLoader:
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
         if cpu_decode is None:
-            cpu_decode = 1.0 if not self.on_gpu else \
-                DEFAULT_CPU_DECODE if self.workers >= CPU_DECODE_MIN_WORKERS else 0.0
+            cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
         self.cpu_decode = cpu_decode
         step_ids = functools.partial(_step_ids, self.order, batch_size)
         self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),

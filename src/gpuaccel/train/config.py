@@ -66,8 +66,8 @@ class TrainConfig:
         "processes (default: cores - 2)", metavar="N")
     cpu_decode: float | None = setting(
         None, "data", "with --loader stream on a GPU: the share of each batch the reader processes decode with "
-        "Pillow, nvJPEG decoding the rest (default 0.3 with 8 or more reader processes, else 0: nvJPEG "
-        "beside training falls behind a fast step)", metavar="F")
+        "Pillow, nvJPEG decoding the rest (default 0; a share helps where the training thread has CPU time to "
+        "spare, docs/data.md)", metavar="F")
     tokenizer: str | None = setting(
         None, "data", "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
         "bytes), word (lower-cased words of the training split; the default for labelled sentences) or bpe (a "
