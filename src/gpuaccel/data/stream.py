@@ -424,7 +424,8 @@ class StreamLoader:
     CUDA stream of its own, each batch on the next free thread, yielded in order
     (:func:`prefetch.in_threads`); the batches and their order do not depend on it. One is the
     default; two overlap two decoding calls, which beside training wait for nvJPEG's per-image
-    work (not measured end to end yet)."""
+    work, but gained nothing end to end for ResNet-50 at batch 512 on an H200 (docs/results.md,
+    session 34)."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
