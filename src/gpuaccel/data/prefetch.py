@@ -117,6 +117,8 @@ class Prefetched:
         return self
 
     def __next__(self) -> Batch:
+        if self._closed:
+            raise StopIteration
         making = self._making
         with making.turn:
             while not self._closed and making.consumed not in making.made and \

@@ -48,10 +48,10 @@ from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
-# share of each batch the reader processes decode with Pillow when nvJPEG can do it all. On an
-# H200 a third helped a compiled ResNet-50 whose training thread had time to spare (default
-# compile mode: 1.02x) and went with slower runs where it had none (tuned mode: 0.89-0.97x);
-# busy readers take CPU time that the training thread's launches need (docs/results.md, session 34)
+# share of each batch the reader processes decode with Pillow when nvJPEG can do it all. For a
+# compiled ResNet-50 on an H200, a quarter to a third gained 0-2% in the default compile mode and
+# went with slower runs in the tuned mode, whose training thread has no CPU time to spare for
+# busy readers (docs/results.md, session 34)
 DEFAULT_CPU_DECODE = 0.0
 
 
@@ -446,11 +446,11 @@ class StreamLoader:
         self.on_gpu = gpu_jpeg_decoder_available(device)
         self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu else None
         check_cpu_decode(cpu_decode)
-        # two cores stay with the training and pipeline threads
-        self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
         if cpu_decode is None:
             cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
         self.cpu_decode = cpu_decode
+        # two cores stay with the training and pipeline threads
+        self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
         step_ids = functools.partial(_step_ids, self.order, batch_size)
         self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
