@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from gpuaccel.data import augment as aug
 from gpuaccel.data.augment import AugmentConfig
-from gpuaccel.data.loader import DeviceLoader, PassReader, WorkerLoader, build_loader
+from gpuaccel.data.loader import READER_NICENESS, DeviceLoader, PassReader, WorkerLoader, build_loader
 
 CPU = torch.device("cpu")
 
@@ -298,15 +299,10 @@ def test_a_pass_reader_without_a_following_pass_stops_after_each(tmp_path):
 
 class _Niceness(torch.utils.data.Dataset):
     def __getitem__(self, key):
-        import os
         return os.nice(0)
 
 
 def test_reader_processes_run_at_a_lower_priority_than_the_training_process():
-    import os
-
-    from gpuaccel.data.loader import READER_NICENESS
-
     reader = PassReader(_Niceness(), lambda epoch: [0, 1], lambda epoch: None, workers=2, pin_memory=False,
                         prefetch_factor=2)
     expected = min(os.nice(0) + READER_NICENESS, 19)

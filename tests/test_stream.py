@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -549,8 +550,6 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
 
 
 def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(capsys, tmp_path, monkeypatch):
-    import threading
-
     from gpuaccel.data.stream import StreamLoader
     from gpuaccel.train.trainer import Trainer
 
