@@ -198,9 +198,11 @@ def pipeline(work: Path, workers: int, cpu_decode: list, baseline: bool = True) 
     return results
 
 
-def gpuaccel_step(mode: str, classes: int, x: torch.Tensor, y: torch.Tensor):
-    """gpuaccel's Trainer (ResNet-50, bf16, compile mode ``mode``, or 'eager') on the in-memory
-    batch (x, y): a function of no arguments that runs one training step."""
+def gpuaccel_step(mode: str, classes: int, x: torch.Tensor, y: torch.Tensor, tune_kernels: bool = False):
+    """gpuaccel's Trainer (ResNet-50, bf16, compile mode ``mode``, or 'eager'; ``tune_kernels`` as
+    --tune-kernels) on the in-memory batch (x, y): a function of no arguments that runs one
+    training step. With mode reduce-overhead the step is the Trainer's step graph, warmed and
+    captured as its warm-up does."""
     from gpuaccel.data.dataset import ImageDataset
     from gpuaccel.train import TrainConfig, Trainer
 
@@ -210,9 +212,12 @@ def gpuaccel_step(mode: str, classes: int, x: torch.Tensor, y: torch.Tensor):
                         np.arange(16) % classes, [str(c) for c in range(classes)])
     config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=mode != "eager",
                          compile_mode=mode if mode != "eager" else "default", batch_size=BATCH, lr=0.1,
-                         weight_decay=5e-5, monitor=False)
+                         weight_decay=5e-5, monitor=False, tune_kernels=tune_kernels)
     trainer = Trainer(config, dataset=fake, quiet=True)
     x = x.to(trainer.precision.input_dtype)
+    if trainer.step_graph is not None:
+        trainer.step_graph.warm(x, y)
+        trainer.step_graph.capture()
 
     def step():
         trainer.train_step(x, y)

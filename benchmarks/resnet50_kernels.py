@@ -63,6 +63,10 @@ VARIANTS = {
     "fused-bn-gram": {"fused_bn": "gram"},
     "fused-bn-gram-tuned": {"fused_bn": "gram", "mode": "tuned"},
     "fused-bn-gram-batch-512-tuned": {"fused_bn": "gram", "mode": "tuned", "batch": 512},
+    # the whole training step as one CUDA graph (the Trainer's step graph), inductor's default
+    # kernels or tuned ones (--compile-mode reduce-overhead [--tune-kernels])
+    "fused-bn-gram-graph": {"fused_bn": "gram", "mode": "reduce-overhead"},
+    "fused-bn-gram-graph-tuned": {"fused_bn": "gram", "mode": "reduce-overhead", "tune_kernels": True},
     "fused-bn-blocks": {"fused_bn": "blocks"},
     "fused-bn-blocks-without-backward-sums": {"fused_bn": "blocks", "cudnn_graphs": ["forward", "weight_grad"]},
     "fused-bn-blocks-tuned": {"fused_bn": "blocks", "mode": "tuned"},
@@ -112,7 +116,8 @@ def use_linear_1x1() -> None:
 
 
 def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False,
-               linear_1x1: bool = False, fused_bn: str = "off", cudnn_graphs: list[str] | None = None):
+               linear_1x1: bool = False, fused_bn: str = "off", cudnn_graphs: list[str] | None = None,
+               tune_kernels: bool = False):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
     put back the stem convolution and max pooling of PyTorch; ``linear_1x1`` writes the 1x1
@@ -135,7 +140,7 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
         conv_bn_stats.CUDNN_GRAPHS = set(cudnn_graphs)
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
-    return gpuaccel_step(mode, CLASSES, x, y)
+    return gpuaccel_step(mode, CLASSES, x, y, tune_kernels=tune_kernels)
 
 
 def timed(step, steps: int = 10, repeats: int = 7) -> dict:
@@ -341,7 +346,8 @@ def part_variant(name: str) -> dict:
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False),
                       linear_1x1=settings.get("linear_1x1", False),
-                      fused_bn=settings.get("fused_bn", "off"), cudnn_graphs=settings.get("cudnn_graphs"))
+                      fused_bn=settings.get("fused_bn", "off"), cudnn_graphs=settings.get("cudnn_graphs"),
+                      tune_kernels=settings.get("tune_kernels", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
     compile_seconds = warm(step)

@@ -23,7 +23,7 @@ from PIL import Image
 from gpuaccel.data import open_dataset
 from gpuaccel.data import crops, nvjpeg
 from gpuaccel.data.crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
-from gpuaccel.data.stream import ShardOrder, StreamingDataset
+from gpuaccel.data.stream import PILLOW_READERS, ShardOrder, StreamingDataset, default_cpu_decode
 from gpuaccel.errors import GpuaccelError
 
 CPU = torch.device("cpu")
@@ -344,6 +344,21 @@ def test_any_share_of_a_batch_decoded_by_any_number_of_reader_processes_gives_th
         stream_loader(ds, True, cpu_decode=1.5)
 
 
+def test_the_reader_processes_decode_every_image_unless_nvjpeg_is_there_and_they_are_few(tmp_path):
+    assert default_cpu_decode(on_gpu=False, workers=1) == 1.0
+    assert default_cpu_decode(on_gpu=True, workers=PILLOW_READERS) == 1.0
+    assert default_cpu_decode(on_gpu=True, workers=PILLOW_READERS - 1) == 0.0
+    root = write_shards(tmp_path / "shards", "train", 1, 8)
+    write_shards(root, "val", 1, 4)
+    ds = open_dataset(str(root), image_size=16)
+    assert stream_loader(ds, True, workers=2).decoder == "pillow"
+    if torch.cuda.is_available():
+        options = dict(train=True, batch_size=8, device=torch.device("cuda"), mean=(0.5,) * 3, std=(0.25,) * 3)
+        many, few = ds.loader(workers=PILLOW_READERS, **options), ds.loader(workers=2, **options)
+        assert (many.cpu_decode, many.batch_decoder, many.decoder) == (1.0, None, "pillow")
+        assert few.cpu_decode == 0.0 and few.decoder.startswith("nvjpeg")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs nvJPEG on a GPU")
 def test_nvjpeg_and_the_reader_processes_share_a_batch_on_a_gpu(tmp_path):
     root = write_shards(tmp_path / "shards", "train", 2, 16)
@@ -536,7 +551,9 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
     write_shards(root, "val", 1, 12)
     common = ["--model", "mlp", "--image-size", "16", "--epochs", "2", "--batch-size", "8", "--lr", "0.05",
               "--json", "--quiet"]
-    code, out, err = run(capsys, "train", "--data", str(root), "--run-dir", str(tmp_path / "a"), *common)
+    # two reader processes: on a GPU, too few to leave every image to Pillow
+    code, out, err = run(capsys, "train", "--data", str(root), "--run-dir", str(tmp_path / "a"), "--workers", "2",
+                         *common)
     assert code == 0, err
     summary = json.loads(out)
     assert summary["train_images"] == 48 and summary["test_images"] == 12 and summary["test_accuracy"] > 0.5

@@ -48,11 +48,20 @@ from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
-# share of each batch the reader processes decode with Pillow when nvJPEG can do it all. For a
-# compiled ResNet-50 on an H200, a quarter to a third gained 0-2% in the default compile mode and
-# went with slower runs in the tuned mode, whose training thread has no CPU time to spare for
-# busy readers (docs/results.md, session 34)
-DEFAULT_CPU_DECODE = 0.0
+# With at least this many reader processes they decode every image with Pillow by default, on a
+# GPU machine too; with fewer, nvJPEG decodes them all. Pillow takes about 1 ms of a core per
+# ImageNet-sized JPEG. For a compiled ResNet-50 (224 px, batch 512) on an H200, 11 and 14 readers
+# kept the step fed at 8,000 img/s (98-99% of its in-memory rate, in every compile mode) and 8 did
+# not (84%). nvJPEG decoding every image cost 1.09x (default mode) to 1.16x (step graph), a
+# quarter of them 1.07x: its per-image work, and the calls that drive it, run beside the step's
+# kernels and launches (docs/results.md, session 35).
+PILLOW_READERS = 11
+
+
+def default_cpu_decode(on_gpu: bool, workers: int) -> float:
+    """The share of each batch the reader processes decode with Pillow unless told
+    (``--cpu-decode``): all of it without a GPU decoder or with enough readers, else none."""
+    return 1.0 if not on_gpu or workers >= PILLOW_READERS else 0.0
 
 
 def check_cpu_decode(share) -> None:
@@ -414,8 +423,8 @@ class StreamLoader:
     (shapes stay static).
 
     ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
-    ``cpu_decode`` of its images with Pillow (by default none on a GPU with nvJPEG, all
-    otherwise); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
+    ``cpu_decode`` of its images with Pillow (by default :func:`default_cpu_decode`: all of them
+    unless there are nvJPEG and fewer than ``PILLOW_READERS`` readers, then none); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
     one call per batch; through torchvision the images the JPEG engines cannot take, and all
     of them with ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the
     loader's thread. ``workers=0`` reads in the loader's thread.
@@ -444,13 +453,11 @@ class StreamLoader:
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
         self.on_gpu = gpu_jpeg_decoder_available(device)
-        self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu else None
-        check_cpu_decode(cpu_decode)
-        if cpu_decode is None:
-            cpu_decode = DEFAULT_CPU_DECODE if self.on_gpu else 1.0
-        self.cpu_decode = cpu_decode
         # two cores stay with the training and pipeline threads
         self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
+        check_cpu_decode(cpu_decode)
+        self.cpu_decode = default_cpu_decode(self.on_gpu, self.workers) if cpu_decode is None else cpu_decode
+        self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu and self.cpu_decode < 1 else None
         step_ids = functools.partial(_step_ids, self.order, batch_size)
         self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)

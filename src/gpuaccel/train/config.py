@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..compiling import COMPILE_MODES
 from ..data.augment import FLIP_MODES, parse_size_schedule
 from ..data.loader import PLACEMENTS
-from ..data.stream import check_cpu_decode
+from ..data.stream import PILLOW_READERS, check_cpu_decode
 from ..data.text import TOKENIZERS
 from ..device import PRECISIONS
 from ..errors import GpuaccelError, choice_error
@@ -66,8 +66,8 @@ class TrainConfig:
         "processes (default: cores - 2)", metavar="N")
     cpu_decode: float | None = setting(
         None, "data", "with --loader stream on a GPU: the share of each batch the reader processes decode with "
-        "Pillow, nvJPEG decoding the rest (default 0; a share helps where the training thread has CPU time to "
-        "spare, docs/data.md)", metavar="F")
+        f"Pillow, nvJPEG decoding the rest (default 1 with at least {PILLOW_READERS} reader processes, else 0; "
+        "docs/data.md)", metavar="F")
     tokenizer: str | None = setting(
         None, "data", "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
         "bytes), word (lower-cased words of the training split; the default for labelled sentences) or bpe (a "
