@@ -423,11 +423,12 @@ class StreamLoader:
     (shapes stay static).
 
     ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
-    ``cpu_decode`` of its images with Pillow (by default :func:`default_cpu_decode`: all of them
-    unless there are nvJPEG and fewer than ``PILLOW_READERS`` readers, then none); nvJPEG decodes the rest on the GPU (called directly through :mod:`nvjpeg`,
-    one call per batch; through torchvision the images the JPEG engines cannot take, and all
-    of them with ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the
-    loader's thread. ``workers=0`` reads in the loader's thread.
+    ``cpu_decode`` of its images with Pillow (by default :func:`default_cpu_decode`: all of them,
+    or none where nvJPEG is at hand and the readers are fewer than ``PILLOW_READERS``); nvJPEG
+    decodes the rest on the GPU (called directly through :mod:`nvjpeg`, one call per batch;
+    through torchvision the images the JPEG engines cannot take, and all of them with
+    ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the loader's thread.
+    ``workers=0`` reads in the loader's thread.
 
     ``threads`` background threads make the batches ahead of the training step, each on a
     CUDA stream of its own, each batch on the next free thread, yielded in order
