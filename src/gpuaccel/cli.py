@@ -780,17 +780,29 @@ def run() -> None:
 
     Why: after a run on a GPU, finalising the interpreter (tearing down every module and the
     CUDA state it holds) took 1.1-1.7 s of a 12 s ``gpuaccel train --recipe cifar10-fast`` on an
-    H200, and did nothing a user sees: every file gpuaccel writes is closed by then. Threads are
-    joined and exit handlers run (compile workers, loader processes and logging are shut down
-    there), as at a normal exit."""
+    H200, and did nothing a user sees: every file gpuaccel writes is closed by then. The exit
+    does what CPython's does before that finalisation, in its order: :func:`_end_threads`, then
+    the exit handlers (compile workers, loader processes and logging are shut down there)."""
     code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # (CPython's own exit path calls the same)
+    _end_threads()
+    atexit._run_exitfuncs()  # (CPython's own exit path calls the same, after the threads end)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _end_threads() -> None:
+    """What the interpreter does first at exit (``threading._shutdown``): the threading module's
+    exit hooks, then a wait for every non-daemon thread. The hooks matter: a thread pool's
+    workers (``concurrent.futures``, which a cold torch.compile starts) wait for work until
+    the pool's hook tells them to stop; joining them without it never returned."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+        return
+    for thread in threading.enumerate():  # (an interpreter without the hook: join what is left)
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,100 @@
+"""Every command ends promptly once its work is done: cold or warm compile caches, success,
+a user error, SIGINT and SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+EXIT_BOUND = 30  # seconds from the summary to the end of the process (a normal exit takes 1-3 s here)
+
+
+def _fresh_env(tmp_path) -> dict:
+    """An environment whose caches are empty: decoded data, Inductor's graphs and kernels."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(GPUACCEL_CACHE_DIR=str(tmp_path / "cache"), TQDM_DISABLE="1")
+    return env
+
+
+def _exits_after(proc: subprocess.Popen, done, bound: float, limit: float = 600) -> float:
+    """Waits until ``done()`` (the work is finished), then for the process to end; returns the
+    seconds between the two (the test fails if the end takes longer than ``bound``)."""
+    deadline = time.time() + limit
+    while not done() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    finished = time.time()
+    try:
+        proc.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the process was still alive {bound} s after its work ended")
+    return time.time() - finished
+
+
+def test_a_cold_compile_exits_promptly(tmp_path, mnist_dir):
+    """A first-time torch.compile leaves a thread pool (Inductor's) whose workers wait for work
+    until the interpreter's thread hook stops them; the command must not wait for them."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuaccel", "train", "--data", str(mnist_dir), "--model", "mlp", "--compile",
+         "--epochs", "1", "--batch-size", "64", "--no-monitor", "--quiet", "--run-dir", str(run_dir)],
+        env=_fresh_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _exits_after(proc, lambda: (run_dir / "summary.json").exists(), EXIT_BOUND)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    assert "saved to" in out
+
+
+_POOL_THEN_COMMAND = textwrap.dedent("""
+    import concurrent.futures, sys
+    from gpuaccel.cli import run
+    pool = concurrent.futures.ThreadPoolExecutor(2)  # as a compiler's pool: idle workers, never shut down
+    pool.submit(sum, [1, 2]).result()
+    sys.argv = ["gpuaccel", *sys.argv[1:]]
+    run()
+""")
+
+
+@pytest.mark.parametrize("argv, code", [(["models"], 0), (["train", "--epochs", "-1"], 2)])
+def test_idle_thread_pool_workers_do_not_keep_a_command_alive(argv, code):
+    proc = subprocess.Popen([sys.executable, "-c", _POOL_THEN_COMMAND, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc.communicate(timeout=EXIT_BOUND + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the command did not end with idle thread-pool workers alive")
+    assert proc.returncode == code
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_a_signal_mid_training_ends_the_command(tmp_path, sig, code):
+    pool = textwrap.dedent("""
+        import concurrent.futures, sys
+        from gpuaccel.cli import run
+        concurrent.futures.ThreadPoolExecutor(1).submit(int).result()
+        sys.argv = ["gpuaccel", *sys.argv[1:]]
+        run()
+    """)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", pool, "train", "--data", "digits", "--model", "mlp",
+                             "--epochs", "500", "--no-monitor", "--checkpoint-every", "5", "--run-dir", str(run_dir)],
+                            env=_fresh_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / "checkpoint.json").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=EXIT_BOUND + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the command did not end after {sig!r}")
+    assert proc.returncode == code, err
+    assert "checkpoint saved" in err
