@@ -89,7 +89,7 @@ def test_save_and_load_resume_to_identical_weights(tmp_path):
     for a, b in zip(net.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
     with pytest.raises(GpuaccelError, match="holds no state for scheduler"):
-        acc.load(tmp_path / "state.pt", scheduler=torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1))
+        acc.load(tmp_path / "state.pt", scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1))
 
 
 def test_prepare_refuses_what_it_cannot_prepare():
@@ -130,15 +130,16 @@ def _captured_training(device: str, capture: bool, step_fn=None):
 
 def test_capture_on_the_cpu_runs_the_step_uncaptured_with_one_notice():
     plain_losses, plain_params, _ = _captured_training("cpu", capture=False)
-    with pytest.warns(UserWarning, match="on the CPU the step runs uncaptured"):
+    with pytest.warns(UserWarning, match="CUDA graphs need a GPU: the step runs uncaptured"):
         losses, params, _ = _captured_training("cpu", capture=True)
     assert losses == plain_losses
     for key, value in plain_params.items():
         assert torch.equal(params[key], value)
-    with pytest.raises(GpuaccelError, match="not available with strategy='fsdp'"):
-        gpuaccel.Accelerator(device="cpu", strategy="fsdp").capture(lambda: None)
-    with pytest.raises(GpuaccelError, match="compile_mode='default'"):
-        gpuaccel.Accelerator(device="cpu", compile=True, compile_mode="reduce-overhead").capture(lambda: None)
+    with pytest.raises(GpuaccelError, match="not with strategy='fsdp'"):
+        gpuaccel.Accelerator(device="cpu", strategy="fsdp").capture(lambda: None, strict=True)
+    with pytest.warns(UserWarning, match="use compile_mode='default'.*the step runs uncaptured"):
+        step = gpuaccel.Accelerator(device="cpu", compile=True, compile_mode="reduce-overhead").capture(lambda: 7)
+    assert step() == 7 and not step.captured
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -55,3 +55,64 @@ def test_no_import_cycles_between_parts():
     assert not cycles, f"import cycles between parts: {cycles}"
     assert "train" not in graph["deploy"] or "deploy" not in graph["train"]
     assert {"train", "deploy", "bench"}.isdisjoint(graph["tasks"] | graph["models"] | graph["data"])
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the gpuaccel modules it imports, anywhere in it (a package's import is its
+    ``__init__``; ``from . import name`` of a submodule is that submodule)."""
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - (node.level - 1)] if node.level else []
+                target = base + (node.module.split(".") if node.module else [])
+                targets = [".".join(target + [a.name]) for a in node.names]
+                targets = [t if t in modules else ".".join(target) for t in targets]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target.startswith("gpuaccel") and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    graph = _module_graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    assert len(graph) > 90 and "gpuaccel.deploy.bench" in graph["gpuaccel.cli"]  # (the walk finds them)
+    cycles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if reaches(b, a)})
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_the_runtime_is_below_both_doors():
+    """Trainer and Accelerator share one runtime; it knows neither, nor the CLI."""
+    graph = _module_graph()
+    runtime = {m for m in graph if m.startswith("gpuaccel.runtime")}
+    assert runtime and all(not {d for d in graph[m] if d.startswith(("gpuaccel.train", "gpuaccel.accelerator",
+                                                                      "gpuaccel.cli"))} for m in runtime)
+    assert "gpuaccel.accelerator" in graph["gpuaccel.train.trainer"]
+    assert {"gpuaccel.runtime", "gpuaccel.runtime.capture"} & graph["gpuaccel.train.trainer"]

@@ -167,10 +167,10 @@ def test_unreadable_or_unmatched_files_stop_the_read_unless_skipped(tmp_path, ca
     (root / "2_ann_9.wav").write_bytes(b"")
     (root / "readme.wav").write_bytes(wav_bytes(tone("0", 0.2, 1)))
     pattern = "{label}_{speaker}_{index}.wav"
-    with pytest.raises(GpuaccelError, match="readme.wav does not match --label-pattern"):
+    with pytest.raises(GpuaccelError, match="readme.wav does not match label_pattern"):
         load_audio(root, label_pattern=pattern, test_where="index<3")
     (root / "readme.wav").unlink()
-    with pytest.raises(GpuaccelError, match="2_ann_9.wav the file is empty.*--skip-bad"):
+    with pytest.raises(GpuaccelError, match="2_ann_9.wav the file is empty.*skip_bad"):
         load_audio(root, label_pattern=pattern, test_where="index<3")
     data = load_audio(root, label_pattern=pattern, test_where="index<3", skip_bad=True)
     assert len(data.skipped) == 1 and len(data.train_labels) + len(data.test_labels) == 18

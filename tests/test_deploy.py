@@ -133,7 +133,7 @@ def test_unexportable_model_names_the_problem_and_suggests_another_format(tmp_pa
 
     trained = TrainedModel(Normalized(DataDependent(), [0.0], [1.0]), ["a", "b"], "custom",
                            {"in_channels": 1, "image_size": 4, "num_classes": 2}, {}, tmp_path)
-    with pytest.raises(GpuaccelError, match="cannot be exported as pt2.*try --format onnx, torchscript"):
+    with pytest.raises(GpuaccelError, match="cannot be exported as pt2.*try format onnx, torchscript"):
         export(trained, "pt2", tmp_path / "m.pt2")
 
 

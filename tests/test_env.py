@@ -26,14 +26,17 @@ def test_env_json_and_measure_on_this_machine(capsys):
     assert measure_ceilings(torch.device("cpu"))["skipped"]
 
 
-_BYTECODE_STATE = ("import json, os, sys, gpuaccel; print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode, "
-                   "os.environ.get('PYTHONPYCACHEPREFIX'), os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
+# the gpuaccel command's first step, then what the interpreter was told
+_COMMAND = "from gpuaccel.cli import set_up_process; set_up_process(); "
+_BYTECODE_STATE = (_COMMAND + "import json, os, sys, torch; print(json.dumps([sys.pycache_prefix, "
+                   "sys.dont_write_bytecode, os.environ.get('PYTHONPYCACHEPREFIX'), "
+                   "os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
 
 
 def _interpreter_state(tmp_path, code: str = _BYTECODE_STATE, **env):
     """What ``code`` prints last, as JSON, in a fresh interpreter with gpuaccel's cache under
     ``tmp_path`` and ``env`` (by default: sys.pycache_prefix and the bytecode setting after
-    `import gpuaccel`)."""
+    the command's set-up)."""
     import os
     import subprocess
     import sys
@@ -46,9 +49,9 @@ def _interpreter_state(tmp_path, code: str = _BYTECODE_STATE, **env):
 
 
 def test_compiled_kernels_go_to_gpuaccels_cache_whatever_imports_dynamo_first(tmp_path):
-    # importing Dynamo settles Inductor's folder (its default under /tmp unless told): gpuaccel
+    # importing Dynamo settles Inductor's folder (its default under /tmp unless told): the command
     # names its own before, so every run of a machine reads and writes the same one
-    code = ("import json, gpuaccel, torch._dynamo; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+    code = (_COMMAND + "import json, torch._dynamo; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
             "print(json.dumps(cache_dir()))")
     assert _interpreter_state(tmp_path, code) == str(tmp_path / "inductor")
     assert _interpreter_state(tmp_path, code, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
@@ -58,12 +61,24 @@ def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_besid
     folder = tmp_path / "bytecode"
     prefix, no_bytecode, env_prefix, env_setting = _interpreter_state(tmp_path, PYTHONDONTWRITEBYTECODE="1")
     assert prefix == env_prefix == str(folder) and not no_bytecode and env_setting is None
-    # torch, imported after gpuaccel's first lines, was compiled into the folder, not beside its sources
+    # torch, imported after the command's first lines, was compiled into the folder, not beside its sources
     assert any("torch" in p.parts for p in folder.rglob("*.pyc"))
     # a user's own choices stand: bytecode allowed (the default), or the cache turned off
     assert _interpreter_state(tmp_path)[0] is None
     off = _interpreter_state(tmp_path, PYTHONDONTWRITEBYTECODE="1", GPUACCEL_BYTECODE_CACHE="0")
     assert off[0] is None and off[1] is True and off[3] == "1"
+
+
+def test_importing_gpuaccel_changes_nothing_in_the_importing_process(tmp_path):
+    """A library import leaves the interpreter's settings and the environment as they were, also
+    with the parts a user touches imported (the command sets its caches up itself)."""
+    code = ("import json, os, sys, torch; before = [dict(os.environ), sys.pycache_prefix, sys.dont_write_bytecode]; "
+            "import gpuaccel; gpuaccel.Trainer, gpuaccel.Accelerator, gpuaccel.tasks, gpuaccel.open_dataset; "
+            "import gpuaccel.cli, gpuaccel.runtime, gpuaccel.deploy.export; "
+            "after = [dict(os.environ), sys.pycache_prefix, sys.dont_write_bytecode]; "
+            "print(json.dumps([before == after, sorted(set(after[0].items()) ^ set(before[0].items()))]))")
+    unchanged, difference = _interpreter_state(tmp_path, code, PYTHONDONTWRITEBYTECODE="1")
+    assert unchanged, difference
 
 
 def test_a_setup_compiled_before_compiles_without_worker_processes(tmp_path, monkeypatch):

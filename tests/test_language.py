@@ -102,7 +102,7 @@ def test_bad_corpus_files_are_one_line_errors(tmp_path, content, message):
 def test_a_corpus_shorter_than_one_window_is_refused(tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("to be or not to be " * 20)  # 38 validation characters
-    with pytest.raises(GpuaccelError, match="fewer than one window of --context 64"):
+    with pytest.raises(GpuaccelError, match="fewer than one window of context 64"):
         Trainer(tiny_lm_config(tmp_path, path, context=64), quiet=True)
     with pytest.raises(GpuaccelError, match="tokenizer for language modelling"):
         load_corpus(path, tokenizer="word")

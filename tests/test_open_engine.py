@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 import gpuaccel
 from gpuaccel import GpuaccelError, TrainConfig, Trainer
-from gpuaccel.data.tensors import DatasetLoader, TensorLoader
+from gpuaccel.runtime import PrefetchLoader, ResidentLoader
 from gpuaccel.tasks import Classification, Regression
 
 
@@ -70,7 +70,7 @@ def test_own_dataset_model_and_loss_train_far_above_chance(tmp_path):
 def test_dataset_that_fits_is_gathered_on_the_device_and_random_items_are_not(tmp_path):
     trainer = Trainer(config(tmp_path, "a"), model=GRUClassifier(), train_data=Sequences(64, 0),
                       eval_data=Sequences(32, 1), loss_fn=F.cross_entropy, quiet=True)
-    assert isinstance(trainer.train_loader, TensorLoader)
+    assert isinstance(trainer.train_loader, ResidentLoader)
 
     class Noisy(Sequences):  # augmentation inside __getitem__: items differ from read to read
         def __getitem__(self, i):
@@ -78,7 +78,7 @@ def test_dataset_that_fits_is_gathered_on_the_device_and_random_items_are_not(tm
 
     trainer = Trainer(config(tmp_path, "b", workers=0), model=GRUClassifier(), train_data=Noisy(64, 0),
                       loss_fn=lambda out, y: F.cross_entropy(out, y), quiet=True)
-    assert isinstance(trainer.train_loader, DatasetLoader)
+    assert isinstance(trainer.train_loader, PrefetchLoader)
     inputs, targets = trainer.task.split(next(iter(trainer.train_loader.batches(0))))
     assert len(inputs) == 2 and targets.dtype == torch.float32  # (tokens, label) inputs, the noise as target
 
@@ -229,7 +229,7 @@ def test_loader_keeps_dtypes_and_shards_every_sample_once():
     y = torch.linspace(0, 1, 50)
     seen = []
     for rank in range(2):
-        loader = TensorLoader((x, y), batch_size=8, device=torch.device("cpu"), train=False, rank=rank,
+        loader = ResidentLoader((x, y), batch_size=8, device=torch.device("cpu"), train=False, rank=rank,
                               world_size=2)
         for bx, by in loader.batches():
             assert bx.dtype == torch.float64 and by.dtype == torch.float32

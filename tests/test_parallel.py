@@ -139,7 +139,7 @@ def test_launcher_errors_and_arguments(capsys):
         ["--epochs", "3", "--run-dir", "runs/x"]
     assert worker_arguments(["--gpus=2", "--run-dir", "mine"], "runs/x") == ["--run-dir", "mine"]
     model = create_model("lenet5", num_classes=10, in_channels=1, image_size=8)
-    with pytest.raises(GpuaccelError, match="--sync-bn needs GPUs"):
+    with pytest.raises(GpuaccelError, match="sync_bn needs GPUs"):
         apply_ddp(model, torch.device("cpu"), sync_batchnorm=True)
 
 

@@ -122,8 +122,8 @@ def test_progressive_resizing_trains_small_first_and_warms_every_size(tmp_path, 
 
 
 @pytest.mark.parametrize("options, needle", [({"size_schedule": ["24"]}, "SIZE:EPOCHS"),
-                                             ({"brightness": 1.5}, "--brightness"),
-                                             ({"contrast": -0.1}, "--contrast")])
+                                             ({"brightness": 1.5}, "brightness must be"),
+                                             ({"contrast": -0.1}, "contrast must be")])
 def test_resizing_and_jitter_options_are_checked(options, needle):
     with pytest.raises(GpuaccelError, match=needle):
         TrainConfig(**options).validate()

@@ -193,7 +193,7 @@ def test_autorec_members_are_fitted_on_their_own_and_unknown_items_fall_back_to_
         factorized = model.factorization(torch.tensor([1, 1]), torch.tensor([0, 3])).clamp(1, 5)
     assert prediction[0].item() == pytest.approx(factorized[0].item())
     assert prediction[1].item() != pytest.approx(factorized[1].item())
-    with pytest.raises(GpuaccelError, match="for --task ranking"):
+    with pytest.raises(GpuaccelError, match="for task ranking"):
         create_model("autorec", num_users=5, num_items=4, rating_range=None, required=())
 
 

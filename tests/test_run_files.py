@@ -84,7 +84,7 @@ def test_resume_cleans_what_a_killed_checkpoint_write_left(tmp_path):
     trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=True)
     assert not list(run.glob(".*.tmp"))
     assert json.loads((run / "checkpoint.json").read_text())["global_step"] == trainer.global_step
-    trainer._unlock_run_dir()
+    trainer.run.unlock()
 
 
 def test_resume_refuses_data_whose_class_names_changed(tmp_path):

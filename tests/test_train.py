@@ -195,7 +195,7 @@ def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path
         fit(tmp_path / str(every), digits, model="mlp", epochs=4, eval_every=10**6, monitor=False,
             checkpoint_epochs=every)
         assert saved_at == expected, every
-    with pytest.raises(GpuaccelError, match="--checkpoint-epochs must be a whole number >= 0"):
+    with pytest.raises(GpuaccelError, match="checkpoint_epochs must be a whole number >= 0"):
         TrainConfig(checkpoint_epochs=-1).validate()
 
 
@@ -207,8 +207,8 @@ def test_training_runs_with_the_warm_up_objects_frozen_and_leaves_the_collector_
     import gc
 
     frozen_at_steps = []
-    step = Trainer.forward_backward
-    monkeypatch.setattr(Trainer, "forward_backward",
+    step = Trainer._train_step
+    monkeypatch.setattr(Trainer, "_train_step",
                         lambda self, *a, **k: (frozen_at_steps.append(gc.get_freeze_count()), step(self, *a, **k))[1])
     for frozen_before in (False, True):
         gc.unfreeze()
@@ -222,28 +222,30 @@ def test_training_runs_with_the_warm_up_objects_frozen_and_leaves_the_collector_
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "muon", "adamw"])
-def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, optimizer):
-    """What the CUDA graph of a whole step records (learning rates and the weight average's
-    blend read from tensors, momentum buffers and Adam's moments created as zeros beforehand),
-    run eagerly here, gives the same weights, average, optimizer state and losses as the
-    trainer's usual step."""
-    import contextlib
+def test_the_step_as_a_graph_records_it_trains_exactly_like_the_eager_step(tmp_path, digits, optimizer):
+    """What the CUDA graph of a whole step records differs from an eager step only in what it
+    reads: learning rates and the weight average's blend from tensors, momentum buffers and
+    Adam's moments created as zeros beforehand. Run eagerly here with those, the step gives the
+    same weights, average, optimizer state and losses as the trainer's eager step."""
     import itertools
 
-    from gpuaccel.train.step_graph import StepGraph
+    from gpuaccel.runtime.capture import prepare_graph_state, tensor_learning_rates
 
     cfg = TrainConfig(data="digits", epochs=1, batch_size=64, lr=0.2, momentum=0.9, nesterov=True,
                       bias_lr_scale=4.0, label_smoothing=0.1, grad_clip=0.5, ema=0.9, monitor=False,
                       cache_dir=None, optimizer=optimizer, muon_lr=0.1, device="cpu")
     usual = Trainer(cfg.replace(run_dir=str(tmp_path / "a")), dataset=digits, quiet=True)
     graphed = Trainer(cfg.replace(run_dir=str(tmp_path / "b")), dataset=digits, quiet=True)
-    assert usual.step_graph is None  # on the CPU the trainer never captures
-    graphed.step_graph = StepGraph(graphed.model, graphed.forward, graphed.optimizer, loss_fn=graphed.task.loss,
-                                   autocast=contextlib.nullcontext, grad_clip=cfg.grad_clip, ema=graphed.ema)
-    graphed.step_graph.prepare()
+    assert usual.step.uncaptured is not None  # on the CPU the trainer never captures
+    prepare_graph_state(graphed.optimizer)
+    rates = [[torch.zeros(()) for _ in graphed.optimizer.param_groups]]
     for images, labels in itertools.islice(usual.train_loader.batches(0), 6):
         expected = usual.train_step(images, labels)
-        assert torch.allclose(graphed.train_step(images, labels), expected, atol=1e-6)
+        graphed._ema_weight.fill_(graphed.ema.advance())
+        with tensor_learning_rates([graphed.optimizer], rates):
+            got = graphed._train_step([(images, labels)])
+        graphed.scheduler.step()
+        assert torch.allclose(got, expected, atol=1e-5)
     for a, b in zip(usual.model.state_dict().values(), graphed.model.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), atol=1e-5)
     for a, b in zip(usual.ema.module.state_dict().values(), graphed.ema.module.state_dict().values()):
@@ -258,15 +260,14 @@ def test_step_graph_code_trains_exactly_like_the_usual_step(tmp_path, digits, op
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_step_graph_records_each_batch_shape_and_replays_them_in_any_order():
+def test_a_captured_step_records_each_batch_shape_and_replays_them_in_any_order():
     """Progressive resizing trains on two or more batch shapes: each gets its own recording,
     and replaying them interleaved trains exactly like eager steps."""
-    import contextlib
     import copy
 
     import torch.nn as nn
 
-    from gpuaccel.train.step_graph import StepGraph
+    from gpuaccel.runtime import CapturedStep
 
     torch.manual_seed(0)
     graphed = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -275,7 +276,15 @@ def test_step_graph_records_each_batch_shape_and_replays_them_in_any_order():
     graphed_sgd = torch.optim.SGD(graphed.parameters(), lr=0.1, momentum=0.9, fused=True)
     eager_sgd = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9, fused=True)
     loss_fn = nn.functional.cross_entropy
-    step = StepGraph(graphed, graphed, graphed_sgd, loss_fn=loss_fn, autocast=contextlib.nullcontext)
+
+    def train_step(x, y):
+        graphed_sgd.zero_grad(set_to_none=True)
+        loss = loss_fn(graphed(x), y)
+        loss.backward()
+        graphed_sgd.step()
+        return loss.detach()
+
+    step = CapturedStep(train_step, [graphed_sgd], torch.device("cuda"), strict=True)
     batches = [(torch.randn(16, 3, side, side, device="cuda"), torch.randint(0, 4, (16,), device="cuda"))
                for side in (8, 6, 6, 8, 6, 8, 8)]
     saved = copy.deepcopy(graphed.state_dict()), copy.deepcopy(graphed_sgd.state_dict())
@@ -283,10 +292,10 @@ def test_step_graph_records_each_batch_shape_and_replays_them_in_any_order():
     step.warm(*batches[1])
     graphed.load_state_dict(saved[0])  # in place: the recordings must see the restored weights
     graphed_sgd.load_state_dict(saved[1])
-    step.capture()
+    step.record()
     assert len(step.recordings) == 2 and step.captured
     for x, y in batches:
-        got = step.run(x, y).clone()
+        got = step(x, y).clone()
         eager_sgd.zero_grad(set_to_none=True)
         expected = loss_fn(eager(x), y)
         expected.backward()

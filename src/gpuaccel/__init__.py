@@ -1,18 +1,33 @@
-"""gpuaccel: fast deep-learning training and inference on NVIDIA GPUs, the same code on a CPU."""
+"""gpuaccel: fast deep-learning training and inference on NVIDIA GPUs, the same code on a CPU.
+
+Importing the package changes nothing in the importing process (no environment variables, no
+interpreter settings); its parts are imported when first used (``gpuaccel.Trainer``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .caches import use_bytecode_cache, use_compile_cache  # noqa: E402  (first: before anything imports torch)
+# what the package offers, and the module each comes from (imported on first use)
+_EXPORTS = {
+    "Accelerator": ".accelerator", "GpuaccelError": ".errors", "ImageDataset": ".data", "StreamingDataset": ".data",
+    "load_dataset": ".data", "open_dataset": ".data", "create_model": ".models", "list_models": ".models",
+    "register_model": ".models", "TrainConfig": ".train", "Trainer": ".train",
+}
+__all__ = sorted([*_EXPORTS, "tasks", "__version__"])
 
-use_bytecode_cache()
-use_compile_cache()
 
-from . import tasks  # noqa: E402  (gpuaccel.tasks: Classification, Regression, CustomTask, ...)
-from .accelerator import Accelerator  # noqa: E402
-from .data import ImageDataset, StreamingDataset, load_dataset, open_dataset  # noqa: E402
-from .errors import GpuaccelError  # noqa: E402
-from .models import create_model, list_models, register_model  # noqa: E402
-from .train import TrainConfig, Trainer  # noqa: E402
+def __getattr__(name: str):
+    if name == "tasks":
+        return importlib.import_module(".tasks", __name__)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # (once: later reads find it directly)
+        return value
+    raise AttributeError(f"module 'gpuaccel' has no attribute {name!r}")
 
-__all__ = ["Accelerator", "GpuaccelError", "ImageDataset", "StreamingDataset", "TrainConfig", "Trainer", "create_model",
-           "list_models", "load_dataset", "open_dataset", "register_model", "tasks", "__version__"]
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,81 +1,77 @@
-"""``gpuaccel.Accelerator``: gpuaccel's device, precision, data placement and parallel
-strategies for a training loop the user keeps (HF Accelerate's ``prepare``, Lightning
-Fabric's ``setup``).
+"""``gpuaccel.Accelerator``: the runtime's public face, for a training loop the user keeps (HF
+Accelerate's ``prepare``, Lightning Fabric's ``setup``). ``Trainer`` is a loop written on it.
 
     acc = gpuaccel.Accelerator()
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     for x, y in loader:                       # batches arrive on the device
-        with acc.autocast():
-            loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x), y)   # the forward pass runs in the chosen precision
         acc.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
 
-It is built from the pieces ``Trainer`` uses, not a second copy of them: the device and
-precision choice (``device.py``), the parallel strategies (``parallel/``: one device, DDP,
-FSDP), the device-resident tensor loader and the one-step-ahead copies (``data/``), and the
-atomic checkpoint files (``files.py``). Under torchrun each process joins the process group,
-trains its replica (or shard) and reads its shard of every loader.
+Everything it does is ``gpuaccel.runtime``'s: the process group, device and precision
+(``placement``), the parallel strategy (``strategy``), the device-resident and prefetching
+loaders (``loaders``) and the whole step as CUDA graphs (``capture``). Under torchrun each
+process joins the process group, trains its replica (or shard) and reads its shard of every
+loader.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader
 
-from .compiling import COMPILE_MODES, compile_arguments
-from .data.loader import DeviceCopies, resident_budget
-from .data.tensors import TensorLoader, gather_tensors
-from .device import resolve_device, resolve_precision
+from .compiling import COMPILE_MODES, compile_module
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
 from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
-from .parallel import DataParallel, Distributed, Sharded, SingleDevice, Strategy
+from .parallel import DataParallel, Sharded, Strategy
 from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
-from .train.step_graph import CapturedStep
-
-STRATEGIES = ("auto", "ddp", "fsdp")
+from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
+from .runtime.strategy import STRATEGIES
 
 
 class Accelerator:
-    def __init__(self, device: str = "auto", precision: str = "auto", compile: bool = False,
-                 compile_mode: str = "default", strategy: str = "auto", channels_last: bool | None = None,
-                 monitor: bool = True):
+    def __init__(self, device="auto", precision="auto", compile: bool = False, compile_mode: str = "default",
+                 strategy: str | Strategy = "auto", channels_last: bool | None = None, monitor: bool = True):
         """``device``: auto (a CUDA GPU if there is one), cpu, cuda or cuda:N; ``precision``: auto
-        (bf16 on GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU), fp32,
-        bf16 or fp16; ``compile``: torch.compile the prepared models; ``strategy``: with several
-        processes, ddp (auto) or fsdp; ``channels_last``: NHWC for models with convolutions
-        (default on GPUs); ``monitor``: sample the GPU's utilisation, memory and power in the
-        background for :meth:`stats` (NVML, as ``Trainer`` does)."""
-        if strategy not in STRATEGIES:
-            raise choice_error("strategy", strategy, STRATEGIES)
+        (bf16 on GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU), or fp32,
+        bf16, fp16 in any spelling ('bfloat16', torch.bfloat16, 'bf16-mixed', 'half', ...);
+        ``compile``: torch.compile the prepared models (``compile_mode``: torch.compile's mode);
+        ``strategy``: with several processes, ddp (auto) or fsdp, or a ``gpuaccel.parallel``
+        strategy object; ``channels_last``: NHWC for models with convolutions (default on GPUs);
+        ``monitor``: sample the GPU's utilisation, memory and power in the background for
+        :meth:`stats` (NVML)."""
+        if not isinstance(strategy, Strategy) and strategy not in STRATEGIES:
+            raise choice_error("strategy", strategy, STRATEGIES + ("or a gpuaccel.parallel.Strategy",))
         if compile_mode not in COMPILE_MODES:
             raise choice_error("compile mode", compile_mode, COMPILE_MODES)
-        self.dist = Distributed.from_env()
-        self.device = self.dist.device(device) if self.dist.active else resolve_device(device)
-        self.dist.init(self.device)
-        self.precision = resolve_precision(precision, self.device)
-        self.compile, self.compile_mode, self.strategy_name = compile, compile_mode, strategy
-        self.channels_last = channels_last
+        self.placement = Placement.resolve(device, precision)
+        self.dist, self.device, self.precision = self.placement.dist, self.placement.device, self.placement.precision
+        self.compile, self.compile_mode, self.channels_last = compile, compile_mode, channels_last
+        self.strategy_name = strategy.name if isinstance(strategy, Strategy) else strategy
+        self._given_strategy = strategy if isinstance(strategy, Strategy) else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self._strategies: "weakref.WeakKeyDictionary[nn.Module, Strategy]" = weakref.WeakKeyDictionary()
         self._layout = torch.contiguous_format  # of image batches: channels_last once a model is
-        self._optimizers: list[PreparedOptimizer] = []
-        self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._scaled: list[ScaledOptimizer] = []  # (fp16: the prepared optimizers, stepped through the scaler)
         self._captured_steps: list[CapturedStep] = []
-        self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders
+        self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
+        self._syncing = True  # False inside no_sync(): backward keeps the gradients local
+        self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders and timed()
         self._sampler = GpuSampler(None, [self.device.index or 0]) if monitor and self.device.type == "cuda" \
             else None
         if self._sampler is not None:
@@ -104,18 +100,24 @@ class Accelerator:
     # ------------------------------------------------------------------ prepare
 
     def prepare(self, *objects, device_resident: bool | None = None):
-        """Returns each object ready for this device and process, in the order given: a model
-        (moved, laid out, wrapped by the parallel strategy, optionally compiled), an optimizer
-        (loss scaling in ``step`` where fp16 needs it), a DataLoader (batches on the device, this
-        process's shard), a learning-rate scheduler (as it is). ``device_resident``: gather each
-        loader's data set onto the device once and batch it there (default: for a TensorDataset
-        that fits); False always copies batches from the loader's workers one step ahead."""
+        """Returns each object ready for this device and process, in the order given:
+
+        - a model: moved, laid out (channels-last on a GPU when it has convolutions), its forward
+          pass run in the chosen precision (outputs in float32), wrapped by the parallel
+          strategy, compiled with ``compile=True`` (a model compiled before is prepared inside
+          its compiled wrapper and compiled again);
+        - an optimizer: its fused (or capturable) update on a GPU, so that a captured step can
+          hold it; under fp16, ``step`` goes through the loss scaler;
+        - a DataLoader: batches on the device, this process's shard, its attributes kept. Its
+          data set lives on the device when that is safe (``device_resident``: True forces it,
+          False never; see ``runtime.loaders.prepare_loader``), else batches are prefetched;
+        - a learning-rate scheduler: as it is."""
         prepared = []
         for obj in objects:
             if isinstance(obj, nn.Module):
-                prepared.append(self._prepare_model(obj))
+                prepared.append(self.prepare_model(obj))
             elif isinstance(obj, torch.optim.Optimizer):
-                prepared.append(self._prepare_optimizer(obj))
+                prepared.append(self.prepare_optimizer(obj))
             elif isinstance(obj, DataLoader):
                 prepared.append(self._prepare_loader(obj, device_resident))
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
@@ -125,106 +127,133 @@ class Accelerator:
                                     f"{type(obj).__name__}")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _strategy(self) -> Strategy:
-        place = dict(device=self.device, rank=self.rank, world_size=self.world_size)
-        if self.strategy_name == "fsdp":
-            return Sharded(**place)
-        if self.dist.active:
-            return DataParallel(**place)
-        return SingleDevice(**place)
+    def prepare_model(self, model: nn.Module, *, strategy: Strategy | None = None, forward_precision: bool = True,
+                      **wrap_options) -> nn.Module:
+        """:meth:`prepare` for one model, with more control: ``strategy`` (a parallel strategy object,
+        instead of the accelerator's), ``forward_precision`` (False: the forward pass keeps the
+        precision it is called in, for callers that enter :meth:`autocast` themselves) and the
+        strategy's ``wrap`` options. Returns what a training step calls."""
+        wrapped = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: prepare what it wraps, compile it alike
+        if wrapped is not None:
+            prepared = self.prepare_model(wrapped, strategy=strategy, forward_precision=forward_precision,
+                                          **wrap_options)
+            return _compiled_like(model, prepared, self.compile_mode)
+        strategy = self.strategy_for(model, strategy)
+        self.place_model(model, strategy)
+        if forward_precision and self.precision.autocast_dtype is not None:
+            _run_forward_in(model, self.precision, self.device)
+        strategy.wrap(model, **wrap_options)
+        return self._compile(strategy.training_module)
 
-    def _prepare_model(self, model: nn.Module) -> nn.Module:
-        has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        channels_last = (self.device.type == "cuda" and has_conv) if self.channels_last is None \
-            else self.channels_last
-        # FSDP shards contiguous parameters only
-        layout = torch.channels_last if channels_last and self.strategy_name != "fsdp" else torch.preserve_format
-        model.to(self.device, memory_format=layout)
+    def strategy_for(self, model: nn.Module, strategy: Strategy | None = None) -> Strategy:
+        """The parallel strategy ``model`` trains with (``strategy``, the accelerator's, or the one its
+        settings choose), recorded for :meth:`no_sync`, :meth:`clip_grad_norm_` and :meth:`save`."""
+        if model not in self._strategies:
+            self._strategies[model] = strategy or self._given_strategy or \
+                choose_strategy(self.placement, self.strategy_name)
+        return self._strategies[model]
+
+    def place_model(self, model: nn.Module, strategy: Strategy | None = None) -> bool:
+        """Moves ``model`` to the device in its memory layout (channels-last on a GPU when it has
+        convolutions, unless FSDP shards it; a strategy that places the parameters itself, such as
+        pipeline stages or CPU offload, gets it on the host). Returns whether it is channels-last."""
+        strategy = self.strategy_for(model, strategy)
+        channels_last = self.placement.channels_last(model, self.channels_last)
+        layout = torch.channels_last if channels_last and not isinstance(strategy, Sharded) else torch.preserve_format
+        model.to(torch.device("cpu") if strategy.places_parameters else self.device, memory_format=layout)
         if channels_last:
             self._layout = torch.channels_last  # the loaders lay out image batches to match
-        strategy = self._strategy()
-        strategy.wrap(model)
-        prepared = strategy.training_module
-        if self.compile:
-            prepared = torch.compile(prepared, **compile_arguments(self.compile_mode))
-        self._strategies[prepared] = strategy
-        return prepared
+        return channels_last
 
-    def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> "PreparedOptimizer":
-        if self.strategy_name == "fsdp":
+    def _compile(self, module: nn.Module):
+        return compile_module(module, self.compile_mode) if self.compile else module
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """:meth:`prepare` for one optimizer."""
+        if self._shards():
             from torch.distributed.tensor import DTensor
 
             if any(not isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"]):
                 raise GpuaccelError("with strategy='fsdp', create the optimizer from the prepared model's "
                                     "parameters: model = acc.prepare(model), then optimizer, then "
                                     "acc.prepare(optimizer)")
-        prepared = PreparedOptimizer(optimizer, self.scaler)
-        self._optimizers.append(prepared)
-        return prepared
+        elif self.device.type == "cuda":
+            make_capturable(optimizer)  # (fused where PyTorch has it: faster captured or not)
+        self._optimizers.append(optimizer)
+        if not self.scaler.is_enabled():
+            return optimizer
+        self._scaled.append(ScaledOptimizer(optimizer, self.scaler))
+        return self._scaled[-1]
 
     def _prepare_loader(self, loader: DataLoader, device_resident: bool | None):
-        shuffle = isinstance(loader.sampler, RandomSampler)
-        dataset = loader.dataset
-        tensors = None
-        if device_resident is not False and loader.batch_size is not None and \
-                (device_resident or isinstance(dataset, TensorDataset)):
-            tensors = gather_tensors(dataset, resident_budget(self.device))
-            if tensors is None and device_resident:
-                raise GpuaccelError("device_resident=True: the data set's items do not stack into tensors that "
-                                    "fit on the device (or they change from one read to the next)")
-        if tensors is not None:
-            # every process must draw the same order to take disjoint shards of it: rank 0's seed
-            seed = self.dist.broadcast(torch.initial_seed() % 2**31) if self.dist.active else \
-                torch.initial_seed() % 2**31
-            return ResidentLoader(tensors, batch_size=loader.batch_size, device=self.device, shuffle=shuffle,
-                                  drop_last=loader.drop_last, rank=self.rank, world_size=self.world_size, seed=seed,
-                                  layout=self._layout, meter=self._data_wait)
-        if self.dist.active and not isinstance(loader.sampler, DistributedSampler):
-            sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle)
-            loader = DataLoader(dataset, batch_size=loader.batch_size, sampler=sampler,
-                                num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                                pin_memory=self.device.type == "cuda", drop_last=loader.drop_last,
-                                persistent_workers=loader.persistent_workers)
-        return PrefetchLoader(loader, self.device, layout=self._layout, meter=self._data_wait)
+        def shared_seed() -> int:  # every process draws the same order to take disjoint shards of it
+            return self.dist.broadcast(torch.initial_seed() % 2**31)
+
+        return prepare_loader(loader, self.device, resident=device_resident, layout=self._layout,
+                              meter=self._data_wait, rank=self.rank, world_size=self.world_size,
+                              shared_seed=shared_seed)
 
     # ------------------------------------------------------------------ the step
 
     def autocast(self):
-        """The precision's autocast context for the forward pass and the loss."""
+        """The precision's autocast context (prepared models enter it themselves; use this for
+        code around them, e.g. a loss computed in the chosen precision)."""
         return self.precision.autocast(self.device)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled where fp16 needs it."""
+        """``loss.backward()``, scaled where fp16 needs it (and, in a captured step with several
+        processes, the gradients averaged over them unless inside :meth:`no_sync`)."""
         self.scaler.scale(loss).backward()
-        if self._reduce_in_backward:
+        if self._reduce_in_backward and self._syncing:
             average_gradients([p.grad for model in self._strategies for p in model.parameters() if p.grad is not None])
 
-    def capture(self, step_fn, *, warmup: int = 3) -> CapturedStep:
-        """``step_fn`` (forward, ``acc.backward``, optimizer step, all on the batch it is given)
-        as one CUDA graph: the first ``warmup`` calls run it as it is, the next records and
-        replays it, every later call only copies its batch in and replays (one launch for the
-        whole step). With several processes the gradient all-reduce is recorded inside it
-        (``acc.backward`` does it, in place of DDP's hooks). What it returns is overwritten by the
-        next call. Off a GPU the step runs uncaptured, with one notice."""
-        if self.strategy_name == "fsdp":
-            raise GpuaccelError("capture() is not available with strategy='fsdp' (FSDP gathers and frees "
-                                "parameters on the host between layers); use strategy='ddp'")
-        if self.compile and self.compile_mode == "reduce-overhead":
-            raise GpuaccelError("capture() records the whole step as one CUDA graph already; use compile_mode="
-                                "'default' (compiled kernels without torch.compile's own graphs)")
-        if self.precision.loss_scaling:
-            raise GpuaccelError("capture() needs bf16 or fp32: fp16's loss scaling decides on the host whether "
-                                "each step is taken; use precision='bf16' (or fp32)")
-        if self.device.type != "cuda":
-            warnings.warn("capture(): CUDA graphs need a GPU; on the CPU the step runs uncaptured", stacklevel=2)
-        elif self.dist.active:
+    def capture(self, step_fn=None, *, warmup: int = 3, strict: bool = False):
+        """``step_fn`` (forward, backward, optimizer step, all on the arguments it is given) as one
+        CUDA graph, replayed: the first ``warmup`` calls run it as it is, the next records and
+        replays it, every later call copies its tensor arguments in and replays (one launch for
+        the whole step). Each new shape of the arguments is warmed up and recorded too (up to
+        four; more run eagerly). Several micro-batches may be accumulated inside one step. With
+        several processes the gradient all-reduce is recorded inside it (``acc.backward`` does
+        it, in place of DDP's hooks). What the step returns is overwritten by the next call.
+
+        Where a step cannot be captured (no GPU, fp16 loss scaling, FSDP, a host synchronisation
+        such as ``.item()`` inside it, ...), it runs as it is, after one warning naming the cause
+        (``strict=True``: a GpuaccelError instead). Also a decorator: ``@acc.capture`` or
+        ``@acc.capture(warmup=5)``."""
+        if step_fn is None:
+            return functools.partial(self.capture, warmup=warmup, strict=strict)
+        step = CapturedStep(step_fn, self._optimizers, self.device, warmup=warmup, strict=strict)
+        obstacle = self._capture_obstacle()
+        if obstacle is not None:
+            if strict:
+                raise GpuaccelError(f"capture(): {obstacle}")
+            warnings.warn(f"capture(): {obstacle}: the step runs uncaptured", stacklevel=2)
+            step.uncaptured = obstacle
+            return step
+        if self.dist.active:
             self._without_ddp_hooks()
-        step = CapturedStep(step_fn, [o.optimizer for o in self._optimizers], self.device, warmup=warmup)
         self._captured_steps.append(step)
         return step
 
+    def _shards(self) -> bool:
+        """Whether models are sharded (FSDP) here."""
+        return self.strategy_name == "fsdp" or isinstance(self._given_strategy, Sharded) or \
+            any(isinstance(s, Sharded) for s in self._strategies.values())
+
+    def _capture_obstacle(self) -> str | None:
+        if self._shards():
+            return "not with strategy='fsdp' (FSDP gathers and frees parameters on the host between layers)"
+        if self.compile and self.compile_mode == "reduce-overhead":
+            return ("compile_mode='reduce-overhead' records CUDA graphs of its own; use compile_mode='default' "
+                    "(compiled kernels, captured here)")
+        if self.precision.loss_scaling:
+            return "fp16's loss scaling decides on the host whether each step is taken; use precision='bf16'"
+        if self.device.type != "cuda":
+            return "CUDA graphs need a GPU"
+        return None
+
     def _without_ddp_hooks(self) -> None:
-        """Data parallel as the trainer's step graph does it (parallel/graph_data_parallel.py):
+        """Data parallel as the trainer's captured step does it (parallel/graph_data_parallel.py):
         DDP's reducer runs hooks on the host during the backward pass, which a replay skips, and
         it keeps each parameter's gradient accumulator from the stream it was made on, which a
         capture may not wait for. So each prepared DDP model calls its module directly from now
@@ -238,22 +267,45 @@ class Accelerator:
         self._reduce_in_backward = True
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
-        """Clips the gradients' norm (unscaled first, under fp16); returns the norm before."""
-        if self.scaler.is_enabled():
-            for optimizer in self._optimizers:
-                optimizer.unscale()
+        """Clips the gradients' norm (unscaled first, under fp16); returns the norm before.
+        ``parameters``: an iterable of them, or a prepared model (its strategy clips: a sharded or
+        pipelined model's norm is the whole model's)."""
+        for optimizer in self._scaled:
+            optimizer.unscale()
+        strategy = self._strategy_of(parameters) if isinstance(parameters, nn.Module) else None
+        if strategy is not None:
+            return strategy.clip_gradients(max_norm)
+        if isinstance(parameters, nn.Module):
+            parameters = parameters.parameters()
         return nn.utils.clip_grad_norm_(parameters, max_norm)
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module):
         """Keeps gradients local for a micro-batch of an accumulation (no all-reduce)."""
-        strategy = self._strategies.get(model)
+        strategy = self._strategy_of(model)
         if strategy is None:
             raise GpuaccelError("no_sync() takes a model that prepare() returned")
-        with strategy.gradient_sync(False):
-            yield
+        self._syncing = False
+        try:
+            with strategy.gradient_sync(False):
+                yield
+        finally:
+            self._syncing = True
         if isinstance(strategy, Sharded):
             strategy.gradient_sync(True)
+
+    def _strategy_of(self, model: nn.Module) -> Strategy | None:
+        """The strategy of a prepared model, also seen through the wrappers around it (torch.compile's,
+        DDP's)."""
+        while model is not None:
+            strategy = self._strategies.get(model)
+            if strategy is not None:
+                return strategy
+            for wrapped in self._strategies.values():
+                if wrapped.training_module is model:
+                    return wrapped
+            model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        return None
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every process's ``tensor`` concatenated along dimension 0 (each process gets it all)."""
@@ -267,9 +319,8 @@ class Accelerator:
         """Ends a run: stops the GPU sampler; with several processes, waits for every process,
         releases the captured steps and the parallel wrappers this accelerator made, then leaves
         the process group. Call it last (the prepared models no longer synchronise afterwards).
-        Destroying the group while a DDP wrapper still held it
-        left one process of two hanging in the wrapper's destructor about one run in four
-        (torch 2.13, gloo, two CPU processes)."""
+        Destroying the group while a DDP wrapper still held it left one process of two hanging in
+        the wrapper's destructor about one run in four (torch 2.13, gloo, two CPU processes)."""
         if self._sampler is not None:
             self._sampler.stop()
         if not self.dist.active or not torch.distributed.is_initialized():
@@ -284,12 +335,25 @@ class Accelerator:
         gc.collect()
         self.dist.close()
 
+    # ------------------------------------------------------------------ measuring
+
+    def timed(self, get_batch):
+        """``get_batch`` (a function that returns a batch, e.g. a script's own ``get_batch(split)``),
+        with the wait for each call counted in :meth:`stats`' data wait, as the prepared loaders'
+        batches are."""
+        meter = self._data_wait
+
+        @functools.wraps(get_batch)
+        def timed_call(*args, **kwargs):
+            return meter.time_call(get_batch, *args, **kwargs)
+        return timed_call
+
     def stats(self) -> dict:
         """Since the previous call (or the first batch): the seconds, the share of them spent
-        waiting for the prepared loaders' batches (read off the GPU's timeline, as ``Trainer``
-        reports its data wait), and the GPU's mean utilisation (%), memory used (MiB) and power
-        (W) from NVML samples (None without them; ``gpu_monitor`` says why). It waits for the
-        GPU: call it where the loop would anyway, e.g. once per epoch."""
+        waiting for batches (of the prepared loaders and :meth:`timed` functions, read off the
+        GPU's timeline, as ``Trainer`` reports its data wait), and the GPU's mean utilisation (%),
+        memory used (MiB) and power (W) from NVML samples (None without them; ``gpu_monitor`` says
+        why). It waits for the GPU: call it where the loop would anyway, e.g. once per epoch."""
         waited = self._data_wait.read()
         sampler = self._sampler
         now = time.perf_counter() - sampler.origin if sampler is not None and sampler.origin is not None else 0.0
@@ -304,35 +368,42 @@ class Accelerator:
 
     def _state_of(self, obj):
         if isinstance(obj, nn.Module):
-            strategy = self._strategies.get(obj)
-            return strategy.gather_state(None)[0] if strategy is not None else \
-                {k: v.detach().cpu() for k, v in obj.state_dict().items()}
-        return obj.state_dict()
+            strategy = self._strategy_of(obj)
+            if strategy is not None:
+                return strategy.gather_state(None)[0]
+            module = getattr(obj, "_orig_mod", obj)  # (no '_orig_mod.' prefixes from a compiled model)
+            return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        return obj  # a plain value: a number, a string, a list or dict of them, a tensor
 
     def _sharded(self, objects: dict):
         """With ``strategy="fsdp"``: (the one prepared model's sharded module, the optimizer or
         None, the other objects by name), as a sharded save writes them; None otherwise."""
-        if self.strategy_name != "fsdp":
+        if not self._shards():
             return None
-        models = [o for o in objects.values() if isinstance(self._strategies.get(o), Sharded)]
-        optimizers = [o for o in objects.values() if isinstance(o, (PreparedOptimizer, torch.optim.Optimizer))]
+        models = [o for o in objects.values() if isinstance(o, nn.Module) and
+                  isinstance(self._strategy_of(o), Sharded)]
+        optimizers = [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
         if len(models) != 1 or len(optimizers) > 1:
             raise GpuaccelError("a sharded save takes one prepared model and at most one optimizer (it pairs "
                                 "the optimizer's state with that model's shards)")
         rest = {n: o for n, o in objects.items() if o is not models[0] and not any(o is p for p in optimizers)}
         optimizer = getattr(optimizers[0], "optimizer", optimizers[0]) if optimizers else None
-        return self._strategies[models[0]].model, optimizer, rest
+        return self._strategy_of(models[0]).model, optimizer, rest
 
     def save(self, path, **objects) -> None:
-        """Writes the named objects' state (models, optimizers, schedulers, any object with
-        ``state_dict``) to ``path`` atomically, from the main process. With ``strategy="fsdp"``,
-        ``path`` becomes a folder of torch.distributed.checkpoint shards: each process writes its
-        own part of the model and optimizer, nothing is gathered, and every process calls it."""
+        """Writes the named objects' state to ``path`` atomically, from the main process: models (a
+        prepared model's plain weights), optimizers, schedulers, anything with ``state_dict``, and
+        plain values (``step=5``, ``best=0.91``, lists and dicts of them, tensors). With
+        ``strategy="fsdp"``, ``path`` becomes a folder of torch.distributed.checkpoint shards
+        instead: each process writes its own part of the model and optimizer, nothing is
+        gathered, and every process calls it."""
         sharded = self._sharded(objects)
         if sharded is not None:
             model, optimizer, rest = sharded
             save_sharded(path, model, optimizer,
-                         {**{n: o.state_dict() for n, o in rest.items()}, "_scaler": self.scaler.state_dict()})
+                         {**{n: self._state_of(o) for n, o in rest.items()}, "_scaler": self.scaler.state_dict()})
             return
         state = {name: self._state_of(obj) for name, obj in objects.items()}
         state["_scaler"] = self.scaler.state_dict()
@@ -340,8 +411,10 @@ class Accelerator:
             atomic_write(Path(path), lambda f: torch.save(state, f))
         self.dist.barrier()
 
-    def load(self, path, **objects) -> None:
-        """Restores what :meth:`save` wrote into the named objects (every process reads the file)."""
+    def load(self, path, **objects) -> dict:
+        """Restores what :meth:`save` wrote into the named objects (every process reads the file);
+        returns everything the file holds by name, the plain values among it (``acc.load(path,
+        model=model)["step"]``)."""
         path = Path(path)
         if path.is_dir():
             sharded = self._sharded(objects)
@@ -349,48 +422,66 @@ class Accelerator:
                 raise GpuaccelError(f"{path} is a sharded checkpoint: load it into a model prepared with "
                                     f"strategy='fsdp'")
             model, optimizer, rest = sharded
-            extra = load_sharded(path, model, optimizer)
-            for name, obj in rest.items():
-                if name not in extra:
-                    raise GpuaccelError(f"{path} holds no state for {name}")
-                obj.load_state_dict(extra[name])
-            self.scaler.load_state_dict(extra["_scaler"])
-            return
+            state = load_sharded(path, model, optimizer)
+            self._restore(path, {n: o for n, o in rest.items()}, state)
+            return state
         if not path.is_file():
             raise GpuaccelError(f"{path} does not exist")
         state = torch.load(path, map_location="cpu", weights_only=True)
+        self._restore(path, objects, state)
+        return state
+
+    def _restore(self, path: Path, objects: dict, state: dict) -> None:
         missing = sorted(set(objects) - set(state))
         if missing:
             raise GpuaccelError(f"{path} holds no state for {', '.join(missing)} (it has: "
                                 f"{', '.join(k for k in state if not k.startswith('_'))})")
         for name, obj in objects.items():
-            strategy = self._strategies.get(obj) if isinstance(obj, nn.Module) else None
+            strategy = self._strategy_of(obj) if isinstance(obj, nn.Module) else None
             if isinstance(strategy, Sharded):  # a whole state dict into a sharded model: each takes its shards
                 load_full_state(strategy.model, None, state[name], None)
             elif strategy is not None:
                 strategy.model.load_state_dict(state[name])
-            else:
+            elif isinstance(obj, nn.Module):
+                getattr(obj, "_orig_mod", obj).load_state_dict(state[name])
+            elif hasattr(obj, "load_state_dict"):
                 obj.load_state_dict(state[name])
+            else:
+                raise GpuaccelError(f"load() restores into objects with load_state_dict; {name}= is a "
+                                    f"{type(obj).__name__} (read plain values from what load() returns)")
         self.scaler.load_state_dict(state["_scaler"])
 
 
-class PreparedOptimizer:
-    """The user's optimizer; ``step`` goes through the loss scaler under fp16 (it skips a step
-    whose gradients overflowed and adjusts the scale). Everything else is the optimizer's."""
+class ScaledOptimizer(torch.optim.Optimizer):
+    """The user's optimizer under fp16: ``step`` goes through the loss scaler (it skips a step
+    whose gradients overflowed and adjusts the scale). Everything else is the optimizer's own,
+    and schedulers take it as the optimizer it wraps."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler):
+        # (not Optimizer.__init__: the groups, state and defaults are the wrapped optimizer's)
         self.optimizer, self.scaler = optimizer, scaler
         self._unscaled = False
 
     def unscale(self) -> None:
+        """Divides the gradients by the loss scale, once per step (for clipping)."""
         if not self._unscaled:
             self.scaler.unscale_(self.optimizer)
             self._unscaled = True
 
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
     def step(self, closure=None):
         self._unscaled = False
-        if not self.scaler.is_enabled():
-            return self.optimizer.step(closure)
         result = self.scaler.step(self.optimizer)
         self.scaler.update()
         return result
@@ -398,56 +489,48 @@ class PreparedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
     def __getattr__(self, name):
-        return getattr(self.optimizer, name)
+        return getattr(self.__dict__["optimizer"], name)
 
 
-class ResidentLoader:
-    """A DataLoader's data set gathered onto the device once: each epoch (each ``iter``) is a
-    new seeded order, this process's shard, batched by indexing on the device."""
+def _run_forward_in(model: nn.Module, precision, device: torch.device) -> None:
+    """``model``'s forward pass runs under ``precision``'s autocast and returns float32 outputs (a
+    loss computed outside then sees full-precision values), as HF Accelerate's prepared models do.
+    The module keeps its class and state-dict keys: only its ``forward`` attribute changes."""
+    if getattr(model, "_gpuaccel_forward", None) is not None:
+        return
+    original = model.forward
 
-    def __init__(self, tensors, *, batch_size: int, device: torch.device, shuffle: bool, drop_last: bool,
-                 rank: int, world_size: int, seed: int, layout=torch.contiguous_format,
-                 meter: DataWaitMeter | None = None):
-        self._loader = TensorLoader(tensors, batch_size=batch_size, device=device, train=shuffle, seed=seed,
-                                    rank=rank, world_size=world_size, drop_last=drop_last)
-        self.layout, self.meter = layout, meter or DataWaitMeter(device)
-        self.epoch = 0
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        with precision.autocast(device):
+            outputs = original(*args, **kwargs)
+        return tree_map(_to_float32, outputs)
 
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self) -> Iterator:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        return self.meter.timed(_laid_out(batch, self.layout) for batch in self._loader.batches(epoch))
+    model._gpuaccel_forward = original
+    model.forward = forward
 
 
-class PrefetchLoader:
-    """A DataLoader whose batches arrive on the device, copied from pinned memory one step
-    ahead on a side stream (``set_epoch`` on a DistributedSampler at each ``iter``)."""
-
-    def __init__(self, loader: DataLoader, device: torch.device, layout=torch.contiguous_format,
-                 meter: DataWaitMeter | None = None):
-        self.loader, self.device, self.layout = loader, device, layout
-        self.meter = meter or DataWaitMeter(device)
-        self._copies = DeviceCopies(device)
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator:
-        if hasattr(self.loader.sampler, "set_epoch"):
-            self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return self.meter.timed(_laid_out(batch, self.layout) for batch in self._copies(iter(self.loader)))
+def _compiled_like(compiled: nn.Module, module: nn.Module, mode: str) -> nn.Module:
+    """``module`` compiled as ``compiled`` (a user's torch.compile wrapper) compiles what it wraps:
+    with the same backend and options; where torch's wrapper cannot be made again, in ``mode``."""
+    context = getattr(compiled, "dynamo_ctx", None)
+    if module is getattr(compiled, "_orig_mod", None):
+        return compiled
+    try:
+        return type(compiled)(module, context)
+    except (TypeError, AttributeError):
+        return compile_module(module, mode)
 
 
-def _laid_out(batch, layout):
-    """Image batches (4-D floating tensors) in the prepared model's memory layout, as the
-    trainer's loaders deliver them: a channels-last convolution fed NCHW would convert it itself,
-    every layer."""
-    if layout is torch.contiguous_format:
-        return batch
-    return tree_map(lambda t: t.contiguous(memory_format=layout)
-                    if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point() else t, batch)
+def _to_float32(value):
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    return value
+

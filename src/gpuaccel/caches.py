@@ -1,8 +1,9 @@
 """Where gpuaccel keeps what it computes once per machine: decoded data sets, compiled kernels
 and, where the interpreter is told not to write it beside the sources, Python bytecode.
 
-This module imports nothing heavy: ``gpuaccel/__init__.py`` calls :func:`use_bytecode_cache`
-and :func:`use_compile_cache` before anything imports torch.
+This module imports nothing heavy: the ``gpuaccel`` command calls :func:`use_bytecode_cache` and
+:func:`use_compile_cache` before anything imports torch; ``Trainer`` and ``Accelerator`` call
+:func:`use_compile_cache` when they compile (importing the package changes nothing).
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def use_compile_cache() -> str:
     """Points torch.compile's caches (Inductor's compiled graphs, and Triton's kernels inside
     them) at ``<cache root>/inductor``, unless ``TORCHINDUCTOR_CACHE_DIR`` is set; returns the folder.
 
-    Why at import: Inductor settles its folder the first time anything asks for it, writing its
-    default (``/tmp/torchinductor_<user>``) into the environment, and importing Dynamo asks
-    (torch/_dynamo/package.py). Set later, the folder depended on what had imported Dynamo
-    first: on an H200, a run that decoded its data set used one folder and the next run, reading
-    the decoded cache, the other, and compiled everything again (20 s; docs/results.md)."""
+    Why before torch is imported: Inductor settles its folder the first time anything asks for
+    it, writing its default (``/tmp/torchinductor_<user>``) into the environment, and importing
+    Dynamo asks (torch/_dynamo/package.py). Set later, the folder depended on what had imported
+    Dynamo first: on an H200, a run that decoded its data set used one folder and the next run,
+    reading the decoded cache, the other, and compiled everything again (20 s; docs/results.md).
+    From Python, where Dynamo may have settled it already, PyTorch's folder is kept."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not folder:
         folder = str(cache_root() / "inductor")

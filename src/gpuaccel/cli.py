@@ -18,7 +18,8 @@ import warnings
 from pathlib import Path
 
 
-from .errors import GpuaccelError
+from .caches import use_bytecode_cache, use_compile_cache
+from .errors import GpuaccelError, speaking_to_the_command_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -774,6 +775,13 @@ def _format_warning(message, category, filename, lineno, line=None):
     return f"gpuaccel: warning: {message}\n"
 
 
+def set_up_process() -> None:
+    """What the command does first, before torch is imported: its caches (caches.py), for itself
+    and its child processes. Importing gpuaccel as a library does none of it."""
+    use_bytecode_cache()
+    use_compile_cache()
+
+
 def run() -> None:
     """The ``gpuaccel`` command (and ``python -m gpuaccel``): :func:`main`, then the process ends
     as the interpreter would end it, less the interpreter's own finalisation.
@@ -783,6 +791,7 @@ def run() -> None:
     H200, and did nothing a user sees: every file gpuaccel writes is closed by then. The exit
     does what CPython's does before that finalisation, in its order: :func:`_end_threads`, then
     the exit handlers (compile workers, loader processes and logging are shut down there)."""
+    set_up_process()
     code = main()
     _end_threads()
     atexit._run_exitfuncs()  # (CPython's own exit path calls the same, after the threads end)
@@ -807,6 +816,7 @@ def _end_threads() -> None:
 
 def main(argv=None) -> int:
     warnings.formatwarning = _format_warning
+    speaking_to_the_command_line(True)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
@@ -821,3 +831,5 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("gpuaccel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        speaking_to_the_command_line(False)  # (main may be called from Python, e.g. by tests)

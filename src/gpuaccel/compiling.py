@@ -33,6 +33,18 @@ def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
     return {"options": {**torch._inductor.list_mode_options(mode), "coordinate_descent_tuning": True}}
 
 
+def compile_module(module, mode: str, tune_kernels: bool = False):
+    """``torch.compile(module)`` as gpuaccel compiles, for ``Trainer`` and ``Accelerator`` alike: in
+    ``mode`` (above), with static shapes, its kernels cached on disk (``caches.use_compile_cache``:
+    only a machine's first run pays for them). Static shapes: a short last batch gets a graph of
+    its own rather than making Dynamo recompile the model for a symbolic batch size, whose
+    kernels are slower and which CUDA graphs cannot record."""
+    import torch
+
+    use_compile_cache()
+    return torch.compile(module, dynamic=False, **compile_arguments(mode, tune_kernels))
+
+
 @contextlib.contextmanager
 def compile_workers_unless_cached(identity):
     """Around the first steps of a compiled model: if the same ``identity`` (JSON-able: what

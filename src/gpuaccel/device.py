@@ -58,12 +58,33 @@ class Precision:
         return self.autocast_dtype or torch.float32
 
 
-def resolve_precision(spec: str, device: torch.device) -> Precision:
+# other spellings of each precision: PyTorch's dtypes and names, HF Accelerate's and Lightning's
+_SPELLINGS = {
+    "fp32": ("float32", "float", "32", "32-true", "no", "full"),
+    "bf16": ("bfloat16", "bf16-mixed", "bf16-true"),
+    "fp16": ("float16", "half", "16", "16-mixed", "fp16-mixed"),
+}
+_CANONICAL = {alias: name for name, aliases in _SPELLINGS.items() for alias in aliases + (name,)}
+_CANONICAL["auto"] = "auto"
+
+
+def precision_name(spec) -> str:
+    """'auto', 'fp32', 'bf16' or 'fp16' for any spelling of one: a name ('bfloat16', 'half',
+    'bf16-mixed', ...) or a torch dtype (torch.bfloat16)."""
+    if spec is None:
+        return "auto"
+    if isinstance(spec, torch.dtype):
+        spec = str(spec).removeprefix("torch.")
+    name = _CANONICAL.get(str(spec).strip().lower())
+    if name is None:
+        raise choice_error("precision", spec, PRECISIONS + ("or a torch dtype",))
+    return name
+
+
+def resolve_precision(spec, device: torch.device) -> Precision:
     """auto: bf16 autocast on GPUs that support it, fp16 with loss scaling on older GPUs,
-    fp32 on the CPU."""
-    spec = (spec or "auto").strip().lower()
-    if spec not in PRECISIONS:
-        raise choice_error("precision", spec, PRECISIONS)
+    fp32 on the CPU. ``spec``: any spelling :func:`precision_name` reads."""
+    spec = precision_name(spec)
     if spec == "auto":
         if device.type == "cuda":
             spec = "bf16" if torch.cuda.is_bf16_supported() else "fp16"

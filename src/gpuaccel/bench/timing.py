@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
 import torch
 
 
@@ -54,3 +55,17 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, tf32: bool =
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return 2 * n ** 3 / (ms / 1000) / 1e12
+
+
+def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
+    """Latency percentiles of ``call`` on single inputs and its best throughput over ``batches``
+    (``make_input(b)`` makes a batch of ``b``), by the host clock (``call`` synchronises)."""
+    x = make_input(1)
+    single = host_times_ms(lambda: call(x), repeats, warmup=20)
+    best = 0.0
+    for b in batches:
+        x = make_input(b)
+        ms = statistics.median(host_times_ms(lambda: call(x), repeats=max(5, repeats // 20), warmup=3))
+        best = max(best, b / (ms / 1000))
+    return {"latency_p50_ms": float(np.percentile(single, 50)), "latency_p90_ms": float(np.percentile(single, 90)),
+            "latency_p99_ms": float(np.percentile(single, 99)), "best_images_per_second": best}

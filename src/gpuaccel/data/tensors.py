@@ -1,28 +1,18 @@
-"""Loaders for a user's own data: tensors, a map-style ``torch.utils.data.Dataset``, or a
-``DataLoader`` / ``IterableDataset``, with batches as tuples or dicts of tensors.
-
-The fast path is the same as for images: a data set whose tensors fit is gathered once
-into one tensor per field and lives on the compute device (:class:`TensorLoader`): a step
-is one gather per field, with no host work and no copy. A data set that does not fit, or
-whose items change from one read to the next (random augmentation inside ``__getitem__``),
-is read by worker processes into pinned memory and copied to the device one step ahead on
-a side stream (:class:`DatasetLoader`). A user's ``DataLoader`` is iterated as it is, with
-the same copy ahead (:class:`IterableLoader`).
-
-All three serve ``batches(epoch, start)`` like the image loaders, so the trainer and a
-resumed run treat them alike; the first two give each rank its shard of a seeded order.
+"""A user's own data as tensors: how many rows it has, whether it is tensors at all, a seeded
+held-out split, and a map-style Dataset gathered into one tensor per field (when it fits and
+its items do not change from one read to the next). The loaders that serve such data on the
+device are in ``gpuaccel.runtime.loaders``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
 
 from ..errors import GpuaccelError
-from .loader import DeviceCopies, PassReader, _next_epoch, _ShardedOrder, default_workers, resident_budget
 
 
 def _is_tensor(x) -> bool:
@@ -45,94 +35,6 @@ def tree_bytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if _is_tensor(t))
 
 
-class TensorLoader(_ShardedOrder):
-    """Shuffled (training) or ordered (evaluation) batches of a tuple or dict of tensors with
-    one row per sample, held on the compute device. Dtypes are kept: float targets stay float."""
-
-    def __init__(self, tensors, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, drop_last: bool | None = None):
-        super().__init__(rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=drop_last)
-        self.device = device
-        self.tensors = tree_map(lambda t: t.to(device) if _is_tensor(t) else t, tensors)
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        order = self.epoch_indices(epoch).to(self.device)
-        for step in range(start, len(self)):
-            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            yield tree_map(lambda t: t[idx] if _is_tensor(t) else t, self.tensors)
-
-
-class _DatasetBatches(Dataset):
-    """What a worker process computes: item (epoch, step) is that batch, collated."""
-
-    def __init__(self, order: _ShardedOrder, dataset: Dataset, collate):
-        self.order, self.dataset, self.collate = order, dataset, collate
-        self._epoch, self._indices = None, None
-
-    def __getitem__(self, key):
-        epoch, step = key
-        if epoch != self._epoch:
-            self._epoch, self._indices = epoch, self.order.epoch_indices(epoch)
-        idx = self._indices[step * self.order.batch_size:(step + 1) * self.order.batch_size]
-        return self.collate([self.dataset[int(i)] for i in idx])
-
-
-class DatasetLoader(_ShardedOrder):
-    """Batches of a map-style Dataset read by ``workers`` persistent processes, in the same
-    seeded, sharded order as the device loaders, copied to the device one step ahead."""
-
-    def __init__(self, dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, drop_last: bool | None = None, workers: int | None = None,
-                 collate=default_collate):
-        super().__init__(len(dataset), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=drop_last)
-        self.device = device
-        workers = default_workers() if workers is None else workers
-        order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                              world_size=world_size, drop_last=self.drop_last)
-        steps = len(self)
-        self._reader = PassReader(_DatasetBatches(order, dataset, collate),
-                                  lambda epoch: [(epoch, step) for step in range(steps)], _next_epoch(train),
-                                  workers=workers, pin_memory=device.type == "cuda", prefetch_factor=4)
-        self._copies = DeviceCopies(device)
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        if start >= len(self):
-            return iter(())
-        return self._copies(self._reader.read(epoch, start))
-
-
-class IterableLoader:
-    """A user's ``DataLoader`` (or an ``IterableDataset``, batched by one) as it is: each epoch
-    iterates it once (``set_epoch`` on its sampler first, as DistributedSampler wants), copies
-    batches to the device one step ahead, and skips ``start`` batches on a resume."""
-
-    def __init__(self, loader: DataLoader, *, device: torch.device):
-        try:
-            self.steps = len(loader)
-        except TypeError:
-            raise GpuaccelError("a DataLoader over an IterableDataset needs a length (define __len__ on the "
-                                "dataset) so that the schedule and the epochs can be planned") from None
-        self.loader, self.device = loader, device
-        self.batch_size = loader.batch_size
-        self.num_images = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
-        self._copies = DeviceCopies(device)
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        for holder in (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None),
-                       self.loader.dataset):
-            if hasattr(holder, "set_epoch"):
-                holder.set_epoch(epoch)
-        host = iter(self.loader)
-        for _ in range(start):
-            next(host, None)
-        return self._copies(host)
-
-
 def _same(a, b) -> bool:
     leaves_a, spec_a = tree_flatten(a)
     leaves_b, spec_b = tree_flatten(b)
@@ -150,9 +52,10 @@ def _same(a, b) -> bool:
 
 def gather_tensors(dataset: Dataset, max_bytes: float, workers: int = 0):
     """The whole data set as a tuple/dict of tensors (one row per sample), read once through
-    ``__getitem__`` and collated; None when it would take more than ``max_bytes``, when items
-    differ in shape (they cannot be stacked), or when reading an item twice gives different
-    values (random augmentation inside the data set: it must keep running per step)."""
+    ``__getitem__`` (by ``workers`` processes) and collated; None when it would take more than
+    ``max_bytes``, when items differ in shape (they cannot be stacked), or when reading an item
+    twice gives different values (random augmentation inside the data set: it must keep running
+    per step). Reading draws none of the process's random numbers (they are put back)."""
     if isinstance(dataset, TensorDataset):
         return dataset.tensors if tree_bytes(dataset.tensors) <= max_bytes else None
     if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
@@ -161,11 +64,13 @@ def gather_tensors(dataset: Dataset, max_bytes: float, workers: int = 0):
         return tensors if tree_bytes(tensors) <= max_bytes else None
     if len(dataset) == 0:
         raise GpuaccelError("the data set is empty")
-    first = default_collate([dataset[0]])
-    if tree_bytes(first) * len(dataset) > max_bytes or not _same(first, default_collate([dataset[0]])):
-        return None
+    with _random_state_kept():
+        first = default_collate([dataset[0]])
+        if tree_bytes(first) * len(dataset) > max_bytes or not _reads_the_same(dataset):
+            return None
     parts = []
-    reader = DataLoader(dataset, batch_size=1024, num_workers=workers, collate_fn=default_collate)
+    reader = DataLoader(dataset, batch_size=1024, num_workers=workers, collate_fn=default_collate,
+                        generator=torch.Generator())  # (its workers' seeds from its own generator)
     try:
         for batch in reader:
             parts.append(batch)
@@ -181,6 +86,33 @@ def gather_tensors(dataset: Dataset, max_bytes: float, workers: int = 0):
         return tree_unflatten([torch.cat(column) for column in zip(*leaves)], spec)
     except RuntimeError:
         return None
+
+
+def _reads_the_same(dataset: Dataset, probes: int = 8) -> bool:
+    """Whether items read twice are equal, for ``probes`` items spread over the data set (a random
+    flip alone passes one such check half of the time; eight, once in 256)."""
+    n = len(dataset)
+    for i in sorted({round(k * (n - 1) / max(1, probes - 1)) for k in range(probes)}):
+        if not _same(default_collate([dataset[i]]), default_collate([dataset[i]])):
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    """Random numbers drawn inside (by a data set's transforms) are given back: torch's, Python's
+    and NumPy's generators leave as they came."""
+    import random
+
+    import numpy as np
+
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
 
 
 def split_off(data, fraction: float, seed: int):
@@ -206,28 +138,6 @@ def is_tensors(data) -> bool:
         return False
     leaves = tree_flatten(data)[0]
     return bool(leaves) and all(_is_tensor(t) for t in leaves) and isinstance(data, (tuple, list, dict))
-
-
-def build_user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str = "auto",
-                      workers: int | None = None, seed: int = 0, rank: int = 0, world_size: int = 1):
-    """The loader for one split of a user's data (see the module's docstring)."""
-    order = dict(batch_size=batch_size, device=device, train=train, seed=seed, rank=rank, world_size=world_size)
-    if isinstance(data, DataLoader):
-        return IterableLoader(data, device=device)
-    if isinstance(data, IterableDataset):
-        return IterableLoader(DataLoader(data, batch_size=batch_size), device=device)
-    if is_tensors(data):
-        if placement == "cpu" and device.type == "cuda":
-            return DatasetLoader(TensorDataset(*data) if isinstance(data, (tuple, list)) else _DictRows(data),
-                                 workers=workers, **order)
-        return TensorLoader(data, **order)
-    if isinstance(data, Dataset):
-        tensors = None if placement == "cpu" else gather_tensors(data, resident_budget(device))
-        if tensors is not None:
-            return TensorLoader(tensors, **order)
-        return DatasetLoader(data, workers=workers, **order)
-    raise GpuaccelError(f"training data is a gpuaccel data spec, a torch Dataset, a DataLoader or a tuple/dict "
-                        f"of tensors, not {type(data).__name__}")
 
 
 class _DictRows(Dataset):

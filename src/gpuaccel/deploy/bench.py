@@ -7,31 +7,18 @@ fastest of a few batch sizes, images per second).
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..bench.timing import host_times_ms
+from ..bench.timing import measure
 from ..errors import GpuaccelError
 from .artifact import TrainedModel
 from .export import export
 from .quantize import convert_fp16, quantize_int8
 from .runners import cuda_provider, load_runner, onnx_has_cuda, openvino_version
-
-
-def measure(call, make_input, *, repeats: int = 200, batches=(64, 256, 1024)) -> dict:
-    x = make_input(1)
-    single = host_times_ms(lambda: call(x), repeats, warmup=20)
-    best = 0.0
-    for b in batches:
-        x = make_input(b)
-        ms = statistics.median(host_times_ms(lambda: call(x), repeats=max(5, repeats // 20), warmup=3))
-        best = max(best, b / (ms / 1000))
-    return {"latency_p50_ms": float(np.percentile(single, 50)), "latency_p90_ms": float(np.percentile(single, 90)),
-            "latency_p99_ms": float(np.percentile(single, 99)), "best_images_per_second": best}
 
 
 def torch_call(module, device, dtype=None):

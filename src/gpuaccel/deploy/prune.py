@@ -182,7 +182,8 @@ def _interleaved_speedup(before: nn.Module, after: nn.Module, example: torch.Ten
 
 
 def _measure(module: nn.Module, file_bytes: int, data, example: torch.Tensor, repeats: int) -> dict:
-    from .bench import measure, torch_call
+    from ..bench.timing import measure
+    from .bench import torch_call
 
     c, s = example.shape[1], example.shape[2]
     speed = measure(torch_call(module.eval(), torch.device("cpu")), lambda b: torch.rand(b, c, s, s),

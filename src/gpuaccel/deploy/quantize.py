@@ -72,7 +72,7 @@ def compare(models: dict, test_images: np.ndarray, test_labels: np.ndarray, devi
             runtime: str = "onnxruntime") -> dict:
     """Size, held-out accuracy and speed in ``runtime`` on ``device`` of each ONNX file in
     ``models`` (name -> path)."""
-    from .bench import measure
+    from ..bench.timing import measure
     from .infer import predict, top1_accuracy
     from .runners import load_runner
 

@@ -42,12 +42,22 @@ class DataWaitMeter:
                 batch = next(iterator)
             except StopIteration:
                 return
-            if self._first is None:
-                self._first = before
-            self._marks.append((before, self._now()))
-            if len(self._marks) >= 1024:  # a loop that reads rarely (Accelerator.stats) keeps few events
-                self._fold()
+            self._mark(before)
             yield batch
+
+    def time_call(self, get_batch, *args, **kwargs):
+        """``get_batch(*args, **kwargs)``, its wait measured like a loader's batch."""
+        before = self._now()
+        batch = get_batch(*args, **kwargs)
+        self._mark(before)
+        return batch
+
+    def _mark(self, before) -> None:
+        if self._first is None:
+            self._first = before
+        self._marks.append((before, self._now()))
+        if len(self._marks) >= 1024:  # a loop that reads rarely (Accelerator.stats) keeps few events
+            self._fold()
 
     def _fold(self) -> None:
         """Sums the waits whose end the GPU has passed, without waiting for the others."""

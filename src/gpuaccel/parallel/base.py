@@ -16,7 +16,7 @@ component per technique):
 - ``fsdp.Sharded``: FSDP2, optionally with CPU offload.
 - ``pipeline.PipelineParallel``: pipeline stages (torch.distributed.pipelining).
 
-``gpuaccel.parallel.build_strategy`` picks one from the settings.
+``gpuaccel.runtime.strategy`` picks one from the settings (Trainer's) or the argument (Accelerator's).
 """
 
 from __future__ import annotations

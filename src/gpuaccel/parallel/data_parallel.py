@@ -57,7 +57,7 @@ def broadcast_state(module: nn.Module, src: int = 0) -> None:
 
 def average_gradients(grads: list[torch.Tensor]) -> None:
     """Averages gradients over the processes in one all-reduce of a flat buffer: data parallel
-    inside a captured CUDA graph (train/step_graph.py), where DDP's hooks cannot run. NCCL
+    inside a captured CUDA graph (runtime/capture.py), where DDP's hooks cannot run. NCCL
     collectives can be captured once the communicator exists (the step's warm-up creates it)."""
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)  # a sum: gloo has no average

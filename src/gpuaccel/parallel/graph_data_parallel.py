@@ -1,4 +1,4 @@
-"""Data parallel for a training step captured as one CUDA graph (train/step_graph.py): rank
+"""Data parallel for a training step captured as one CUDA graph (runtime/capture.py): rank
 0's weights are broadcast once, and the step itself averages the gradients in one
 all-reduce of a flat buffer, recorded inside the graph. DDP cannot serve here: its
 reducer's hooks and bucket bookkeeping run on the host during the backward pass, which a

@@ -1,10 +1,11 @@
 """Tasks: what a kind of problem brings to training (loss, metrics, evaluation).
 
 ``Classification``, ``Regression``, ``LanguageModelling`` and ``Ranking`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
-a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting).
+a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting); ``resolve_task`` one from
+what a user gave.
 """
 
-from ..errors import choice_error
+from ..errors import GpuaccelError, choice_error
 from .base import Accuracy, BatchMean, CustomTask, Metric, MetricTracker, Task, as_metric, call_model
 from .classification import Classification
 from .language import LanguageModelling
@@ -26,5 +27,28 @@ def create_task(name: str, **settings) -> Task:
     return cls(**{k: v for k, v in settings.items() if k in accepted})
 
 
+def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, default: str | None = None,
+                 **settings) -> Task:
+    """What a run minimises: ``task`` (a Task, or a built-in task's name), else one built from a
+    user's ``loss_fn(outputs, targets)``, else the ``default`` name (the data's own task);
+    ``metrics`` ({name: torchmetrics metric or callable}) are added to it."""
+    if task is not None and loss_fn is not None:
+        raise GpuaccelError("pass task= or loss_fn= (with metrics=), not both")
+    if loss_fn is not None:
+        return CustomTask(loss_fn, metrics)
+    if isinstance(task, str) or task is None:
+        name = task or default
+        if name is None:
+            raise GpuaccelError("with train_data= from Python, say what to minimise: task= (e.g. "
+                                "gpuaccel.tasks.Regression()) or loss_fn=")
+        task = create_task(name, **settings)
+    if not isinstance(task, Task):
+        raise GpuaccelError(f"task= takes a gpuaccel.tasks.Task or a task name, not {type(task).__name__}")
+    if type(task).loss is Task.loss:
+        raise GpuaccelError(f"task {task.name!r} defines no loss; give it a loss() or pass loss_fn=")
+    return task.with_metrics(metrics) if metrics else task
+
+
 __all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "LanguageModelling", "Metric", "MetricTracker",
-           "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task"]
+           "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task",
+           "resolve_task"]

@@ -1,7 +1,9 @@
-"""Crash-safe checkpoints: a checkpoint on disk is always either the old one or the new one.
+"""Checkpoints: what they hold (:func:`training_state`) and how a trainer takes it back
+(:func:`restore_training_state`); resuming a run is resume.py's.
 
-Written through :func:`gpuaccel.files.atomic_write`: a temporary file in the same
-directory, fsynced, renamed over the old one, and the directory fsynced.
+Crash-safe: a checkpoint on disk is always either the old one or the new one, written through
+:func:`gpuaccel.files.atomic_write` (a temporary file in the same directory, fsynced, renamed
+over the old one, and the directory fsynced).
 """
 
 from __future__ import annotations
@@ -35,3 +37,58 @@ def load(path: Path, map_location="cpu") -> dict:
     if state.get("version", 0) > VERSION:
         raise GpuaccelError(f"{path} was written by a newer gpuaccel (format {state['version']}); upgrade gpuaccel")
     return state
+
+
+# ---------------------------------------------------------------------- what a checkpoint holds
+
+def training_state(trainer, full: bool) -> dict:
+    """What checkpoint.pt (``full``: everything to continue) and model.pt (the model and what
+    rebuilding, exporting and inferring with it needs) hold. Sharded, this gathers the full
+    state to rank 0: a collective."""
+    model_state, optimizer_state = trainer.strategy.gather_state(trainer.optimizer if full else None)
+    inputs, config = trainer.inputs, trainer.config
+    state = {"model_name": config.model, "model_args": trainer.model_args, "model_path": config.model_path,
+             "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
+             "tokenizer": inputs.tokenizer, "audio": inputs.audio, "ratings": inputs.ratings,
+             "data_identity": inputs.identity, "config": config.to_dict(), "model": model_state,
+             "ema_model": {k: v.detach().cpu() for k, v in trainer.ema.module.state_dict().items()}
+             if trainer.ema else None,
+             "accuracy": trainer.last_eval.get("accuracy"), "metrics": trainer.last_eval, "gpuaccel": trainer.version,
+             "structure": trainer.structure}
+    if full:
+        state.update(
+            optimizer=optimizer_state, scheduler=trainer.scheduler.state_dict(), scaler=trainer.scaler.state_dict(),
+            ema=trainer.ema.state_dict() if trainer.ema else None,
+            rng={"torch": torch.get_rng_state(),
+                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            position=trainer.position(),
+            progress={"train_seconds": trainer.train_seconds, "samples_seen": trainer.samples_seen,
+                      "best_metrics": trainer.best_metrics, "time_to_target": trainer.time_to_target,
+                      "last_eval": trainer.last_eval, "evaluated_at": trainer.evaluated_at})
+    return state
+
+
+def restore_training_state(trainer, state: dict) -> None:
+    """Puts back everything :func:`training_state` saved, so that training continues where it stopped."""
+    config = trainer.config
+    if state["model_name"] != config.model:
+        raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {config.model!r}")
+    try:
+        trainer.strategy.load_state(trainer.optimizer, state["model"], state["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise GpuaccelError(f"the checkpoint does not fit model {config.model!r}: {first}") from None
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.scaler.load_state_dict(state["scaler"])
+    if trainer.ema is not None and state.get("ema"):
+        trainer.ema.load_state_dict(state["ema"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
+    position, progress = state["position"], state["progress"]
+    trainer.epoch, trainer.batch_in_epoch = position["epoch"], position["batch_in_epoch"]
+    trainer.global_step = position["global_step"]
+    trainer.train_seconds, trainer.samples_seen = progress["train_seconds"], progress["samples_seen"]
+    trainer.best_metrics, trainer.time_to_target = progress["best_metrics"], progress["time_to_target"]
+    trainer.last_eval = progress["last_eval"]
+    trainer.evaluated_at = progress.get("evaluated_at", trainer.global_step)

@@ -18,7 +18,7 @@ from ..data.augment import FLIP_MODES, parse_size_schedule
 from ..data.loader import PLACEMENTS
 from ..data.stream import PILLOW_READERS, check_cpu_decode
 from ..data.text import TOKENIZERS
-from ..device import PRECISIONS
+from ..device import PRECISIONS, precision_name
 from ..errors import GpuaccelError, choice_error
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from ..tasks import TASKS
@@ -239,6 +239,8 @@ class TrainConfig:
         raises GpuaccelError naming the first bad value and the valid ones."""
         for f in dataclasses.fields(self):  # the named choices, for every section at once
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if f.name == "precision":
+                continue  # (read by _validate_runtime, which knows its other spellings)
             if choices and value is not None and value not in choices:
                 raise choice_error(f.name.replace("_", " "), value, choices)
         for section in SECTIONS:
@@ -279,7 +281,8 @@ class TrainConfig:
             raise GpuaccelError(f"--model-args is a mapping of keyword: value, got {self.model_args!r}")
 
     def _validate_runtime(self) -> None:
-        pass  # the device is checked when it is resolved (whether it exists is known only then)
+        # the device is checked when it is resolved (whether it exists is known only then)
+        self.precision = precision_name(self.precision)  # one spelling: 'bfloat16' and torch.bfloat16 are bf16
 
     def _validate_parallel(self) -> None:
         _whole(self, "pipeline_stages")

@@ -21,10 +21,11 @@ from ..data.audio import AudioDataset, load_audio
 from ..data.ratings import Interactions, NegativeSamplingLoader, Ratings, load_interactions, load_ratings
 from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.loader import build_loader
-from ..data.tensors import TensorLoader, build_user_loader, is_tensors, split_off
+from ..data.tensors import is_tensors, split_off
 from ..data.sentences import LabelledText, SentenceLoader, load_sentences
 from ..data.text import TextCorpus, WindowLoader, load_corpus, validation_windows
 from ..errors import GpuaccelError
+from ..runtime.loaders import ResidentLoader, user_loader
 from .config import TrainConfig
 
 USER_DATA = "python"  # config.data of a run whose data came through the Python API
@@ -149,7 +150,7 @@ def _corpus_inputs(corpus: TextCorpus, config: TrainConfig) -> TrainingInputs:
     def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
         train = WindowLoader(torch.from_numpy(corpus.train), context=config.context, batch_size=config.batch_size,
                              device=device, seed=config.seed, rank=rank, world_size=world_size)
-        val = TensorLoader(validation_windows(corpus.val, config.context), batch_size=config.eval_batch_size,
+        val = ResidentLoader(validation_windows(corpus.val, config.context), batch_size=config.eval_batch_size,
                            device=device, train=False, rank=rank, world_size=world_size)
         return train, val
 
@@ -196,9 +197,9 @@ def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
 
     def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
         common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
-        return (TensorLoader((torch.from_numpy(data.train_waves), torch.from_numpy(data.train_labels)),
+        return (ResidentLoader((torch.from_numpy(data.train_waves), torch.from_numpy(data.train_labels)),
                              batch_size=config.batch_size, train=True, **common),
-                TensorLoader((torch.from_numpy(data.test_waves), torch.from_numpy(data.test_labels)),
+                ResidentLoader((torch.from_numpy(data.test_waves), torch.from_numpy(data.test_labels)),
                              batch_size=config.eval_batch_size, train=False, **common))
 
     return TrainingInputs(
@@ -215,7 +216,7 @@ def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
 
     def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
         common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
-        return tuple(TensorLoader(tuple(torch.from_numpy(getattr(data, f"{split}_{part}"))
+        return tuple(ResidentLoader(tuple(torch.from_numpy(getattr(data, f"{split}_{part}"))
                                         for part in ("users", "items", "ratings")),
                                   batch_size=size, train=split == "train", **common)
                      for split, size in (("train", config.batch_size), ("test", config.eval_batch_size)))
@@ -241,7 +242,7 @@ def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInpu
         common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
         train = NegativeSamplingLoader(data.train_users, data.train_items, data.num_items, negatives=config.negatives,
                                        batch_size=config.batch_size, **common)
-        test = TensorLoader((torch.from_numpy(data.test_users), torch.from_numpy(data.test_items),
+        test = ResidentLoader((torch.from_numpy(data.test_users), torch.from_numpy(data.test_items),
                              torch.zeros(len(data.test_users), dtype=torch.long)),  # the held-out item: column 0
                             batch_size=config.eval_batch_size, train=False, **common)
         return train, test
@@ -319,8 +320,8 @@ def _user_inputs(train_data, eval_data, config: TrainConfig) -> TrainingInputs:
         if config.loader == "stream":
             raise GpuaccelError("--loader stream reads image folders; a Python data set is loaded with "
                                 "--loader auto, gpu or cpu")
-        return (build_user_loader(train_data, batch_size=config.batch_size, train=True, **common),
-                build_user_loader(eval_data, batch_size=config.eval_batch_size, train=False, **common))
+        return (user_loader(train_data, batch_size=config.batch_size, train=True, **common),
+                user_loader(eval_data, batch_size=config.eval_batch_size, train=False, **common))
 
     return TrainingInputs(
         name=kind.lower(), description=f"{kind}: {train_n if train_n is not None else '?'} train / "

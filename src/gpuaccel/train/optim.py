@@ -70,6 +70,13 @@ class Muon(torch.optim.Optimizer):
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
         return [self.state[p]["momentum_buffer"] for p in params]
 
+    def init_state(self) -> None:
+        """Creates every momentum buffer now (what a captured step needs before its recording:
+        created inside it, they would be zeroed by every replay)."""
+        for group in self.param_groups:
+            if group["momentum"]:
+                self._buffers(group["params"])
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

@@ -1,0 +1,19 @@
+"""The one runtime under both doors: ``Trainer`` (a loop gpuaccel writes) and ``Accelerator``
+(a loop the user keeps) place, wrap, capture and feed a model through the same pieces.
+
+- :mod:`.placement`: the process group, the device, the precision, the memory layout and the
+  settings of CUDA's libraries.
+- :mod:`.strategy`: which parallel strategy (``gpuaccel.parallel``) a process trains with.
+- :mod:`.capture`: a whole training step as CUDA graphs (:class:`CapturedStep`), and the
+  optimizers' capturable (fused) updates.
+- :mod:`.loaders`: the two device loaders: the data set resident on the device
+  (:class:`ResidentLoader`), or host batches prefetched onto it (:class:`PrefetchLoader`).
+"""
+
+from .capture import CapturedStep, make_capturable
+from .loaders import PrefetchLoader, ResidentLoader, dataset_loader, prepare_loader, user_loader
+from .placement import Placement
+from .strategy import STRATEGIES, choose_strategy, training_strategy
+
+__all__ = ["CapturedStep", "Placement", "PrefetchLoader", "ResidentLoader", "STRATEGIES", "choose_strategy",
+           "dataset_loader", "make_capturable", "prepare_loader", "training_strategy", "user_loader"]

@@ -1,0 +1,59 @@
+"""Where and how a run computes, decided once for ``Trainer`` and ``Accelerator`` alike: the
+process group (under torchrun), the device, the precision, the memory layout of a model with
+convolutions, and the settings of CUDA's libraries."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ..device import Precision, resolve_device, resolve_precision
+from ..parallel import Distributed
+
+
+@dataclass(frozen=True)
+class Placement:
+    dist: Distributed
+    device: torch.device
+    precision: Precision
+
+    @classmethod
+    def resolve(cls, device="auto", precision="auto") -> "Placement":
+        """``device``: auto (a CUDA GPU if there is one), cpu, cuda or cuda:N; under torchrun each
+        process takes GPU LOCAL_RANK and joins the process group. ``precision``: auto (bf16 on
+        GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU) or any spelling
+        of fp32, bf16, fp16 (``'bfloat16'``, ``torch.bfloat16``, ``'16-mixed'``, ...)."""
+        dist = Distributed.from_env()
+        chosen = dist.device(str(device)) if dist.active else resolve_device(str(device))
+        dist.init(chosen)
+        resolved = resolve_precision(precision, chosen)
+        if chosen.type == "cuda":
+            torch.cuda.set_device(chosen)
+            torch.zeros((), device=chosen)  # CUDA's context now, so that its cost is charged here
+        return cls(dist, chosen, resolved)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def channels_last(self, model: nn.Module, requested: bool | None = None) -> bool:
+        """Whether ``model`` and its image batches are laid out channels-last (NHWC): by default on
+        a GPU for a model with 2-D convolutions, whose cuDNN kernels run on NHWC tensors (an NCHW
+        input is converted at every layer)."""
+        if requested is not None:
+            return requested
+        return self.on_gpu and any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+    def configure_kernels(self, *, deterministic: bool = False, cudnn_benchmark: bool = True) -> None:
+        """Deterministic kernels (cuDNN's autotuner times its candidates, so which kernel wins, and
+        its rounding, varies from process to process; cuBLAS needs a fixed workspace before its
+        first call), or cuDNN's autotuner for fixed shapes (each shape is timed once)."""
+        if deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+        elif self.on_gpu:
+            torch.backends.cudnn.benchmark = cudnn_benchmark

@@ -1,0 +1,53 @@
+"""Which parallel strategy a process takes part in training with (``gpuaccel.parallel`` holds
+one file per strategy), chosen here for ``Trainer``'s settings and ``Accelerator``'s argument."""
+
+from __future__ import annotations
+
+from ..compiling import compile_arguments
+from ..errors import GpuaccelError, choice_error
+from ..parallel import DataParallel, GraphDataParallel, PipelineParallel, Sharded, SingleDevice, Strategy
+from .placement import Placement
+
+STRATEGIES = ("auto", "ddp", "fsdp")
+
+
+def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: bool = False,
+                    bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False) -> Strategy:
+    """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
+    shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
+    averages the gradients inside it instead of through DDP's hooks."""
+    if name not in STRATEGIES:
+        raise choice_error("strategy", name, STRATEGIES)
+    dist = placement.dist
+    where = dict(device=placement.device, rank=dist.rank, world_size=dist.world_size)
+    if name == "fsdp":
+        if placement.precision.loss_scaling:
+            raise GpuaccelError("FSDP (--shard) trains in bf16 or fp32; fp16 loss scaling is not supported with it "
+                                "(use --precision bf16 or fp32)")
+        return Sharded(**where, offload=offload)
+    if dist.active and captured_step:
+        return GraphDataParallel(**where)
+    if dist.active:  # (ddp in one process: nothing to combine)
+        return DataParallel(**where, bucket_cap_mb=bucket_cap_mb, sync_batchnorm=sync_batchnorm)
+    return SingleDevice(**where)
+
+
+def training_strategy(config, placement: Placement, *, captured_step: bool, channels_last: bool) -> Strategy:
+    """The strategy a TrainConfig asks for: pipeline stages, FSDP (``shard``), or
+    :func:`choose_strategy`'s data parallel or one device."""
+    if config.pipeline_stages > 1:
+        if placement.precision.loss_scaling:
+            raise GpuaccelError("--pipeline-stages trains in bf16 or fp32; fp16 loss scaling is not supported with "
+                                "it (use --precision bf16 or fp32)")
+        dist, precision, device = placement.dist, placement.precision, placement.device
+        return PipelineParallel(
+            device=device, rank=dist.rank, world_size=dist.world_size, stages=config.pipeline_stages,
+            microbatches=config.pipeline_microbatches, schedule=config.pipeline_schedule,
+            split_points=config.split_points, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+            channels_last=channels_last,
+            compile_options=compile_arguments(config.compile_mode, config.tune_kernels) if config.compile else None,
+            activation_checkpointing=config.activation_checkpointing,
+            autocast=lambda: precision.autocast(device))
+    return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
+                           bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
+                           offload=config.offload == "cpu")

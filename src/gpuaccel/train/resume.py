@@ -1,0 +1,85 @@
+"""Resuming a run: which settings may change (:data:`RESUME_CHANGEABLE`) and how a trainer is
+rebuilt from a run directory and continues from its checkpoint (:func:`resume`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import GpuaccelError
+from ..parallel import Distributed
+from .checkpoint import load
+from .config import TrainConfig
+from .run_dir import CHECKPOINT, RunDirectory
+
+# settings a resumed run may change: where and how it runs, when it stops, what it logs
+RESUME_CHANGEABLE = frozenset({
+    "epochs", "time_limit", "target", "target_acc", "device", "loader", "workers", "monitor", "profile",
+    "tensorboard", "eval_every", "checkpoint_every", "checkpoint_seconds", "checkpoint_epochs", "cache_dir",
+    "compile", "activation_checkpointing"})
+
+
+def resumed_config(config, state: dict, overrides: dict, run_dir) -> tuple:
+    """(the config a resumed run continues with, what it changes: {setting: (old, new)}).
+    Only :data:`RESUME_CHANGEABLE` settings may change; the model and data stay the run's."""
+    from ..data import resolved_spec
+
+    overrides = dict(overrides or {})
+    if overrides.get("target_acc") is not None:  # the older spelling of --target
+        overrides["target"], overrides["target_acc"] = f"accuracy={overrides['target_acc']:g}", None
+    if "data" in overrides and resolved_spec(overrides["data"]) == config.data:
+        overrides["data"] = config.data  # the same data, spelled another way
+    for key, value in overrides.items():
+        if key == "model" and value != state["model_name"]:
+            raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, not {value!r}; "
+                                f"resume without --model or start a new run")
+        if getattr(config, key) != value and key not in RESUME_CHANGEABLE:
+            raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
+                                f"(changeable: {', '.join(sorted(RESUME_CHANGEABLE))})")
+    changed = {k: (getattr(config, k), v) for k, v in overrides.items()
+               if k in RESUME_CHANGEABLE and getattr(config, k) != v}
+    return config.replace(**{k: v for k, v in overrides.items() if k in RESUME_CHANGEABLE}), changed
+
+
+def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool = False, model=None,
+           train_data=None, eval_data=None, task=None, loss_fn=None, metrics=None):
+    """``Trainer.resume``: the trainer of ``run_dir`` rebuilt from its config.json (with the
+    ``overrides`` a resume may make), its checkpoint loaded, the run directory locked and
+    mended (a half-written file removed, evaluations after the checkpoint dropped)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise GpuaccelError(f"resume directory {run_dir} does not exist")
+    if not (run_dir / CHECKPOINT).exists() or not (run_dir / "config.json").exists():
+        raise GpuaccelError(f"{run_dir} holds no gpuaccel checkpoint to resume ({CHECKPOINT} and config.json)")
+    run = RunDirectory(run_dir, writer=Distributed.from_env().is_main)
+    run.lock()
+    try:
+        state = load(run_dir / CHECKPOINT)
+        config, changed = resumed_config(
+            TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text())), state, overrides, run_dir)
+        if model is not None and not config.model.startswith("object:"):
+            raise GpuaccelError(f"{run_dir} trained model {config.model!r}, which it rebuilds itself; resume "
+                                f"without model=")
+        trainer = trainer_class(config, model=model, train_data=train_data, eval_data=eval_data, task=task,
+                                loss_fn=loss_fn, metrics=metrics, structure=state.get("structure"), data_init=False,
+                                quiet=quiet)
+        trainer.inputs.check_same(state.get("data_identity"), run_dir)
+        trainer.load_state(state)
+    except BaseException:
+        run.unlock()
+        raise
+    trainer.run, trainer.resumed = run, True
+    if run.writer:
+        if changed:  # config.json says what the rest of the run uses; the change is said once
+            run.write_config(trainer.config.to_dict())
+            if not quiet:
+                print("gpuaccel: resuming with " + ", ".join(
+                    f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items()) +
+                    ("; the learning-rate schedule is re-planned for the new length" if "epochs" in changed
+                     else "") + "; config.json updated", file=sys.stderr)
+        run.write_position(trainer.position())
+        # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
+        # the log stays one line per evaluation
+        run.metrics.repair(keep=lambda r: r.get("step", 0) <= trainer.global_step)
+    return trainer

@@ -1,0 +1,171 @@
+"""Around the training loop: the training clock (evaluations and checkpoints are not training
+time), one ``fit``'s meters and its evaluate-and-log step, and the session that holds them:
+SIGTERM stops like Ctrl-C, the collector leaves the warm-up's objects alone, the run
+directory is released at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import signal
+import time
+
+import torch
+
+from ..device import synchronize
+from ..files import MetricsFile
+from ..monitor import DataWaitMeter, GpuSampler
+from ..monitor.profiling import ScalarLog, StepProfiler
+from .progress import Progress
+from .summary import format_record
+
+
+class Stop(Exception):
+    """Raised by a signal handler so that SIGTERM stops training like Ctrl-C does."""
+
+
+class Window:
+    """The training clock, and what was trained since the last evaluation: the loss summed on the
+    device, the samples, the seconds. Evaluations and checkpoints are not training time."""
+
+    def __init__(self, trained_before: float):
+        self.loss_sum: torch.Tensor | None = None
+        self.samples = 0
+        self.trained_before = trained_before  # (a resumed run's earlier segments)
+        self.trained = 0.0  # this process's training seconds, finished segments
+        self.segment_start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        self.loss_sum = loss.detach().clone() if self.loss_sum is None else self.loss_sum.add_(loss)
+        self.samples += samples
+
+    def training_seconds(self) -> float:
+        return self.trained_before + self.trained + time.perf_counter() - self.segment_start
+
+    def end_segment(self) -> float:
+        """Ends the current stretch of training (the caller has synchronised the device)."""
+        self.trained += time.perf_counter() - self.segment_start
+        return self.trained_before + self.trained
+
+    def start_segment(self) -> None:
+        self.segment_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        pause = time.perf_counter()
+        yield
+        self.segment_start += time.perf_counter() - pause
+
+
+class Session:
+    """One ``fit``'s meters (data wait, GPU samples, profiler, TensorBoard scalars) and its
+    evaluate-and-log step, with the collector's view of the warm-up's objects frozen."""
+
+    def __init__(self, trainer, progress: Progress, window: Window):
+        cfg, main = trainer.config, trainer.dist.is_main
+        self.trainer, self.progress, self.window = trainer, progress, window
+        self.metrics = MetricsFile(trainer.run_dir / "metrics.jsonl") if main else None
+        self.wall_start = time.perf_counter()
+        self.sampler = GpuSampler(trainer.run_dir / f"gpu{'' if main else trainer.dist.rank}.jsonl",
+                                  [trainer.device.index or 0] if trainer.device.type == "cuda" else [],
+                                  origin=self.wall_start) if cfg.monitor else None
+        if self.sampler is not None:
+            self.sampler.start()
+        self.data_wait = DataWaitMeter(trainer.device)
+        self.profiler = StepProfiler(trainer.run_dir, trainer.device) if cfg.profile and main else None
+        self.scalars = ScalarLog(trainer.run_dir) if cfg.tensorboard and main else None
+        self.wall_at_eval = 0.0
+        self.seconds_at_eval = trainer.train_seconds
+        self.wall_seconds = 0.0
+        self._started = None  # an epoch's batches started ahead and not yet taken
+        # Compilation leaves millions of long-lived objects behind; the collector's full passes
+        # over them would stall the training and pipeline threads mid-epoch. Frozen, they are
+        # skipped (as long-running servers do); the garbage made before is collected first.
+        # Whatever was frozen before is thawed with them at the end: freezing is only a hint to
+        # the collector, and Python 3.12 itself starts with 375 objects frozen, so leaving the
+        # freeze to a caller who had frozen objects turned it off in every 3.12 process.
+        gc.collect()
+        gc.freeze()
+
+    def stepped(self) -> None:
+        self.progress.advance()
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def started(self, batches):
+        self._started = batches
+        return batches
+
+    def evaluate_and_log(self) -> dict:
+        """Evaluates, appends the record to metrics.jsonl and prints it; the time it takes is not
+        training time."""
+        trainer, window = self.trainer, self.window
+        synchronize(trainer.device)
+        trainer.train_seconds = window.end_segment()
+        loss_sum = window.loss_sum if window.loss_sum is not None else torch.zeros((), device=trainer.device)
+        record = {**trainer.evaluate_and_record(loss_sum, window.samples, trainer.train_seconds - self.seconds_at_eval,
+                                                time.perf_counter() - self.wall_start),
+                  "data_wait": round(self.data_wait.read()["data_share"], 4)}
+        gpu_util = self.sampler.mean("util", since=self.wall_at_eval) if self.sampler is not None else None
+        if gpu_util is not None:
+            record["gpu_util"] = round(gpu_util, 1)
+        self.wall_at_eval = record["wall"]
+        if self.metrics is not None:
+            self.metrics.append(record)
+        if self.scalars is not None:
+            self.scalars.add(record, trainer.global_step)
+        self.progress.log(format_record(record, trainer.config.epochs, trainer.metric_tracker.metrics))
+        window.loss_sum, window.samples = None, 0
+        self.seconds_at_eval = trainer.train_seconds
+        window.start_segment()
+        return record
+
+    def close(self) -> None:
+        trainer = self.trainer
+        synchronize(trainer.device)
+        trainer.train_seconds = max(trainer.train_seconds, self.window.trained_before + self.window.trained)
+        self.wall_seconds = time.perf_counter() - self.wall_start
+        if self._started is not None and hasattr(self._started, "close"):
+            self._started.close()  # started for an epoch that the run did not reach
+        gc.unfreeze()
+        for meter in (self.sampler, self.profiler, self.scalars):
+            if meter is not None:
+                (meter.stop if meter is self.sampler else meter.close)()
+
+
+def install_sigterm():
+    """SIGTERM (what torchrun and schedulers send) checkpoints and stops, like Ctrl-C."""
+    def handler(signum, frame):
+        raise Stop()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
+
+
+@contextlib.contextmanager
+def training_session(trainer, progress: Progress, window: "Window"):
+    """Around the loop: SIGTERM stops like Ctrl-C (a checkpoint, then KeyboardInterrupt), the
+    long-lived objects frozen for the collector, the meters running; all put back after."""
+    session = Session(trainer, progress, window)
+    previous_handler = install_sigterm()
+    trainer.model.train()
+    window.start_segment()
+    try:
+        yield session
+    except (KeyboardInterrupt, Stop):
+        # batches taken since the last optimizer step are not in the weights: the position is
+        # that of the last step, so a resume redoes them
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if trainer.dist.is_main and not trainer.collective_state:  # (other ranks cannot be relied on to stop together)
+            trainer.save_checkpoint()
+        progress.close()
+        trainer.step.release()
+        raise KeyboardInterrupt(str(trainer.run_dir)) from None
+    finally:
+        session.close()
+        trainer.run.unlock()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+    progress.close()
+

@@ -1,0 +1,83 @@
+"""The warm-up before the training clock starts: a few steps on the first batch (and on each
+shape a progressive-resizing schedule will make), and an evaluation, so that compilation,
+cuDNN's autotuning and the step's CUDA graphs are made then; afterwards every piece of
+state is put back as it was, and the step is recorded where the restored state lives."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..data import ImageDataset
+from ..data.augment import parse_size_schedule, resize
+from ..device import synchronize
+from ..runtime.capture import signature
+
+STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
+
+
+def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
+    """Runs :data:`STEPS` training steps on ``batch`` (by default the first of epoch 0) at each
+    training shape and (``evaluate``, unless evaluation runs eagerly) an evaluation, puts the
+    state back and records the step. Returns the seconds it took."""
+    start = time.perf_counter()
+    saved = _saved_state(trainer)
+    inputs, targets = trainer.task.split(batch if batch is not None else next(iter(trainer.train_loader.batches(0))))
+    with trainer.compiling(inputs, targets):
+        for shaped in training_shapes(trainer, inputs, targets):
+            trainer.step.warm([shaped] * trainer.config.grad_accum, steps=STEPS)  # (one optimizer step's micro-batches)
+        if evaluate and (trainer.config.compile_eval or not trainer.config.compile):
+            trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
+    _restore(trainer, saved)
+    trainer.step.record()  # last: it records where the restored state lives
+    synchronize(trainer.device)
+    return time.perf_counter() - start
+
+
+def training_shapes(trainer, inputs, targets) -> list[tuple]:
+    """(inputs, targets) of each shape training will see: the first batch, and with progressive
+    resizing its images at full size and at each size of the schedule."""
+    batches = {signature((inputs, targets)): (inputs, targets)}
+    if trainer.config.size_schedule and isinstance(trainer.dataset, ImageDataset):
+        sizes = [tuple(trainer.dataset.train_images.shape[2:])]
+        sizes += [(size, size) for size, _ in parse_size_schedule(trainer.config.size_schedule)]
+        for size in sizes:
+            resized = resize(inputs, size)
+            batches.setdefault(signature((resized, targets)), (resized, targets))
+    return list(batches.values())
+
+
+def _saved_state(trainer) -> dict:
+    return {"model": _snapshot(trainer.model.state_dict(), trainer.device),
+            "optimizer": _snapshot(trainer.optimizer.state_dict(), trainer.device),
+            "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
+            "ema": _snapshot(trainer.ema.state_dict(), trainer.device) if trainer.ema else None,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if trainer.device.type == "cuda" else None}
+
+
+def _restore(trainer, saved: dict) -> None:
+    trainer.model.load_state_dict(saved["model"])
+    trainer.optimizer.load_state_dict(saved["optimizer"])
+    trainer.scheduler.load_state_dict(saved["scheduler"])
+    trainer.scaler.load_state_dict(saved["scaler"])
+    if trainer.ema:
+        trainer.ema.load_state_dict(saved["ema"])
+    torch.set_rng_state(saved["rng"])
+    if saved["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+
+
+def _snapshot(state: dict, device: torch.device) -> dict:
+    """A copy of ``state`` to restore after the warm-up: beside the original while the GPU has
+    twice its size free, else in host memory (a model of tens of gigabytes, e.g. DLRM's tables,
+    would otherwise need its size again on the GPU)."""
+    on_gpu = sum(t.numel() * t.element_size() for t in tree_flatten(state)[0]
+                 if isinstance(t, torch.Tensor) and t.is_cuda)
+    if on_gpu and torch.cuda.mem_get_info(device)[0] < 2 * on_gpu:
+        return tree_map(lambda t: t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor)
+                        else copy.deepcopy(t), state)
+    return copy.deepcopy(state)

@@ -1,0 +1,209 @@
+"""gpuaccel.Accelerator as a drop-in for a script's own loop: what a prepared object keeps of
+the original, the settings' spellings, state files with plain values, compiling before or after
+prepare, residency that keeps a seeded script's random stream, and timing a script's own batches."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
+
+import gpuaccel
+from gpuaccel import GpuaccelError
+from gpuaccel.device import precision_name
+from gpuaccel.runtime import PrefetchLoader, ResidentLoader
+
+
+class Squares(Dataset):
+    """A map-style data set that is not a TensorDataset: items computed in ``__getitem__``."""
+
+    def __init__(self, n: int = 96, jitter: bool = False):
+        self.n, self.jitter = n, jitter
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = torch.full((6,), float(i % 7)) + torch.arange(6.0)
+        if self.jitter:  # a random augmentation: items differ from one read to the next
+            x = x + torch.randn(6)
+        return x, torch.tensor(i % 3)
+
+
+def _net():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("resident", [None, True, False])
+def test_prepared_loaders_keep_the_dataloaders_attributes(resident):
+    dataset = Squares()
+    loader = DataLoader(dataset, batch_size=10, shuffle=True)
+    prepared = gpuaccel.Accelerator(device="cpu", monitor=False).prepare(loader, device_resident=resident)
+    assert isinstance(prepared, PrefetchLoader if resident is False else ResidentLoader)
+    assert prepared.dataset is dataset and prepared.batch_size == 10 and isinstance(prepared.sampler, RandomSampler)
+    assert len(prepared) == len(loader) == 10 and prepared.drop_last is False and prepared.num_workers == 0
+    assert len(prepared.dataset) == 96  # what scripts print: len(train_loader.dataset)
+    sizes = [len(y) for _, y in prepared]
+    assert sizes == [10] * 9 + [6]
+
+
+def test_random_augmentation_inside_the_data_set_keeps_it_read_per_step_and_draws_nothing_of_the_scripts():
+    loader = DataLoader(Squares(jitter=True), batch_size=8, shuffle=True)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    prepared = gpuaccel.Accelerator(device="cpu", monitor=False).prepare(loader)
+    assert isinstance(prepared, PrefetchLoader)  # items change between reads: not gathered
+    assert torch.equal(torch.get_rng_state(), state)  # the reads that found it out drew nothing
+    with pytest.raises(GpuaccelError, match="change from one read to the next"):
+        gpuaccel.Accelerator(device="cpu", monitor=False).prepare(loader, device_resident=True)
+
+
+def _seeded_losses(prepare: bool, resident=None, epochs: int = 2) -> list[float]:
+    """A seeded script: shuffled batches (the global generator), dropout (the global generator)
+    and Python's own random module."""
+    torch.manual_seed(123)
+    random.seed(5)
+    net = _net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(Squares(), batch_size=16, shuffle=True)
+    if prepare:
+        acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+        net, optimizer, loader = acc.prepare(net, optimizer, loader, device_resident=resident)
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(net(x), y) + 0.0 * random.random()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("resident", [None, True, False])
+def test_a_seeded_script_gives_the_same_losses_with_and_without_prepare(resident):
+    """Residency follows the DataLoader's own sampler and draws the random numbers its iterator
+    would, so the batches and everything drawn after them (dropout) stay the script's."""
+    assert _seeded_losses(prepare=True, resident=resident) == _seeded_losses(prepare=False)
+
+
+@pytest.mark.parametrize("spelling", ["bf16", "bfloat16", "BF16", "bf16-mixed", torch.bfloat16])
+def test_precision_takes_its_common_spellings(spelling):
+    assert gpuaccel.Accelerator(device="cpu", precision=spelling, monitor=False).precision.name == "bf16"
+
+
+def test_every_precision_spelling_names_one_precision():
+    for spellings, name in (((torch.float16, "half", "float16", "16-mixed", "fp16"), "fp16"),
+                            ((torch.float32, "32", "float32", "fp32", "32-true"), "fp32"),
+                            ((None, "auto"), "auto")):
+        assert {precision_name(s) for s in spellings} == {name}
+    with pytest.raises(GpuaccelError, match="unknown precision 'int8'"):
+        precision_name("int8")
+
+
+def test_python_errors_name_python_arguments():
+    with pytest.raises(GpuaccelError) as caught:
+        gpuaccel.Accelerator(device="cpu", precision="fp16")
+    assert "precision fp16 needs a CUDA GPU" in str(caught.value) and "--" not in str(caught.value)
+    with pytest.raises(GpuaccelError, match="batch_size must be a whole number"):
+        gpuaccel.TrainConfig(batch_size=0).validate()
+
+
+def test_save_and_load_take_plain_values_beside_objects(tmp_path):
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    net = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.AdamW(net.parameters(), lr=1e-3))
+    acc.save(tmp_path / "state.pt", model=net, optimizer=optimizer, step=5, best=0.91, history=[1.5, 1.25],
+             note="warm start")
+    again = acc.prepare(_net())
+    with torch.no_grad():
+        for p in again.parameters():
+            p.zero_()
+    state = acc.load(tmp_path / "state.pt", model=again)
+    assert state["step"] == 5 and state["best"] == 0.91 and state["history"] == [1.5, 1.25]
+    assert state["note"] == "warm start"
+    for a, b in zip(net.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(GpuaccelError, match="read plain values from what load"):
+        acc.load(tmp_path / "state.pt", step=0)
+
+
+@pytest.mark.parametrize("order", ["compile-then-prepare", "prepare-then-compile"])
+def test_compiling_before_or_after_prepare_trains_and_saves_plain_keys(tmp_path, order):
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    net = _net()
+    if order == "compile-then-prepare":
+        net = acc.prepare(torch.compile(net, backend="eager"))
+    else:
+        net = torch.compile(acc.prepare(net), backend="eager")
+    assert hasattr(net, "_orig_mod")
+    optimizer = acc.prepare(torch.optim.SGD(net.parameters(), lr=0.1))
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    with acc.no_sync(net):  # (found through the compiled wrapper)
+        acc.backward(F.cross_entropy(net(x), y))
+    optimizer.step()
+    acc.save(tmp_path / "m.pt", model=net)
+    keys = torch.load(tmp_path / "m.pt", weights_only=True)["model"].keys()
+    assert keys == _net().state_dict().keys()  # no '_orig_mod.' prefixes
+
+
+def test_schedulers_take_an_optimizer_prepared_for_loss_scaling():
+    from gpuaccel.accelerator import ScaledOptimizer
+
+    net = _net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled = ScaledOptimizer(optimizer, scaler)
+    schedule = torch.optim.lr_scheduler.StepLR(scaled, step_size=1, gamma=0.5)
+    scaler.scale(F.cross_entropy(net(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]))).backward()
+    scaled.step()
+    schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_timed_counts_a_scripts_own_batch_function_in_the_data_wait():
+    import time
+
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+
+    def get_batch(split):
+        time.sleep(0.02)
+        return torch.randn(4, 6)
+
+    get_batch = acc.timed(get_batch)
+    for _ in range(5):
+        get_batch("train")
+        time.sleep(0.005)
+    stats = acc.stats()
+    assert get_batch.__name__ == "get_batch" and 0.5 < stats["data_wait_share"] <= 1.0
+
+
+def test_capture_as_a_decorator_runs_the_step_uncaptured_off_a_gpu():
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    net = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.SGD(net.parameters(), lr=0.1))
+
+    with pytest.warns(UserWarning, match="CUDA graphs need a GPU"):
+        @acc.capture(warmup=2)
+        def step(x, y):
+            loss = F.cross_entropy(net(x), y)
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss.detach()
+
+    assert step.__name__ == "step" and not step.captured
+    assert step(torch.randn(4, 6), torch.tensor([0, 1, 2, 0])).dim() == 0
+
+
+def test_a_tensor_dataset_is_resident_and_served_in_its_samplers_order():
+    x = torch.arange(20.0).unsqueeze(1)
+    loader = DataLoader(TensorDataset(x, torch.arange(20)), batch_size=6, shuffle=False, drop_last=True)
+    prepared = gpuaccel.Accelerator(device="cpu", monitor=False).prepare(loader)
+    assert isinstance(prepared, ResidentLoader)
+    assert [y.tolist() for _, y in prepared] == [list(range(0, 6)), list(range(6, 12)), list(range(12, 18))]
