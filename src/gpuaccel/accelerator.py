@@ -4,7 +4,8 @@ Accelerate's ``prepare``, Lightning Fabric's ``setup``). ``Trainer`` is a loop w
     acc = gpuaccel.Accelerator()
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     for x, y in loader:                       # batches arrive on the device
-        loss = F.cross_entropy(model(x), y)   # the forward pass runs in the chosen precision
+        with acc.autocast():                  # the forward pass in the chosen precision
+            loss = F.cross_entropy(model(x), y)
         acc.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
@@ -28,7 +29,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
 from .compiling import COMPILE_MODES, compile_module
@@ -77,6 +77,7 @@ class Accelerator:
         if self._sampler is not None:
             self._sampler.start()
         self._stats_since = 0.0
+        _latest["accelerator"] = weakref.ref(self)
 
     # ------------------------------------------------------------------ who this process is
 
@@ -102,10 +103,10 @@ class Accelerator:
     def prepare(self, *objects, device_resident: bool | None = None):
         """Returns each object ready for this device and process, in the order given:
 
-        - a model: moved, laid out (channels-last on a GPU when it has convolutions), its forward
-          pass run in the chosen precision (outputs in float32), wrapped by the parallel
-          strategy, compiled with ``compile=True`` (a model compiled before is prepared inside
-          its compiled wrapper and compiled again);
+        - a model: moved, laid out (channels-last on a GPU when it has convolutions), wrapped by
+          the parallel strategy, compiled with ``compile=True`` (a model compiled before is
+          prepared inside its compiled wrapper and compiled alike); its forward pass runs in the
+          chosen precision inside :meth:`autocast`;
         - an optimizer: its fused (or capturable) update on a GPU, so that a captured step can
           hold it; under fp16, ``step`` goes through the loss scaler;
         - a DataLoader: batches on the device, this process's shard, its attributes kept. Its
@@ -127,21 +128,16 @@ class Accelerator:
                                     f"{type(obj).__name__}")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def prepare_model(self, model: nn.Module, *, strategy: Strategy | None = None, forward_precision: bool = True,
-                      **wrap_options) -> nn.Module:
+    def prepare_model(self, model: nn.Module, *, strategy: Strategy | None = None, **wrap_options) -> nn.Module:
         """:meth:`prepare` for one model, with more control: ``strategy`` (a parallel strategy object,
-        instead of the accelerator's), ``forward_precision`` (False: the forward pass keeps the
-        precision it is called in, for callers that enter :meth:`autocast` themselves) and the
-        strategy's ``wrap`` options. Returns what a training step calls."""
+        instead of the accelerator's) and the strategy's ``wrap`` options. Returns what a training
+        step calls."""
         wrapped = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: prepare what it wraps, compile it alike
         if wrapped is not None:
-            prepared = self.prepare_model(wrapped, strategy=strategy, forward_precision=forward_precision,
-                                          **wrap_options)
-            return _compiled_like(model, prepared, self.compile_mode)
+            return _compiled_like(model, self.prepare_model(wrapped, strategy=strategy, **wrap_options),
+                                  self.compile_mode)
         strategy = self.strategy_for(model, strategy)
         self.place_model(model, strategy)
-        if forward_precision and self.precision.autocast_dtype is not None:
-            _run_forward_in(model, self.precision, self.device)
         strategy.wrap(model, **wrap_options)
         return self._compile(strategy.training_module)
 
@@ -196,8 +192,7 @@ class Accelerator:
     # ------------------------------------------------------------------ the step
 
     def autocast(self):
-        """The precision's autocast context (prepared models enter it themselves; use this for
-        code around them, e.g. a loss computed in the chosen precision)."""
+        """The precision's autocast context: put the forward pass and the loss inside it."""
         return self.precision.autocast(self.device)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -452,6 +447,37 @@ class Accelerator:
         self.scaler.load_state_dict(state["_scaler"])
 
 
+_latest: dict = {}  # the Accelerator made last in this process (a weak reference): what gpuaccel.capture uses
+
+
+def capture(step_fn=None, *, warmup: int = 3, strict: bool = False):
+    """``@gpuaccel.capture``: :meth:`Accelerator.capture` for a step defined before its accelerator
+    exists (a module-level function of a script): the step is captured, at its first call, by
+    the ``Accelerator`` this process made last."""
+    if step_fn is None:
+        return functools.partial(capture, warmup=warmup, strict=strict)
+    return _CaptureAtFirstCall(step_fn, warmup=warmup, strict=strict)
+
+
+class _CaptureAtFirstCall:
+    def __init__(self, fn, **options):
+        self.fn, self.options, self.step = fn, options, None
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args):
+        if self.step is None:
+            accelerator = _latest.get("accelerator", lambda: None)()
+            if accelerator is None:
+                raise GpuaccelError(f"@gpuaccel.capture: create a gpuaccel.Accelerator before the first call of "
+                                    f"{self.fn.__name__}()")
+            self.step = accelerator.capture(self.fn, **self.options)
+        return self.step(*args)
+
+    @property
+    def captured(self) -> bool:
+        return self.step is not None and self.step.captured
+
+
 class ScaledOptimizer(torch.optim.Optimizer):
     """The user's optimizer under fp16: ``step`` goes through the loss scaler (it skips a step
     whose gradients overflowed and adjusts the scale). Everything else is the optimizer's own,
@@ -499,24 +525,6 @@ class ScaledOptimizer(torch.optim.Optimizer):
         return getattr(self.__dict__["optimizer"], name)
 
 
-def _run_forward_in(model: nn.Module, precision, device: torch.device) -> None:
-    """``model``'s forward pass runs under ``precision``'s autocast and returns float32 outputs (a
-    loss computed outside then sees full-precision values), as HF Accelerate's prepared models do.
-    The module keeps its class and state-dict keys: only its ``forward`` attribute changes."""
-    if getattr(model, "_gpuaccel_forward", None) is not None:
-        return
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args, **kwargs):
-        with precision.autocast(device):
-            outputs = original(*args, **kwargs)
-        return tree_map(_to_float32, outputs)
-
-    model._gpuaccel_forward = original
-    model.forward = forward
-
-
 def _compiled_like(compiled: nn.Module, module: nn.Module, mode: str) -> nn.Module:
     """``module`` compiled as ``compiled`` (a user's torch.compile wrapper) compiles what it wraps:
     with the same backend and options; where torch's wrapper cannot be made again, in ``mode``."""
@@ -527,10 +535,3 @@ def _compiled_like(compiled: nn.Module, module: nn.Module, mode: str) -> nn.Modu
         return type(compiled)(module, context)
     except (TypeError, AttributeError):
         return compile_module(module, mode)
-
-
-def _to_float32(value):
-    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-        return value.float()
-    return value
-

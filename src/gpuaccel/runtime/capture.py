@@ -115,12 +115,16 @@ def tensor_learning_rates(optimizers: list[torch.optim.Optimizer], rates: list[l
             group["lr"] = rate
 
 
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def signature(args) -> tuple:
     """What a recording is specific to: the arguments' structure, their tensors' shapes, dtypes and
-    devices, and their other values."""
+    devices, their plain values (numbers, strings) and which other objects they are (a model, an
+    optimizer: the same object, whatever its state)."""
     leaves, spec = tree_flatten(args)
-    return (repr(spec),) + tuple((tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else repr(x)
-                                 for x in leaves)
+    return (spec,) + tuple((x.shape, x.dtype, x.device) if isinstance(x, torch.Tensor) else
+                           x if isinstance(x, _PLAIN) else (type(x), id(x)) for x in leaves)
 
 
 @contextlib.contextmanager
@@ -145,14 +149,20 @@ class _Recording:
 
     def __init__(self):
         self.calls = 0
-        self.args = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs = None
+        self.args = None
+        self._static: list[tuple[int, torch.Tensor]] = []  # (position among the leaves, static tensor)
+
+    def keep(self, args) -> None:
+        """Copies of ``args``' tensors: what the recording reads, refilled before each replay."""
+        self.args = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
+        self._static = [(i, x) for i, x in enumerate(tree_flatten(self.args)[0]) if isinstance(x, torch.Tensor)]
 
     def copy_in(self, args) -> None:
-        for static, new in zip(tree_flatten(self.args)[0], tree_flatten(args)[0]):
-            if isinstance(static, torch.Tensor):
-                static.copy_(new, non_blocking=True)
+        leaves = tree_flatten(args)[0]
+        for i, static in self._static:
+            static.copy_(leaves[i], non_blocking=True)
 
 
 class CapturedStep:
@@ -221,7 +231,7 @@ class CapturedStep:
         recording.calls += 1
         if recording.calls <= self.warmup:
             return self._on_side_stream(args)
-        recording.args = _static_copy(args)
+        recording.keep(args)
         if not self._record(recording):
             return self.fn(*args)  # (the failed recording ran nothing: this call's step, eagerly)
         recording.graph.replay()
@@ -253,7 +263,7 @@ class CapturedStep:
         if self.on_gpu and self.uncaptured is None:
             self._prepare_optimizers()
             recording = self.recordings.setdefault(signature(args), _Recording())
-            recording.args = _static_copy(args)
+            recording.keep(args)
         for _ in range(steps):
             if self.on_gpu and self.uncaptured is None:
                 self._on_side_stream(args)
@@ -303,10 +313,6 @@ class CapturedStep:
             if recording.graph is not None:
                 recording.graph.reset()
         self.recordings.clear()
-
-
-def _static_copy(args):
-    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
 
 
 def _cause(exc: BaseException) -> str:

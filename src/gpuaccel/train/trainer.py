@@ -193,7 +193,7 @@ class Trainer:
         """The strategy applied to the model; the weight average; the (compiled) forward passes of
         training and evaluation."""
         self._example_inputs = None  # one sample's inputs (set at the first step): blanks for sharded evaluation
-        self.acc.prepare_model(self.model, strategy=self.strategy, forward_precision=False, loss_fn=self.task.loss,
+        self.acc.prepare_model(self.model, strategy=self.strategy, loss_fn=self.task.loss,
                                first_inputs=lambda: self.task.split(next(iter(self.train_loader.batches(0))))[0])
         self.collective_state = self.strategy.collective_state  # checkpoints gathered from every process
         self.counts_metrics = self.strategy.counts_metrics  # where losses are computed

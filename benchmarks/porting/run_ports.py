@@ -1,0 +1,136 @@
+"""Public training scripts ported to gpuaccel.Accelerator, measured against themselves.
+
+For each script of pytorch/examples (a checkout of it is given; nothing of it is kept here):
+the original, a plain port (``prepare``, ``autocast``, ``backward``: ``port.diff``) and a port
+whose step is captured as one CUDA graph (``capture.diff``), each after the same two-line
+instrumentation (``instrument.diff``: ``steptimer.tick`` once per step). Every variant runs in
+its own process, alternated over ``--repeats`` rounds; each reports steps/s, samples/s and the
+mean training loss of its timed steps (steptimer.py). Changed lines are counted from the diffs:
+added and removed, and how many added lines were moved from elsewhere in the script (a step's
+body moved into a function) rather than written.
+
+    python benchmarks/porting/run_ports.py --examples ~/pytorch-examples --cifar ~/data/cifar10 \\
+        --mnist ~/data --text ~/data/shakespeare-words --out benchmarks/porting/results/ports.json
+
+``--cifar``: an image folder with train/ and test/ (imagenet takes test/ as its val/);
+``--mnist``: a folder holding MNIST/raw/ with the four IDX files; ``--text``: a folder with
+train.txt, valid.txt and test.txt (word_language_model's layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+VARIANTS = ("original", "port", "capture")
+
+# script folder -> (its arguments, timed steps after the warm-up)
+SCRIPTS = {
+    "mnist": (["../main.py", "--epochs", "1"], 300),
+    "imagenet": (["main.py", "{cifar}", "-a", "resnet18", "-b", "256", "-j", "12", "--epochs", "1", "-p", "100000"], 60),
+    "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "1"], 300),
+    "dcgan": (["main.py", "--dataset", "folder", "--dataroot", "{cifar}/train", "--imageSize", "64", "--accel",
+               "--niter", "1", "--workers", "4", "--outf", "out", "--manualSeed", "1"], 300),
+}
+
+
+def changed_lines(diff: Path) -> dict:
+    added = [line[1:] for line in diff.read_text().splitlines() if line.startswith("+") and not line.startswith("+++")]
+    removed = [line[1:] for line in diff.read_text().splitlines() if line.startswith("-") and not line.startswith("---")]
+    added, removed = [a for a in added if a.strip()], [r for r in removed if r.strip()]
+    pool = [r.strip() for r in removed]
+    moved = 0
+    for line in added:
+        if line.strip() in pool:
+            pool.remove(line.strip())
+            moved += 1
+    return {"added": len(added), "removed": len(removed), "moved": moved, "written": len(added) - moved}
+
+
+def prepare(examples: Path, script: str, variant: str, root: Path, args) -> Path:
+    """A copy of the script's folder with the instrumentation (and the variant's diff) applied."""
+    work = root / f"{script}-{variant}"
+    shutil.copytree(examples / script, work)
+    diffs = [HERE / script / "instrument.diff"] + ([HERE / script / f"{variant}.diff"] if variant != "original" else [])
+    for diff in diffs:
+        subprocess.run(["patch", "-s", "-p1", "-d", str(work), "-i", str(diff)], check=True)
+    if script == "mnist":  # it reads ../data/MNIST/raw
+        (work / "run").mkdir()
+        (work / "data").symlink_to(Path(args.mnist).resolve())
+    if script == "imagenet":  # it reads DIR/train and DIR/val
+        folder = work / "cifar"
+        folder.mkdir()
+        (folder / "train").symlink_to((Path(args.cifar) / "train").resolve())
+        (folder / "val").symlink_to((Path(args.cifar) / "test").resolve())
+    return work
+
+
+def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
+    arguments, steps = SCRIPTS[script]
+    steps = args.steps or steps
+    cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve()
+    command = [sys.executable] + [a.format(cifar=cifar, text=Path(args.text).resolve() if args.text else "")
+                                  for a in arguments]
+    out = work / f"result-{repeat}.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
+           "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=work / "run" if script == "mnist" else work, env=env, capture_output=True,
+                          text=True, timeout=args.timeout)
+    record = {"script": script, "variant": variant, "repeat": repeat, "command": " ".join(command[1:]),
+              "process_seconds": round(time.perf_counter() - start, 2)}
+    if out.exists():
+        record.update(json.loads(out.read_text().splitlines()[-1]))
+    else:
+        record["error"] = (done.stdout[-800:] + done.stderr[-1500:]).strip()
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
+    ap.add_argument("--cifar", help="CIFAR-10 image folder (train/, test/)")
+    ap.add_argument("--mnist", help="folder holding MNIST/raw/")
+    ap.add_argument("--text", help="folder with train.txt, valid.txt, test.txt")
+    ap.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=30, help="steps before the clock starts")
+    ap.add_argument("--steps", type=int, help="timed steps of every script (default: each script's own)")
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out", help="write the results here (JSON)")
+    args = ap.parse_args()
+    examples = Path(args.examples)
+    results = {"examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
+               else None, "changed_lines": {}, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        works = {}
+        for script in args.scripts:
+            for variant in args.variants:
+                works[script, variant] = prepare(examples, script, variant, root, args)
+                if variant != "original":
+                    results["changed_lines"][f"{script}/{variant}"] = changed_lines(HERE / script / f"{variant}.diff")
+        for repeat in range(args.repeats):
+            for script in args.scripts:
+                for variant in args.variants:
+                    record = run_one(works[script, variant], script, variant, repeat, args)
+                    results["runs"].append(record)
+                    print(json.dumps(record), flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
