@@ -353,10 +353,10 @@ class Trainer:
         return forward_backward
 
     def train_step(self, inputs, targets) -> torch.Tensor:
-        """One optimizer step on one batch, and the schedule's; returns the loss x samples, on the device."""
+        """One optimizer step on one batch, and the schedule's; returns the loss, on the device."""
         if self.ema is not None:
             self._ema_weight.fill_(self.ema.advance())
-        loss = self.step([(inputs, targets)])
+        loss = self.step([(inputs, targets)]) / leading_size(targets)
         self.scheduler.step()
         return loss
 
