@@ -207,3 +207,17 @@ def test_a_tensor_dataset_is_resident_and_served_in_its_samplers_order():
     prepared = gpuaccel.Accelerator(device="cpu", monitor=False).prepare(loader)
     assert isinstance(prepared, ResidentLoader)
     assert [y.tolist() for _, y in prepared] == [list(range(0, 6)), list(range(6, 12)), list(range(12, 18))]
+
+
+def test_automatic_precision_keeps_recurrent_models_in_fp32():
+    """cuDNN's recurrent kernels repack cast weights every step under autocast: 'auto' picks fp32
+    for them; an explicit precision stands."""
+    from gpuaccel.device import Precision
+
+    acc = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
+    acc._precision_chosen = True  # (as 'auto' resolves to bf16 on a GPU)
+    acc.prepare(nn.LSTM(4, 8))
+    assert acc.precision == Precision("fp32", None, False) and not acc.scaler.is_enabled()
+    explicit = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
+    explicit.prepare(nn.GRU(4, 8))
+    assert explicit.precision.name == "bf16"

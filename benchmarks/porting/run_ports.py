@@ -37,7 +37,7 @@ VARIANTS = ("original", "port", "capture")
 SCRIPTS = {
     "mnist": (["../main.py", "--epochs", "1"], 300),
     "imagenet": (["main.py", "{cifar}", "-a", "resnet18", "-b", "256", "-j", "12", "--epochs", "1", "-p", "100000"], 60),
-    "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "1"], 300),
+    "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "2"], 200),
     "dcgan": (["main.py", "--dataset", "folder", "--dataroot", "{cifar}/train", "--imageSize", "64", "--accel",
                "--niter", "1", "--workers", "4", "--outf", "out", "--manualSeed", "1"], 300),
 }

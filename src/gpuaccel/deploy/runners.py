@@ -224,3 +224,15 @@ def _openvino_error(path: Path, exc: Exception) -> GpuaccelError:
     lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("Exception from")]
     reason = lines[-1].strip()[:200] if lines else type(exc).__name__
     return GpuaccelError(f"OpenVINO cannot read or compile {path} ({reason})")
+
+
+def inference_device(model, asked: str = "auto", runtime: str = "onnxruntime") -> str:
+    """Where ``infer`` runs ``model``: what was asked for, else a CUDA GPU when there is one and
+    the model's runtime can use it (ONNX files need onnxruntime-gpu), else the CPU."""
+    if asked != "auto":
+        return asked
+    from ..device import resolve_device
+
+    gpu = resolve_device("auto").type == "cuda"
+    usable = not str(model).endswith(".onnx") or (runtime == "onnxruntime" and onnx_has_cuda())
+    return "cuda" if gpu and usable else "cpu"

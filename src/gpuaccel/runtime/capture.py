@@ -42,8 +42,9 @@ FUSED_ON_CUDA = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> str | None:
     """Prepares a PyTorch optimizer on CUDA parameters for a captured step, and for speed: the
-    fused kernel where PyTorch has one (Adam, AdamW, SGD), else ``capturable=True`` (its step
-    count on the device, no host synchronisation: Adadelta, Adamax, NAdam, RAdam, RMSprop, ...).
+    fused kernel where PyTorch has one (Adam, AdamW, SGD), and ``capturable=True`` where it has
+    the option (its step count on the device, no host synchronisation: Adam, AdamW, Adadelta,
+    Adamax, NAdam, RAdam, RMSprop, ...).
     Returns None, or why the optimizer cannot be captured. Off CUDA nothing changes."""
     groups = optimizer.param_groups
     params = [p for g in groups for p in g["params"]]
@@ -53,14 +54,14 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> str | None:
         else type(optimizer).__qualname__
     if any(g.get("differentiable") for g in groups):
         return f"{name} was created with differentiable=True, which has no capturable update"
-    if type(optimizer) in FUSED_ON_CUDA and all(p.is_floating_point() for p in params):
-        for group in groups:
-            group.update(fused=True, foreach=False)
-    elif "capturable" in optimizer.defaults:
-        for group in groups:
-            group["capturable"] = True
-    elif _holds_steps_on_host(optimizer):
+    fused = type(optimizer) in FUSED_ON_CUDA and all(p.is_floating_point() for p in params)
+    if not fused and "capturable" not in optimizer.defaults and _holds_steps_on_host(optimizer):
         return f"{name} keeps its state on the host and has no capturable option"
+    for group in groups:
+        if fused:
+            group.update(fused=True, foreach=False)
+        if "capturable" in optimizer.defaults:  # (Adam's fused kernel still checks it under capture)
+            group["capturable"] = True
     for p in params:  # a step count loaded from a checkpoint (or made eagerly) moves to the device
         step = optimizer.state.get(p, {}).get("step")
         if isinstance(step, torch.Tensor) and step.device != p.device:

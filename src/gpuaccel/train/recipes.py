@@ -40,3 +40,23 @@ def load_recipe(name_or_path: str) -> dict:
     if not isinstance(values, dict):
         raise GpuaccelError(f"recipe {name_or_path} must be a mapping of setting: value")
     return flatten_sections(values)
+
+
+DEMO_RECIPE = "digits"  # what `gpuaccel train` alone trains: the built-in data set with its own recipe
+
+
+def training_settings(options: dict, recipe: str | None = None, resume: str | None = None) -> dict:
+    """The settings a train command runs with: ``options`` (what the user set) over ``recipe``'s.
+    With no recipe, no run to resume and no training setting given (logging settings aside), it is
+    the demo (:data:`DEMO_RECIPE`); any training setting means the user chose, and the plain
+    defaults apply beneath it, with no recipe."""
+    from dataclasses import fields
+
+    from .config import TrainConfig
+
+    if resume and recipe:
+        raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
+    sections = {f.name: f.metadata["section"] for f in fields(TrainConfig)}
+    if not resume and not recipe and all(sections.get(k) == "logging" for k in options):
+        recipe = DEMO_RECIPE
+    return {**load_recipe(recipe), **options} if recipe else dict(options)

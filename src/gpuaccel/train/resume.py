@@ -83,3 +83,13 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
         # the log stays one line per evaluation
         run.metrics.repair(keep=lambda r: r.get("step", 0) <= trainer.global_step)
     return trainer
+
+
+def run_to_continue(resume: str | None, run_dir: str | None) -> str | None:
+    """The run a process continues: ``resume`` if given, else (when torchrun's elastic agent has
+    restarted the process group after a failure) the run directory if it holds a checkpoint."""
+    if resume:
+        return resume
+    if Distributed.from_env().restart > 0 and run_dir and (Path(run_dir) / CHECKPOINT).exists():
+        return run_dir
+    return None

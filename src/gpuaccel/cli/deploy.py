@@ -1,0 +1,362 @@
+"""The deployment commands: export, infer, generate, recommend, quantize, prune, bench-infer. Each
+parses its options, calls the deploy API (``gpuaccel.deploy``) and prints what it returned."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import GpuaccelError
+
+
+def add_deploy_parsers(sub) -> None:
+    for add in (_export_parser, _infer_parser, _generate_parser, _recommend_parser, _quantize_parser,
+                _prune_parser, _bench_infer_parser):
+        add(sub)
+
+
+def _export_parser(sub) -> None:
+    e = sub.add_parser("export", help="export a trained model (ONNX, torch.export, TorchScript) and verify it",
+                       description="Export a trained model and verify the export: the original and the exported "
+                                   "model run on real held-out images of the run's data set; the command fails "
+                                   "(exit 1) if their top-1 predictions agree on fewer than 99.9% of them. The "
+                                   "exported model takes float32 images in [0, 1] (normalisation is inside it); "
+                                   "class names and input shape are written to <artefact>.json beside it. A text "
+                                   "classifier exports as onnx or pt2 (token ids in, any batch and length), its "
+                                   "tokeniser in the .json, verified on held-out sentences.")
+    e.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
+    e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
+    e.add_argument("--static-batch", type=int, metavar="N",
+                   help="fix the batch size at N, for runtimes that need static shapes (default: any batch size)")
+    e.add_argument("--dynamic-batch", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
+    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
+    e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
+    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (sentences, recordings) to compare (1000)")
+    e.add_argument("--json", action="store_true", help="print the verification as JSON")
+    e.set_defaults(handler=_run_export)
+
+
+def _infer_parser(sub) -> None:
+    i = sub.add_parser("infer", help="predict classes for images (sentences, recordings) with a trained or exported "
+                                     "model",
+                       description="Predict classes for image files, a folder of images, or a data set's held-out "
+                                   "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
+                                   ".ts file; or, with a run of a text classifier, for text files (a sentence per "
+                                   "line) or a labelled .tsv/.csv/.jsonl (scored); with a run of an audio classifier, for WAV files "
+                                   "and folders of them. Writes CSV (input, class_1, "
+                                   "prob_1, ...) and prints latency statistics.")
+    i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
+    i.add_argument("inputs", nargs="+", metavar="INPUTS",
+                   help="image files, a folder of images, or a data set spec; for a text classifier, text files or "
+                        "a labelled sentences file or folder; for an audio classifier, WAV files or folders")
+    i.add_argument("--device", default="auto",
+                   help="auto (default: a CUDA GPU when there is one and the model's runtime can use it), cpu, "
+                        "cuda or cuda:N")
+    i.add_argument("--batch-size", "--batch", type=int, default=256, help="images per batch (default 256)")
+    i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
+    i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
+    i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
+    i.add_argument("--runtime", default="onnxruntime",
+                   help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
+    i.set_defaults(handler=_run_infer)
+
+
+def _generate_parser(sub) -> None:
+    g = sub.add_parser("generate", help="sample text from a trained language model",
+                       description="Continue a prompt with a language model trained by 'gpuaccel train' on text "
+                                   "(a key/value cache makes each new token one position's work); prints the "
+                                   "text, and the speed in tokens per second on standard error.")
+    g.add_argument("run", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    g.add_argument("--prompt", default="\n", metavar="TEXT", help="the text to continue (default: a new line)")
+    g.add_argument("--tokens", type=int, default=500, metavar="N", help="tokens to generate (default 500)")
+    g.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="sampling temperature; 0 takes the most likely token (default 0.8)")
+    g.add_argument("--top-k", type=int, default=200, metavar="K",
+                   help="sample among the K most likely tokens (default 200; 0: all)")
+    g.add_argument("--samples", type=int, default=1, metavar="S", help="independent continuations (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the sampling (default 0)")
+    g.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole context for every token (for comparison; slower)")
+    g.add_argument("--json", action="store_true", help="print the texts and the speed as JSON")
+    g.set_defaults(handler=_run_generate)
+
+
+def _recommend_parser(sub) -> None:
+    r = sub.add_parser("recommend", help="the items a trained rating model predicts a user will rate highest",
+                       description="Score every item the user has not rated in the run's training data with a "
+                                   "model trained by 'gpuaccel train' on ratings; print the best, with titles "
+                                   "where the data has them (MovieLens' u.item, movies.dat or movies.csv).")
+    r.add_argument("run", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    r.add_argument("--user", required=True, help="the user's id, as in the ratings file")
+    r.add_argument("--top", type=int, default=10, metavar="K", help="how many items (default 10)")
+    r.add_argument("--include-rated", action="store_true", help="also rank the items the user rated in training")
+    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    r.add_argument("--json", action="store_true", help="print the list as JSON")
+    r.set_defaults(handler=_run_recommend)
+
+
+def _quantize_parser(sub) -> None:
+    q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
+                       description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export'): "
+                                   "--int8 with ONNX Runtime's static quantisation, calibrated on N real training "
+                                   "images, or --fp16 for GPU runtimes; reports size, held-out accuracy and "
+                                   "latency before and after (on the GPU for --fp16 where onnxruntime-gpu can use one).")
+    q.add_argument("model", metavar="RUN|MODEL.onnx", help="a run directory (or its model.pt), or an .onnx file "
+                                                           "made by 'gpuaccel export'")
+    q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ), for CPUs")
+    q.add_argument("--fp16", action="store_true",
+                   help="weights and compute in fp16, inputs and outputs float32, for GPU runtimes")
+    q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration images (default 512)")
+    q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
+    q.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
+    q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx or model.fp16.onnx beside the checkpoint")
+    q.add_argument("--device", metavar="DEV", help="where to evaluate and time the models: cpu or cuda[:N] (default: "
+                                                   "cuda for --fp16 where onnxruntime-gpu and a GPU are present, else cpu)")
+    q.add_argument("--runtime", default="onnxruntime",
+                   help="what evaluates and times the models: onnxruntime (default) or openvino (CPU only)")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.set_defaults(handler=_run_quantize)
+
+
+def _prune_parser(sub) -> None:
+    p = sub.add_parser("prune", help="prune a trained model (weights or whole channels), fine-tune, report",
+                       description="Prune a trained model: --structured removes whole channels with torch-pruning "
+                                   "(the model gets smaller and faster), otherwise the smallest weights are zeroed. "
+                                   "Optionally fine-tunes with the training engine on the run's data. Writes a run "
+                                   "directory (model.pt, prune.json) usable by export, quantize, infer; reports "
+                                   "parameters, FLOPs, file size, held-out accuracy and CPU latency before and after.")
+    p.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    p.add_argument("--sparsity", type=float, default=0.5,
+                   help="share of weights (or, with --structured, of each layer's channels) to remove (default 0.5)")
+    p.add_argument("--structured", action="store_true", help="remove whole channels (needs torch-pruning)")
+    p.add_argument("--finetune-epochs", type=int, default=0, metavar="E", help="train E epochs after pruning")
+    p.add_argument("--lr", type=float, help="fine-tuning peak learning rate (default: half the run's)")
+    p.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
+    p.add_argument("--out", metavar="DIR", help="default: pruned-<method>-<sparsity>/ beside the checkpoint")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_run_prune)
+
+
+def _bench_infer_parser(sub) -> None:
+    b = sub.add_parser("bench-infer", help="inference latency and throughput on every backend available",
+                       description="Batch-1 latency (p50/p90/p99) and best-batch throughput of a trained model: "
+                                   "PyTorch eager on the CPU, ONNX Runtime (and, where installed, OpenVINO) fp32 and "
+                                   "int8 on the CPU, and on a GPU "
+                                   "PyTorch fp32, bf16 and bf16 compiled with CUDA graphs, and (with onnxruntime-gpu) "
+                                   "ONNX Runtime fp32, fp16 and fp16 with CUDA graphs.")
+    b.add_argument("model", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
+    b.add_argument("--data", metavar="SPEC", help="calibration data for the int8 row (default: the run's)")
+    b.add_argument("--repeats", type=int, default=200, help="timed batch-1 calls (default 200)")
+    b.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads of the CPU backends (default: every core); small models at batch 1 are "
+                        "often fastest on a few")
+    b.add_argument("--json", action="store_true", help="print the results as JSON")
+    b.set_defaults(handler=_run_bench_infer)
+
+
+def _run_quantize(args) -> int:
+    from ..deploy.quantize import quantize_model
+
+    if args.int8 == args.fp16:
+        raise GpuaccelError("say what to quantise to: --int8 (CPU) or --fp16 (GPU runtimes), one of them")
+    kind = "int8" if args.int8 else "fp16"
+    report = quantize_model(args.model, kind, calibration_images=args.calib, per_channel=args.per_channel,
+                            data=args.data, out=args.out, device=args.device, runtime=args.runtime)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for name in ("fp32", kind):
+        r = report[name]
+        print(f"{name}: {r['size_bytes'] / 1e6:.2f} MB, test accuracy {100 * r['test_accuracy']:.2f}%, "
+              f"batch-1 latency in {args.runtime} on {report['device']} {r['latency_p50_ms']:.3f} ms, "
+              f"{r['best_images_per_second']:,.0f} images/s")
+    if kind == "fp16" and report["device"] == "cpu":
+        print("fp16 is for GPU runtimes (onnxruntime-gpu, TensorRT); ONNX Runtime's CPU kernels are fp32 at heart")
+    print(f"saved {report['artifact']}")
+    return 0
+
+
+def _run_prune(args) -> int:
+    from ..deploy.artifact import load_trained
+    from ..deploy.prune import prune_trained
+
+    trained = load_trained(args.checkpoint)
+    data = trained.load_data(args.data, "no data to evaluate and fine-tune the pruned model with")
+    report = prune_trained(trained, data, sparsity=args.sparsity, structured=args.structured,
+                           finetune_epochs=args.finetune_epochs, lr=args.lr, out_dir=args.out, quiet=args.json)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for name in ("before", "after"):
+        r = report[name]
+        print(f"{name:6s}: {r['parameters']:,} parameters ({r['nonzero_parameters']:,} non-zero), "
+              f"{r['flops_per_image'] / 1e6:,.1f} MFLOP/image, {r['file_bytes'] / 1e6:.2f} MB, "
+              f"test accuracy {100 * r['test_accuracy']:.2f}%, CPU batch-1 {r['latency_p50_ms']:.3f} ms, "
+              f"{r['best_images_per_second']:,.0f} images/s")
+    print(f"{report['method']} pruning at {report['sparsity']:g}: accuracy {100 * report['pruned_accuracy']:.2f}% "
+          f"before fine-tuning; CPU batch-1 speed {report['speedup_batch1']:.2f}x the original "
+          f"({report['speedup_batch1_min']:.2f}-{report['speedup_batch1_max']:.2f} over "
+          f"{report['speedup_batch1_rounds']} alternating rounds), throughput {report['speedup_throughput']:.2f}x; "
+          f"saved {report['out']}")
+    return 0
+
+
+def _run_bench_infer(args) -> int:
+    from ..deploy.artifact import load_trained
+    from ..deploy.bench import bench_inference
+    from ..deploy.quantize import calibration_sample
+
+    trained = load_trained(args.model)
+    calibration = None
+    try:
+        calibration = calibration_sample(trained.load_data(args.data, "no calibration data").train_images, 256)
+    except GpuaccelError as exc:
+        print(f"gpuaccel: note: no int8 row ({exc})", file=sys.stderr)
+    if args.threads is not None and args.threads < 1:
+        raise GpuaccelError("--threads must be at least 1")
+    result = bench_inference(trained, calibration, repeats=args.repeats, threads=args.threads)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{trained.model_name}, {trained.image_size} px; CPU {result['cpu']} ({result['cpu_threads']} threads)"
+          + (f"; GPU {result['gpu']}" if result["gpu"] else ""))
+    width = max(len(r["backend"]) for r in result["rows"])
+    print(f"{'backend':{width}s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'best img/s':>12s}")
+    for r in result["rows"]:
+        if "error" in r:
+            print(f"{r['backend']:{width}s} failed: {r['error']}")
+        else:
+            print(f"{r['backend']:{width}s} {r['latency_p50_ms']:8.3f} {r['latency_p90_ms']:8.3f} "
+                  f"{r['latency_p99_ms']:8.3f} {r['best_images_per_second']:12,.0f}")
+    return 0
+
+
+def _run_export(args) -> int:
+    from ..deploy.exports import export_run
+
+    if args.static_batch is not None and args.dynamic_batch:
+        raise GpuaccelError("--static-batch and --dynamic-batch disagree; give one")
+    report, what = export_run(args.checkpoint, args.format, args.out, data=args.data, verify_count=args.verify_images,
+                              static_batch=args.static_batch, opset=args.opset)
+    return _export_report(args, report, f"held-out {what}", report[what])
+
+
+def _export_report(args, report: dict, what: str, count: int) -> int:
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
+              f"top-1 agreement {100 * report['top1_agreement']:.2f}%, max |diff| {report['max_abs_diff']:.2e}, "
+              f"mean |diff| {report['mean_abs_diff']:.2e}")
+    if not report["passed"]:
+        print("gpuaccel: export verification FAILED: top-1 agreement under 99.9%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_generate(args) -> int:
+    from ..deploy.text import generate
+
+    result = generate(args.run, args.prompt, args.tokens, temperature=args.temperature, top_k=args.top_k or None,
+                      samples=args.samples, device=args.device, seed=args.seed, use_cache=not args.no_cache)
+    speed = (f"{result.new_tokens} tokens x {len(result.texts)} sample(s) in {result.seconds:.2f} s on "
+             f"{result.device}: {result.tokens_per_second:,.0f} tokens/s")
+    if args.json:
+        print(json.dumps({"texts": result.texts, "new_tokens": result.new_tokens, "seconds": round(result.seconds, 4),
+                          "tokens_per_second": round(result.tokens_per_second, 1), "device": result.device}))
+    else:
+        print("\n---\n".join(result.texts))
+        print(f"gpuaccel: {speed}", file=sys.stderr)
+    return 0
+
+
+def _run_recommend(args) -> int:
+    from dataclasses import asdict
+
+    from ..deploy.recommend import recommend
+
+    items = recommend(args.run, args.user, args.top, device=args.device, include_rated=args.include_rated)
+    if args.json:
+        print(json.dumps([asdict(i) for i in items], indent=1))
+    else:
+        for rank, item in enumerate(items, 1):
+            print(f"{rank:3d}. {item.title or item.item}  (item {item.item}, score {item.score:.2f})")
+    return 0
+
+
+def _run_infer(args) -> int:
+    from ..deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
+    from ..deploy.artifact import run_kind
+    from ..deploy.runners import inference_device, load_runner
+
+    if args.batch_size < 1 or args.top_k < 1:
+        raise GpuaccelError("--batch-size and --top-k must be at least 1")
+    kind = run_kind(args.model)
+    if kind == "text":
+        return _infer_sentences(args)
+    if kind == "audio":
+        return _infer_recordings(args)
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise GpuaccelError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    args.device = inference_device(args.model, args.device, args.runtime)
+    runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
+    names, images, labels = gather_inputs(args.inputs)
+    images = fit_to_model(images, runner.in_channels, runner.image_size)
+    probs, stats = predict(runner, images, args.batch_size)
+    # a file name that is not valid UTF-8 is written with its odd bytes escaped (\udcXX), not refused
+    _write_predictions(args.out, predictions_csv(names, probs, runner.classes, args.top_k))
+    line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "
+            f"batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
+    if labels is not None:
+        line += f"; accuracy {100 * top1_accuracy(probs, labels):.2f}%"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def _write_predictions(out: str | None, text: str) -> None:
+    """The CSV to ``out`` (a new file replaces the old one only once it is whole) or standard
+    output; a name that is not valid UTF-8 is written with its odd bytes escaped (\\udcXX)."""
+    text = text.encode("utf-8", "backslashreplace").decode()
+    if out:
+        from ..files import atomic_write
+
+        atomic_write(out, lambda f: f.write(text.encode()))
+    else:
+        sys.stdout.write(text)
+
+
+def _infer_sentences(args) -> int:
+    """``gpuaccel infer`` with a text classifier: one sentence per line of each file, or a
+    labelled file or folder scored against its labels."""
+    from ..deploy.infer import predictions_csv
+    from ..deploy.text import classify_sentences
+
+    result = classify_sentences(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
+    _write_predictions(args.out, predictions_csv(result.texts, result.probabilities, result.classes, args.top_k))
+    line = (f"{len(result.texts)} sentences on {result.device}: "
+            f"{len(result.texts) / max(result.seconds, 1e-9):,.0f} sentences/s")
+    if result.accuracy is not None:
+        line += f"; accuracy {100 * result.accuracy:.2f}%"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def _infer_recordings(args) -> int:
+    """``gpuaccel infer`` with an audio classifier: WAV files and folders of them."""
+    from ..deploy.audio import classify_recordings
+    from ..deploy.infer import predictions_csv
+
+    result = classify_recordings(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
+    _write_predictions(args.out, predictions_csv(result.names, result.probabilities, result.classes, args.top_k))
+    for note in result.notes[:5]:
+        print(f"gpuaccel: {note}", file=sys.stderr)
+    print(f"{len(result.names)} recordings on {result.device}: "
+          f"{len(result.names) / max(result.seconds, 1e-9):,.0f} recordings/s", file=sys.stderr)
+    return 0

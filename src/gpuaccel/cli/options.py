@@ -1,0 +1,80 @@
+"""Command-line options made from the training schema (train/config.py): each TrainConfig setting
+becomes an option of its section's group, with its type, help, valid values and default declared
+there once; and the parser every command uses (a bad option is one line, exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..errors import GpuaccelError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line (plus where to find help), exit status 2."""
+
+    def error(self, message):
+        raise GpuaccelError(f"{message} (see '{self.prog} --help')")
+
+
+def comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def keywords(text: str) -> dict:
+    """'layers=6,width=384,activation=gelu' -> {'layers': 6, 'width': 384, 'activation': 'gelu'}
+    (values read as YAML scalars: numbers, booleans, null, else strings)."""
+    import yaml
+
+    result = {}
+    for item in comma_list(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            result[key.strip()] = yaml.safe_load(value.strip())
+        except yaml.YAMLError:
+            result[key.strip()] = value.strip()
+    return result
+
+
+def add_config_options(parser, names=None, shown_defaults: dict | None = None) -> None:
+    """TrainConfig's settings (all, or those in ``names``) as options, one group per section,
+    made from the schema (train/config.py): type, help, valid values and default declared
+    there once. Every option defaults to None here, so that what the user typed is known."""
+    import typing
+
+    from ..train.config import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if not meta["cli"] or (names is not None and f.name not in names):
+            continue
+        group = groups.get(meta["section"]) or groups.setdefault(
+            meta["section"], parser.add_argument_group(meta["section"] + " settings"))
+        kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+        default = (shown_defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING
+                                             else f.default_factory())
+        text = meta["help"]
+        if meta["choices"] and not all(c in text for c in meta["choices"]):
+            text += f"; one of: {', '.join(meta['choices'])}"
+        if default not in (None, False, "default") and "default" not in text:
+            text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+        options = dict(help=text.replace("%", "%%"), default=None)
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            parse = {list: comma_list, dict: keywords}.get(typing.get_origin(kind) or kind, kind)
+            options.update(type=parse,
+                           metavar=meta["metavar"] or f.name.upper())
+        group.add_argument("--" + f.name.replace("_", "-"), **options)
+
+
+def explicit_options(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the user set on the command line (every option defaults to None)."""
+    from ..train import TrainConfig
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
