@@ -77,7 +77,7 @@ def prepare(examples: Path, script: str, variant: str, root: Path, args) -> Path
 def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
     arguments, steps = SCRIPTS[script]
     steps = args.steps or steps
-    cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve()
+    cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve() if args.cifar else ""
     command = [sys.executable] + [a.format(cifar=cifar, text=Path(args.text).resolve() if args.text else "")
                                   for a in arguments]
     out = work / f"result-{repeat}.jsonl"
