@@ -49,7 +49,7 @@ from .optim import build_optimizer, build_scheduler
 from .progress import Progress
 from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
-from .session import Window, training_session
+from .fit_context import TrainingClock, fit_context
 from . import evaluation
 from .summary import start_lines, summarise
 from .warmup import training_shapes, warm_up
@@ -254,27 +254,27 @@ class Trainer:
         for line in start_lines(self):
             progress.log(line)
         next_batches = self._warm_up_on_first_batch(progress)  # the first epoch's, started before the warm-up
-        cadence, window = Cadence(cfg, self.dist, self.device), Window(self.train_seconds)
+        cadence, clock = Cadence(cfg, self.dist, self.device), TrainingClock(self.train_seconds)
         stopped_by = None
         self.phases.mark("run directory")
-        with training_session(self, progress, window) as session:
-            session.started(next_batches)
+        with fit_context(self, progress, clock) as context:
+            context.started(next_batches)
             if self.epochs_done >= cfg.epochs and self.global_step > self.evaluated_at:
-                session.evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
+                context.evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
             while stopped_by is None and self.epochs_done < cfg.epochs:
                 batches = next_batches or self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
                 next_batches = None
-                for micro_batches in self._optimizer_steps(session.data_wait.timed(batches)):
+                for micro_batches in self._optimizer_steps(context.data_wait.timed(batches)):
                     if self.ema is not None:
                         self._ema_weight.fill_(self.ema.advance())  # (read by the step, captured or not)
                     loss = self.step(micro_batches)  # one CUDA graph's replay, or the same code eagerly
                     if self.counts_metrics:
-                        window.add(loss, sum(leading_size(targets) for _, targets in micro_batches))
+                        clock.add(loss, sum(leading_size(targets) for _, targets in micro_batches))
                     self.samples_seen += sum(leading_size(t) for _, t in micro_batches) * self.data_ranks
                     self.batch_in_epoch += len(micro_batches)
                     self.scheduler.step()
                     self.global_step += 1
-                    session.stepped()
+                    context.stepped()
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
@@ -282,10 +282,10 @@ class Trainer:
                     if end_of_epoch and not finished:
                         # a streaming loader makes the next epoch's first batches while this one is
                         # evaluated and checkpointed, so that epoch does not start waiting for them
-                        next_batches = session.started(self.train_loader.batches(self.epoch))
-                    out_of_time = cadence.out_of_time(self.global_step, window.training_seconds())
+                        next_batches = context.started(self.train_loader.batches(self.epoch))
+                    out_of_time = cadence.out_of_time(self.global_step, clock.training_seconds())
                     if cadence.evaluation_due(self.global_step, end_of_epoch, finished) or out_of_time:
-                        if self._reached_target(session.evaluate_and_log()):
+                        if self._reached_target(context.evaluate_and_log()):
                             stopped_by = "target"
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
@@ -295,17 +295,17 @@ class Trainer:
                         # steps still queued on the GPU are training time; saving would wait for them
                         # inside the pause, which is not counted
                         synchronize(self.device)
-                        with window.paused():
+                        with clock.paused():
                             self.save_checkpoint()
                         cadence.checkpointed()
                     if last or end_of_epoch:
                         break
             stopped_by = stopped_by or "epochs"
         self.step.release()  # before the process group goes; a later fit() records the step again
-        self.phases.add("training", window.trained)
-        self.phases.add("evaluations, checkpoints and logs during the loop", session.wall_seconds - window.trained)
+        self.phases.add("training", clock.trained)
+        self.phases.add("evaluations, checkpoints and logs during the loop", context.wall_seconds - clock.trained)
         self.phases.restart()
-        return self._finish(stopped_by, session.wall_seconds)
+        return self._finish(stopped_by, context.wall_seconds)
 
     def _optimizer_steps(self, batches):
         """The epoch's batches as optimizer steps, each a list of ``grad_accum`` (inputs, targets)

@@ -1,5 +1,5 @@
 """Around the training loop: the training clock (evaluations and checkpoints are not training
-time), one ``fit``'s meters and its evaluate-and-log step, and the session that holds them:
+time), one ``fit``'s meters and its evaluate-and-log step, and the context that holds them:
 SIGTERM stops like Ctrl-C, the collector leaves the warm-up's objects alone, the run
 directory is released at the end."""
 
@@ -24,7 +24,7 @@ class Stop(Exception):
     """Raised by a signal handler so that SIGTERM stops training like Ctrl-C does."""
 
 
-class Window:
+class TrainingClock:
     """The training clock, and what was trained since the last evaluation: the loss summed on the
     device, the samples, the seconds. Evaluations and checkpoints are not training time."""
 
@@ -57,13 +57,13 @@ class Window:
         self.segment_start += time.perf_counter() - pause
 
 
-class Session:
+class FitContext:
     """One ``fit``'s meters (data wait, GPU samples, profiler, TensorBoard scalars) and its
     evaluate-and-log step, with the collector's view of the warm-up's objects frozen."""
 
-    def __init__(self, trainer, progress: Progress, window: Window):
+    def __init__(self, trainer, progress: Progress, clock: TrainingClock):
         cfg, main = trainer.config, trainer.dist.is_main
-        self.trainer, self.progress, self.window = trainer, progress, window
+        self.trainer, self.progress, self.clock = trainer, progress, clock
         self.metrics = MetricsFile(trainer.run_dir / "metrics.jsonl") if main else None
         self.wall_start = time.perf_counter()
         self.sampler = GpuSampler(trainer.run_dir / f"gpu{'' if main else trainer.dist.rank}.jsonl",
@@ -99,11 +99,11 @@ class Session:
     def evaluate_and_log(self) -> dict:
         """Evaluates, appends the record to metrics.jsonl and prints it; the time it takes is not
         training time."""
-        trainer, window = self.trainer, self.window
+        trainer, clock = self.trainer, self.clock
         synchronize(trainer.device)
-        trainer.train_seconds = window.end_segment()
-        loss_sum = window.loss_sum if window.loss_sum is not None else torch.zeros((), device=trainer.device)
-        record = {**trainer.evaluate_and_record(loss_sum, window.samples, trainer.train_seconds - self.seconds_at_eval,
+        trainer.train_seconds = clock.end_segment()
+        loss_sum = clock.loss_sum if clock.loss_sum is not None else torch.zeros((), device=trainer.device)
+        record = {**trainer.evaluate_and_record(loss_sum, clock.samples, trainer.train_seconds - self.seconds_at_eval,
                                                 time.perf_counter() - self.wall_start),
                   "data_wait": round(self.data_wait.read()["data_share"], 4)}
         gpu_util = self.sampler.mean("util", since=self.wall_at_eval) if self.sampler is not None else None
@@ -115,15 +115,15 @@ class Session:
         if self.scalars is not None:
             self.scalars.add(record, trainer.global_step)
         self.progress.log(format_record(record, trainer.config.epochs, trainer.metric_tracker.metrics))
-        window.loss_sum, window.samples = None, 0
+        clock.loss_sum, clock.samples = None, 0
         self.seconds_at_eval = trainer.train_seconds
-        window.start_segment()
+        clock.start_segment()
         return record
 
     def close(self) -> None:
         trainer = self.trainer
         synchronize(trainer.device)
-        trainer.train_seconds = max(trainer.train_seconds, self.window.trained_before + self.window.trained)
+        trainer.train_seconds = max(trainer.train_seconds, self.clock.trained_before + self.clock.trained)
         self.wall_seconds = time.perf_counter() - self.wall_start
         if self._started is not None and hasattr(self._started, "close"):
             self._started.close()  # started for an epoch that the run did not reach
@@ -144,15 +144,15 @@ def install_sigterm():
 
 
 @contextlib.contextmanager
-def training_session(trainer, progress: Progress, window: "Window"):
+def fit_context(trainer, progress: Progress, clock: "TrainingClock"):
     """Around the loop: SIGTERM stops like Ctrl-C (a checkpoint, then KeyboardInterrupt), the
     long-lived objects frozen for the collector, the meters running; all put back after."""
-    session = Session(trainer, progress, window)
+    context = FitContext(trainer, progress, clock)
     previous_handler = install_sigterm()
     trainer.model.train()
-    window.start_segment()
+    clock.start_segment()
     try:
-        yield session
+        yield context
     except (KeyboardInterrupt, Stop):
         # batches taken since the last optimizer step are not in the weights: the position is
         # that of the last step, so a resume redoes them
@@ -163,7 +163,7 @@ def training_session(trainer, progress: Progress, window: "Window"):
         trainer.step.release()
         raise KeyboardInterrupt(str(trainer.run_dir)) from None
     finally:
-        session.close()
+        context.close()
         trainer.run.unlock()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
