@@ -39,6 +39,20 @@ def train_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A character language model: a run with no images and no accuracy."""
+    from gpuaccel.cli import main
+
+    folder = tmp_path_factory.mktemp("text")
+    (folder / "corpus.txt").write_text("to be, or not to be: that is the question.\n" * 200)
+    run_dir = folder / "run"
+    assert main(["train", "--data", str(folder / "corpus.txt"), "--model", "gpt", "--model-args",
+                 "layers=1,heads=2,width=16,dropout=0.0", "--context", "16", "--batch-size", "16", "--epochs", "2",
+                 "--eval-every", "10", "--no-monitor", "--quiet", "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
 def test_ladder_measures_the_cpu_and_explains_every_skipped_rung(bench_run):
     results = json.loads((bench_run / "results.json").read_text())
     rungs = {r["rung"]: r for r in results["rungs"]}
@@ -116,6 +130,31 @@ def test_report_of_a_training_run(train_run, capsys):
     assert results["kind"] == "train" and len(results["metrics"]) == 3
 
 
+def test_report_of_runs_without_images(text_run, capsys, tmp_path):
+    """Every run the product makes gets a report: a language model (loss, no accuracy), and a
+    regression trained from Python on tensors."""
+    import gpuaccel
+
+    code, out, _ = run(capsys, "report", str(text_run))
+    page = (text_run / "report.html").read_text()
+    assert code == 0 and '<table id="summary"' in page and '<table id="evaluations">' in page
+    assert "windows/s" in page and "tokens/s" in page and "test perplexity" in page and page.count("<svg") >= 1
+    x = torch.randn(256, 3)
+    y = x @ torch.tensor([1.0, -2.0, 0.5])
+    regression = tmp_path / "regression"
+    gpuaccel.Trainer(gpuaccel.TrainConfig(epochs=2, batch_size=32, lr=0.05, monitor=False, run_dir=str(regression)),
+                     model=torch.nn.Linear(3, 1), train_data=(x, y.unsqueeze(1)), task="regression", quiet=True).fit()
+    code, _, _ = run(capsys, "report", str(regression))
+    page = (regression / "report.html").read_text()
+    assert code == 0 and "test rmse" in page and "<th>rmse</th>" in page
+
+
+def test_a_report_that_cannot_be_made_leaves_no_results_file(capsys, tmp_path):
+    (tmp_path / "summary.json").write_text('{"model": "m"}')  # a summary without the rest
+    assert_user_error(capsys, ["report", str(tmp_path)], "cannot read the run")
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_bench_and_report_errors(capsys, tmp_path):
     assert_user_error(capsys, ["bench", "--only", "cpu,warp-drive"], "unknown rung 'warp-drive'", RUNG_NAMES[0])
     assert_user_error(capsys, ["bench", "--precision", "fp32"], "auto, bf16 or fp16")
@@ -151,7 +190,7 @@ def _open_in_chromium(page_path: Path, screenshot: Path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
-@pytest.mark.parametrize("which", ["bench_run", "train_run"])
+@pytest.mark.parametrize("which", ["bench_run", "train_run", "text_run"])
 def test_report_renders_in_headless_chromium(which, request, tmp_path):
     from PIL import Image
 

@@ -46,12 +46,12 @@ def write_report(run_dir) -> Path:
             body = _bench_body(results, run_dir)
         elif summary_path.exists():
             results = _train_results(run_dir)
-            write_json(results_path, results)
             body = _train_body(results, run_dir)
+            write_json(results_path, results)  # (only once the page could be made)
         else:
             raise GpuaccelError(f"{run_dir} holds no gpuaccel run (neither results.json of a bench run nor "
                                 f"summary.json of a training run)")
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise GpuaccelError(f"cannot read the run in {run_dir}: {exc}") from None
     title = results.get("title", "gpuaccel report")
     page = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -153,48 +153,70 @@ def _train_results(run_dir: Path) -> dict:
 
 
 def _train_body(results: dict, run_dir: Path) -> str:
+    """A training run of any task: its summary, every evaluation's record, and curves of the
+    task's main metric and the loss against training time."""
     s = results["summary"]
     results["title"] = f"gpuaccel train: {s['model']} on {s['data']}"
+    unit = s.get("sample_unit") or "samples"
+    rate = s.get("samples_per_second", s.get("images_per_second")) or 0.0
+    best = s.get("best_metrics", {})
     rows = [("device", f"{s['device_name']} [{s['device']}], {s['precision']}"
                        f"{', channels_last' if s.get('channels_last') else ''}"
                        f"{', compiled' if s.get('compile') else ''}"),
-            ("model", f"{s['model']}, {s['parameters']:,} parameters"),
-            ("data", f"{s['data']}: {s['train_images']:,} train / {s['test_images']:,} test images"),
+            ("model", f"{s['model']}, {s['parameters']:,} parameters; task {s.get('task', 'classification')}"),
+            ("data", f"{s['data']}: {_count(s.get('train_samples'))} train / {_count(s.get('test_samples'))} test "
+                     f"{unit}"),
             ("stopped", f"after {s['epochs']:g} epochs ({s['steps']} steps) by {s['stopped_by']}"),
             ("time", f"training {s['train_seconds']:.2f} s, wall {s['wall_seconds']:.2f} s, set-up "
                      f"{s['setup_seconds']:.2f} s, warm-up {s['warmup_seconds']:.2f} s"),
-            ("throughput", f"{s['images_per_second']:,.0f} images/s"),
-            ("test accuracy", f"{100 * (s['test_accuracy'] or 0):.2f}% (best {100 * s['best_accuracy']:.2f}%)"),
-            ("torch", s["torch"])]
+            ("throughput", f"{rate:,.0f} {unit}/s" + (f" ({s['tokens_per_second']:,.0f} tokens/s)"
+                                                      if s.get("tokens_per_second") else ""))]
+    rows += [(f"test {name}", _metric(name, value) + (f" (best {_metric(name, best[name])})" if name in best else ""))
+             for name, value in s.get("metrics", {}).items()]
+    rows.append(("torch", s["torch"]))
     if s.get("time_to_target") is not None:
         rows.append(("time to target", f"{s['time_to_target']:.2f} s to {s.get('target') or ''}"))
     parts = [f"<h1>{html.escape(results['title'])}</h1>", "<h2>Summary</h2>", _meta(rows, table_id="summary")]
     metrics = results["metrics"]
+    names = [n for n in s.get("metrics", {}) if n != "loss"]
     if metrics:
-        parts += ["<h2>Evaluations</h2>", _metrics_table(metrics)]
+        parts += ["<h2>Evaluations</h2>", _metrics_table(metrics, names)]
     charts = _charts()
     if charts is None:
         parts.append(_no_charts_note())
     else:
+        main = s.get("main_metric") if s.get("main_metric") in names else (names[0] if names else None)
+        if metrics and main:
+            parts += [f"<h2>{html.escape(main.replace('_', ' '))} and loss against training time</h2>",
+                      charts.curves([("test", metrics, main)], f"test {main.replace('_', ' ')}")]
         if metrics:
-            parts += ["<h2>Loss and accuracy against training time</h2>",
-                      charts.curves([("test", metrics, "accuracy")], "test accuracy"),
-                      charts.curves([("train", metrics, "train_loss"), ("test", metrics, "loss")], "loss")]
+            parts.append(charts.curves([("train", metrics, "train_loss"), ("test", metrics, "loss")], "loss"))
         samples = read_samples(run_dir / "gpu.jsonl")
         if samples:
             parts += ["<h2>GPU utilisation, memory and power</h2>", charts.gpu_timeline(samples, [])]
     return "".join(parts)
 
 
-def _metrics_table(records: list[dict]) -> str:
-    cols = [("epoch", "{:g}"), ("step", "{}"), ("train_loss", "{:.4f}"), ("loss", "{:.4f}"),
-            ("accuracy", "{:.2%}"), ("images_per_second", "{:,.0f}"), ("samples_per_second", "{:,.0f}"),
-            ("data_wait", "{:.1%}"), ("gpu_util", "{:.0f}%"), ("elapsed", "{:.2f} s")]
+def _count(value) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _metric(name: str, value) -> str:
+    if value is None:
+        return "n/a"
+    return f"{100 * value:.2f}%" if name == "accuracy" else f"{value:.4g}"
+
+
+def _metrics_table(records: list[dict], metric_names: list[str]) -> str:
+    rates = ("images_per_second", "tokens_per_second", "samples_per_second")
+    rate = next((k for k in rates if any(k in r for r in records)), None)  # one rate column, the data's own
+    cols = [("epoch", "{:g}"), ("step", "{}"), ("train_loss", "{:.4f}"), ("loss", "{:.4f}")]
+    cols += [(name, "{:.2%}" if name == "accuracy" else "{:.4g}") for name in metric_names]
+    cols += [(rate, "{:,.0f}")] if rate else []
+    cols += [("data_wait", "{:.1%}"), ("gpu_util", "{:.0f}%"), ("elapsed", "{:.2f} s")]
     cols = [(k, f) for k, f in cols if any(k in r for r in records)]
-    if any(k == "images_per_second" for k, _ in cols):  # image data: one rate column, named as before
-        cols = [(k, f) for k, f in cols if k != "samples_per_second"]
-    out = ["<table id=\"evaluations\"><thead><tr>" + "".join(f"<th>{k.replace('_', ' ')}</th>" for k, _ in cols)
-           + "</tr></thead><tbody>"]
+    out = ["<table id=\"evaluations\"><thead><tr>" + "".join(f"<th>{html.escape(k.replace('_', ' '))}</th>"
+                                                            for k, _ in cols) + "</tr></thead><tbody>"]
     for r in records:
         out.append("<tr>" + "".join(f"<td>{f.format(r[k]) if r.get(k) is not None else '-'}</td>"
                                     for k, f in cols) + "</tr>")
