@@ -98,3 +98,19 @@ def test_a_signal_mid_training_ends_the_command(tmp_path, sig, code):
         pytest.fail(f"the command did not end after {sig!r}")
     assert proc.returncode == code, err
     assert "checkpoint saved" in err
+
+
+def test_a_closed_pipe_ends_the_command_without_a_traceback():
+    """``gpuaccel env --json | head``: the reader is gone before the command writes."""
+    code = textwrap.dedent("""
+        import os, sys
+        from gpuaccel.cli import run
+        read, write = os.pipe()
+        os.close(read)                        # the reader has gone away
+        os.dup2(write, sys.stdout.fileno())
+        sys.argv = ["gpuaccel", "env", "--json"]
+        run()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 1

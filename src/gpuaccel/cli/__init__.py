@@ -59,11 +59,19 @@ def run() -> None:
     does what CPython's does before that finalisation, in its order: :func:`_end_threads`, then
     the exit handlers (compile workers, loader processes and logging are shut down there)."""
     set_up_process()
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`gpuaccel env --json | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     _end_threads()
     atexit._run_exitfuncs()  # (CPython's own exit path calls the same, after the threads end)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
     os._exit(code)
 
 

@@ -132,7 +132,8 @@ def _prune_parser(sub) -> None:
     p.add_argument("--sparsity", type=float, default=0.5,
                    help="share of weights (or, with --structured, of each layer's channels) to remove (default 0.5)")
     p.add_argument("--structured", action="store_true", help="remove whole channels (needs torch-pruning)")
-    p.add_argument("--finetune-epochs", type=int, default=0, metavar="E", help="train E epochs after pruning")
+    p.add_argument("--finetune-epochs", type=float, default=0, metavar="E",
+                   help="train E epochs after pruning (a fraction: part of one)")
     p.add_argument("--lr", type=float, help="fine-tuning peak learning rate (default: half the run's)")
     p.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
     p.add_argument("--out", metavar="DIR", help="default: pruned-<method>-<sparsity>/ beside the checkpoint")

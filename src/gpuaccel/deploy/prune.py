@@ -75,7 +75,7 @@ def model_size(model: nn.Module, example: torch.Tensor) -> dict:
             "flops_per_image": counter.get_total_flops() / example.shape[0]}
 
 
-def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_epochs: int = 0,
+def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_epochs: float = 0,
                   lr: float | None = None, out_dir=None, repeats: int = 100, quiet: bool = True) -> dict:
     """Prunes a trained model, optionally fine-tunes it with the training engine on its own data,
     saves it as a run directory (``model.pt`` with its structure) and reports parameters, FLOPs,
