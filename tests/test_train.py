@@ -186,6 +186,19 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
     assert len(saves) == 3 and all(events[i - 1] == "sync" for i in saves)
 
 
+def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monkeypatch, tmp_path, digits):
+    """A resumed run's totals (training seconds, samples per second) start from what its
+    checkpoint recorded, also when it was saved between two evaluations."""
+    recorded = []
+    save = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint",
+                        lambda self: (recorded.append((self.global_step, self.train_seconds)), save(self))[1])
+    fit(tmp_path / "r", digits, model="mlp", epochs=2, eval_every=10**6, checkpoint_every=5, monitor=False)
+    between = [(step, seconds) for step, seconds in recorded if step % 5 == 0 and step < recorded[-1][0]]
+    assert between and all(seconds > 0 for _, seconds in between)
+    assert [s for _, s in recorded] == sorted(s for _, s in recorded)  # the clock only moves forward
+
+
 def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path, digits):
     saved_at = []
     save = Trainer.save_checkpoint

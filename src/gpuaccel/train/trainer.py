@@ -295,6 +295,7 @@ class Trainer:
                         # steps still queued on the GPU are training time; saving would wait for them
                         # inside the pause, which is not counted
                         synchronize(self.device)
+                        self.train_seconds = clock.training_seconds()  # (what the checkpoint records)
                         with clock.paused():
                             self.save_checkpoint()
                         cadence.checkpointed()
