@@ -35,6 +35,7 @@ class Strategy:
     fused_optimizer = True  # PyTorch's fused optimizer kernels can update the parameters
     needs_warm_up = False  # its first steps must run before the clock starts, even on a CPU
     places_parameters = False  # it moves the parameters to where they belong itself (from the host)
+    local_forward = True  # this process alone can run the whole model's forward pass
     reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None  # inside a step graph
 
     def __init__(self, device: torch.device, rank: int = 0, world_size: int = 1):

@@ -149,6 +149,7 @@ class Sharded(Strategy):
     name = "fully sharded data parallel (FSDP)"
     collective_state = True
     fused_optimizer = False  # sharded parameters are DTensors
+    local_forward = False  # (a collective across the processes)
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False):
         super().__init__(device, rank, world_size)

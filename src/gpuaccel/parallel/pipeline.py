@@ -359,6 +359,7 @@ class PipelineParallel(Strategy):
     name = "pipeline parallel"
     collective_state = True
     needs_warm_up = True  # the first steps infer the shapes that pass between stages
+    local_forward = False  # (a collective across the processes)
     places_parameters = True  # each process moves its stage's parameters only
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, stages: int, microbatches: int,

@@ -9,11 +9,12 @@ from ..errors import GpuaccelError, choice_error
 from .base import Accuracy, BatchMean, CustomTask, Metric, MetricTracker, Task, as_metric, call_model
 from .classification import Classification
 from .language import LanguageModelling
+from .multilabel import MultiLabel
 from .ranking import Ranking
 from .regression import Regression
 
 TASKS = {"classification": Classification, "regression": Regression,
-         "language_modelling": LanguageModelling, "ranking": Ranking}
+         "language_modelling": LanguageModelling, "ranking": Ranking, "multilabel": MultiLabel}
 
 
 def create_task(name: str, **settings) -> Task:
@@ -50,5 +51,5 @@ def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, defaul
 
 
 __all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "LanguageModelling", "Metric", "MetricTracker",
-           "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task",
+           "MultiLabel", "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task",
            "resolve_task"]

@@ -29,12 +29,27 @@ TARGET_KEYS = ("target", "targets", "label", "labels", "y")
 
 
 def call_model(forward: Callable, inputs):
-    """Runs the model on a batch's inputs: a tensor, a tuple (positional) or a dict (keywords)."""
+    """Runs the model on a batch's inputs: a tensor, a tuple (positional) or a dict (keywords).
+    A model that returns its outputs in an object with ``logits`` (HuggingFace transformers'
+    ``ModelOutput``, or a dict with that key) gives those logits."""
     if isinstance(inputs, Mapping):
-        return forward(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return forward(*inputs)
-    return forward(inputs)
+        outputs = forward(**inputs)
+    elif isinstance(inputs, (tuple, list)):
+        outputs = forward(*inputs)
+    else:
+        outputs = forward(inputs)
+    return model_logits(outputs)
+
+
+def model_logits(outputs):
+    """``outputs.logits`` (or ``outputs["logits"]``) where the model returned such an object;
+    anything else as it is."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, Mapping):
+        logits = outputs.get("logits")
+    return outputs if logits is None else logits
 
 
 def leading_size(tree) -> int:
@@ -234,6 +249,10 @@ class Task:
         exported model receives them."""
         return torch.rand(batch, *sample_shape)
 
+    def check_batch(self, outputs, targets) -> None:
+        """Raises GpuaccelError, before training starts, where the model's outputs on the first
+        batch and that batch's targets do not fit this task (a task checks what it can)."""
+
     def check_target(self, metric: str) -> None:
         known = ["loss", *self.all_metrics()]
         if metric not in known:
@@ -247,8 +266,15 @@ class Task:
         return {"name": self.name}
 
 
+# metrics a user may name beside a loss function of their own (metrics={"accuracy": "accuracy"})
+NAMED_METRICS: dict[str, Callable[[], Metric]] = {
+    "accuracy": Accuracy, "rmse": lambda: MeanSquaredError(root=True), "mse": MeanSquaredError,
+    "mae": MeanAbsoluteError}
+
+
 class CustomTask(Task):
-    """A task from a user's ``loss_fn(outputs, targets)`` and ``metrics={name: metric}``."""
+    """A task from a user's ``loss_fn(outputs, targets)`` and ``metrics={name: metric}`` (a
+    metric, a torchmetrics metric, a callable, or the name of a built-in: accuracy, rmse, mse, mae)."""
 
     name = "custom"
 
@@ -256,7 +282,12 @@ class CustomTask(Task):
         if not callable(loss_fn):
             raise GpuaccelError(f"loss_fn must be a callable (outputs, targets) -> scalar, not {type(loss_fn).__name__}")
         self.loss_fn = loss_fn
-        self._metrics = {name: as_metric(m) for name, m in (metrics or {}).items()}
+        unknown = [m for m in (metrics or {}).values() if isinstance(m, str) and m not in NAMED_METRICS]
+        if unknown:
+            raise GpuaccelError(f"no built-in metric named {unknown[0]!r}; by name: {', '.join(NAMED_METRICS)} (or "
+                                f"pass a callable or a torchmetrics metric)")
+        self._metrics = {name: NAMED_METRICS[m]() if isinstance(m, str) else as_metric(m)
+                         for name, m in (metrics or {}).items()}
         self.default_target = next(iter(self._metrics), None)
 
     def loss(self, outputs, targets):

@@ -32,6 +32,22 @@ class Classification(Task):
 
     NAMED_METRICS = {"accuracy": Accuracy}
 
+    def check_batch(self, outputs, targets) -> None:
+        if not isinstance(outputs, torch.Tensor) or outputs.dim() < 2:
+            got = f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor) \
+                else f"a {type(outputs).__name__}"
+            raise GpuaccelError(f"task classification takes logits (N, classes) from the model; it returned {got}")
+        if targets.is_floating_point():
+            hint = "task='multilabel' for multi-hot targets" if targets.shape[1:] == outputs.shape[1:] else \
+                "integer class indices (torch.long)"
+            raise GpuaccelError(f"task classification takes integer class indices as targets, got {targets.dtype} "
+                                f"of shape {tuple(targets.shape)}; use {hint}")
+        classes = outputs.shape[1]
+        low, high = int(targets.min()), int(targets.max())  # (once, before training)
+        if low < 0 or high >= classes:
+            raise GpuaccelError(f"a target label is {low if low < 0 else high}, but the model gives {classes} "
+                                f"outputs (labels 0..{classes - 1}); give the model one output per class")
+
     def metrics(self):
         return {"accuracy": Accuracy()}
 

@@ -253,7 +253,7 @@ class Trainer:
         progress = Progress(math.ceil(cfg.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
         for line in start_lines(self):
             progress.log(line)
-        next_batches = self._warm_up_on_first_batch(progress)  # the first epoch's, started before the warm-up
+        next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
         cadence, clock = Cadence(cfg, self.dist, self.device), TrainingClock(self.train_seconds)
         stopped_by = None
         self.phases.mark("run directory")
@@ -390,22 +390,40 @@ class Trainer:
             self.run.write_config(self.config.to_dict())
         self.run.lock()  # (a resumed trainer holds it already)
 
-    def _warm_up_on_first_batch(self, progress: Progress):
-        """Warms up (compiling, autotuning, recording the step) where anything needs it, on the
-        first batch of the epoch training starts in; returns that epoch's batches, already going
-        (a streaming loader fills meanwhile), or None where no warm-up was needed."""
-        if not (self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up):
-            return None
+    def _first_batches(self, progress: Progress):
+        """The batches of the epoch training starts in, already going (a streaming loader fills
+        meanwhile), after the task has been checked on the first of them and, where anything
+        needs it, the warm-up (compiling, autotuning, recording the step) ran on it."""
         batches = iter(self.train_loader.batches(self.epoch, start=self.batch_in_epoch))
         first = next(batches, None)
-        if first is not None:
-            batches = itertools.chain([first], batches)
-        self.phases.mark("run directory")
-        self.warmup_seconds = self.warm_up(batch=first)
-        self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
-        progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
-                     f"not counted as training time")
-        return batches
+        if first is None:  # (a run resumed at an epoch's end)
+            return None
+        self._check_task(first)
+        if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
+            self.phases.mark("run directory")
+            self.warmup_seconds = self.warm_up(batch=first)
+            self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
+            progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
+                         f"not counted as training time")
+        return itertools.chain([first], batches)
+
+    def _check_task(self, batch) -> None:
+        """The task against the model's outputs on a few samples of the first batch and that
+        batch's targets, before anything trains: what the task cannot take is one error now,
+        not a traceback an epoch later (skipped where the forward pass is a collective)."""
+        inputs, targets = self.task.split(batch)
+        if not self.strategy.local_forward or not isinstance(targets, torch.Tensor):
+            return
+        was_training, autotune = self.model.training, torch.backends.cudnn.benchmark
+        self.model.eval()
+        torch.backends.cudnn.benchmark = False  # (no algorithm search for a shape training never sees)
+        try:
+            with torch.no_grad(), self.precision.autocast(self.device):
+                outputs = call_model(self.model, tree_map(lambda t: t[:2] if torch.is_tensor(t) else t, inputs))
+        finally:
+            self.model.train(was_training)
+            torch.backends.cudnn.benchmark = autotune
+        self.task.check_batch(outputs, targets)
 
     @property
     def torch_compile_graphs(self) -> bool:
