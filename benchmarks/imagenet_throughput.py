@@ -215,9 +215,7 @@ def gpuaccel_step(mode: str, classes: int, x: torch.Tensor, y: torch.Tensor, tun
                          weight_decay=5e-5, monitor=False, tune_kernels=tune_kernels)
     trainer = Trainer(config, dataset=fake, quiet=True)
     x = x.to(trainer.precision.input_dtype)
-    if trainer.step_graph is not None:
-        trainer.step_graph.warm(x, y)
-        trainer.step_graph.capture()
+    trainer.warm_up(evaluate=False, batch=(x, y))  # (with reduce-overhead: records the step graph)
 
     def step():
         trainer.train_step(x, y)

@@ -114,10 +114,13 @@ def test_progressive_resizing_trains_small_first_and_warms_every_size(tmp_path, 
     assert sorted({side for _, side in sides}) == [16, 32]
     assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
     sides.clear()
+    checks = []  # the task's check of the first batch: one forward pass on two of its samples
+    trainer.model.register_forward_pre_hook(lambda module, args: checks.append(args[0].shape[0] == 2))
     summary = trainer.fit()
+    evaluated = [side for (is_training, side), check in zip(sides, checks) if not is_training and not check]
     training = [side for is_training, side in sides if is_training]
     assert training == [16] * 5 + [32] * 5  # 100 images, batches of 20: epoch 0 at 16 px, epoch 1 at full size
-    assert {side for is_training, side in sides if not is_training} == {32}  # evaluated at full size
+    assert set(evaluated) == {32} and checks.count(True) == 1  # evaluated at full size
     assert json.loads((tmp_path / "r" / "config.json").read_text())["size_schedule"] == ["16:1"]
 
 
