@@ -221,3 +221,22 @@ def test_automatic_precision_keeps_recurrent_models_in_fp32():
     explicit = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
     explicit.prepare(nn.GRU(4, 8))
     assert explicit.precision.name == "bf16"
+
+
+def test_a_recordings_copies_keep_the_strides_of_its_arguments():
+    """A compiled model guards on strides: the copies a captured step records with (and warms up
+    on) must be laid out like the batches it replays, or the model compiles again inside the
+    recording (language-model windows are views with a row stride one longer than their width)."""
+    from gpuaccel.runtime.capture import _Recording
+
+    windows = torch.arange(4 * 9).view(4, 9)
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    images = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    recording = _Recording()
+    recording.keep(([(inputs, targets)], images, torch.ones(1).expand(5), 3))
+    [(kept_inputs, kept_targets)], kept_images, kept_expanded, plain = recording.args
+    assert kept_inputs.stride() == inputs.stride() == (9, 1) and torch.equal(kept_inputs, inputs)
+    assert kept_targets.stride() == targets.stride() and kept_images.stride() == images.stride()
+    assert kept_inputs.data_ptr() != inputs.data_ptr() and torch.equal(kept_expanded, torch.ones(5)) and plain == 3
+    recording.copy_in(([(inputs + 1, targets)], images, torch.ones(5), 3))
+    assert torch.equal(kept_inputs, inputs + 1)

@@ -156,8 +156,10 @@ class _Recording:
         self._static: list[tuple[int, torch.Tensor]] = []  # (position among the leaves, static tensor)
 
     def keep(self, args) -> None:
-        """Copies of ``args``' tensors: what the recording reads, refilled before each replay."""
-        self.args = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
+        """Copies of ``args``' tensors, stride for stride (a compiled model guards on strides: a
+        contiguous copy of a strided view would be compiled again, inside the recording): what
+        the recording reads, refilled before each replay."""
+        self.args = tree_map(_same_layout_copy, args)
         self._static = [(i, x) for i, x in enumerate(tree_flatten(self.args)[0]) if isinstance(x, torch.Tensor)]
 
     def copy_in(self, args) -> None:
@@ -265,6 +267,7 @@ class CapturedStep:
             self._prepare_optimizers()
             recording = self.recordings.setdefault(signature(args), _Recording())
             recording.keep(args)
+            args = recording.args  # (warmed on the very tensors the recording will read)
         for _ in range(steps):
             if self.on_gpu and self.uncaptured is None:
                 self._on_side_stream(args)
@@ -314,6 +317,15 @@ class CapturedStep:
             if recording.graph is not None:
                 recording.graph.reset()
         self.recordings.clear()
+
+
+def _same_layout_copy(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    if 0 in value.stride():  # (an expanded tensor: its elements share memory; a dense copy will do)
+        return value.clone()
+    copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    return copy.copy_(value)
 
 
 def _cause(exc: BaseException) -> str:
