@@ -4,11 +4,14 @@ spoken-digit-like run trained, inferred from and exported."""
 
 from __future__ import annotations
 
+import zlib
+
 import io
 import json
 import struct
 import tarfile
 import wave
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +62,7 @@ def digit_recordings(root: Path, speakers=("ann", "bob"), indices=range(8)) -> P
     for label in TONES:
         for s, speaker in enumerate(speakers):
             for i in indices:
-                seed = hash((label, speaker, i)) % 2 ** 32
+                seed = zlib.crc32(f"{label}_{speaker}_{i}".encode())  # (hash() of strings changes per process)
                 seconds = 0.15 + 0.2 * ((i * 7 + s) % 5) / 4
                 (root / f"{label}_{speaker}_{i}.wav").write_bytes(wav_bytes(tone(label, seconds, seed)))
     return root
