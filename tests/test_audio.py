@@ -4,8 +4,6 @@ spoken-digit-like run trained, inferred from and exported."""
 
 from __future__ import annotations
 
-import zlib
-
 import io
 import json
 import struct
