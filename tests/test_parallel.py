@@ -71,8 +71,9 @@ def assert_same_training(reference: Path, run: Path, *, processes: int, global_b
 
 
 @pytest.mark.parametrize("per_process", [["--batch-size", "32"], ["--batch-size", "16", "--grad-accum", "2"],
-                                         ["--batch-size", "16", "--grad-accum", "2", "--shard"]],
-                         ids=["batch", "accumulation", "sharded"])
+                                         ["--batch-size", "16", "--grad-accum", "2", "--shard"],
+                                         ["--batch-size", "64", "--global-batch"]],
+                         ids=["batch", "accumulation", "sharded", "global-batch"])
 def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process):
     single, double = tmp_path / "one", tmp_path / "two"
     train_one_process(single, model=MODEL, batch_size=64, epochs=2)
@@ -131,6 +132,13 @@ def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
     assert summary["images_seen"] == epochs * steps_per_epoch * batch * world  # as if never interrupted
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [float(e) for e in range(1, epochs + 1)]
+
+
+def test_a_global_batch_that_does_not_split_over_the_processes_is_refused():
+    config = TrainConfig(batch_size=30, global_batch=True)
+    assert config.batch_per_process(3) == 10 and TrainConfig(batch_size=30).batch_per_process(4) == 30
+    with pytest.raises(GpuaccelError, match="does not split evenly over 4 processes"):
+        config.batch_per_process(4)
 
 
 def test_launcher_errors_and_arguments(capsys):

@@ -159,6 +159,7 @@ class Pipeline:
 
     def __init__(self, model: nn.Module, *, stages: int, microbatches: int, schedule: str,
                  split_points: list[str] | None, device: torch.device, input_shape: tuple[int, ...],
+                 input_dtype: torch.dtype = torch.float32,
                  batch_size: int, eval_batch_size: int, channels_last: bool, loss_fn=F.cross_entropy,
                  compile_options: dict | None = None, activation_checkpointing: bool = False):
         from torch.distributed.device_mesh import init_device_mesh
@@ -166,7 +167,7 @@ class Pipeline:
 
         # (stages >= 2, the schedule's name, the micro-batch split and the number of split points
         # are validated with the rest of the training configuration)
-        units = unit_costs(model, torch.zeros(batch_size // microbatches, *input_shape))
+        units = unit_costs(model, torch.zeros(batch_size // microbatches, *input_shape, dtype=input_dtype))
         if split_points is None:
             self.split_points = balanced_split(units, stages)
         else:
@@ -193,7 +194,8 @@ class Pipeline:
             model.train(train)
             spec = {name: SplitPoint.BEGINNING for name in self.split_points}
             try:
-                pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape),), split_spec=spec)
+                pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
+                                split_spec=spec)
             except Exception as exc:  # export failures are long; the first line says what
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise GpuaccelError(f"could not split {type(model).__name__} into pipeline stages "
@@ -383,7 +385,8 @@ class PipelineParallel(Strategy):
 
     def wrap(self, model, *, first_inputs=None, loss_fn=F.cross_entropy):
         example = first_inputs()
-        self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), loss_fn=loss_fn, **self.options)
+        self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), input_dtype=example.dtype,
+                                 loss_fn=loss_fn, **self.options)
         self.model = self.pipeline.module  # this stage's parameters, named as in the plain model
         self.counts_metrics = self.pipeline.is_last  # where the outputs and losses are
         return self.model

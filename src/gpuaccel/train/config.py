@@ -205,7 +205,11 @@ class TrainConfig:
     ema: float | None = setting(None, "optimizer", "evaluate an exponential moving average of the weights "
                                                    "(e.g. 0.99 per step)", metavar="DECAY")
     # -- loop: batches, evaluation and when to stop
-    batch_size: int = setting(128, "loop", "samples per step (per process)")
+    batch_size: int = setting(128, "loop", "samples per step (per process; with --global-batch, of all processes "
+                                           "together)")
+    global_batch: bool = setting(False, "loop", "--batch-size is the batch of all processes together, each taking "
+                                                "an equal share: the run keeps its batch, learning rate and "
+                                                "accuracy on any number of GPUs (strong scaling)")
     eval_batch_size: int = setting(1024, "loop", "samples per evaluation batch")
     seed: int = setting(0, "loop", "seeds model init, data order and augmentation")
     tta: int = setting(0, "loop", "classification: test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel "
@@ -350,6 +354,15 @@ class TrainConfig:
     def target_metric(self) -> tuple[str, float] | None:
         """(metric, value) of ``target``, or None."""
         return None if self.target is None else parse_target(self.target)
+
+    def batch_per_process(self, data_ranks: int) -> int:
+        """Samples per step of each of ``data_ranks`` processes that split the data."""
+        if not self.global_batch:
+            return self.batch_size
+        if self.batch_size % data_ranks:
+            raise GpuaccelError(f"--global-batch: --batch-size {self.batch_size} does not split evenly over "
+                                f"{data_ranks} processes; give a multiple of {data_ranks}")
+        return self.batch_size // data_ranks
 
     @property
     def pipeline_microbatches(self) -> int:

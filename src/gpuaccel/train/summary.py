@@ -17,7 +17,9 @@ def start_lines(trainer) -> list[str]:
                  f"({trainer.parameter_count:,} parameters) on {device_name(trainer.device)} [{trainer.device}], "
                  f"{trainer.precision.name}; run dir {trainer.run_dir}"
                  + (f"; {trainer.strategy.describe()}" if trainer.strategy.describe() else "")
-                 + (f", {cfg.batch_size} samples each per step" if trainer.data_ranks > 1 else "")
+                 + (f", {trainer.batch_per_process} samples each per step" if trainer.data_ranks > 1 else "")
+                 + (f" (the global batch of {cfg.batch_size} kept: strong scaling)"
+                    if trainer.data_ranks > 1 and cfg.global_batch else "")
                  + ("; each training step one CUDA graph (inductor's kernels inside it)"
                     if trainer.step_graph_off is None else "")
                  + (f"; no whole-step CUDA graph: {trainer.step_graph_off}"
@@ -56,7 +58,7 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         if trainer.device.type == "cuda" else None,
         "jpeg_decoder": trainer.jpeg_decoder,
         "processes": trainer.dist.world_size,
-        "global_batch_size": config.batch_size * trainer.data_ranks * config.grad_accum,
+        "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.grad_accum,
         "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
     }

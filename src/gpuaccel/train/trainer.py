@@ -178,12 +178,14 @@ class Trainer:
         config, inputs = self.config, self.inputs
         self.mean, self.std = inputs.mean, inputs.std
         self.data_rank, self.data_ranks = self.strategy.data_rank, self.strategy.data_ranks
+        self.batch_per_process = config.batch_per_process(self.data_ranks)
         self.train_loader, self.eval_loader = inputs.loaders(
-            config, device=self.device, dtype=self.precision.input_dtype, channels_last=self.channels_last,
+            config.replace(batch_size=self.batch_per_process), device=self.device,
+            dtype=self.precision.input_dtype, channels_last=self.channels_last,
             rank=self.data_rank, world_size=self.data_ranks)
         if len(self.train_loader) == 0:
             raise GpuaccelError(f"{inputs.train_samples} training samples make no batch of "
-                                f"--batch-size {config.batch_size} per process")
+                                f"{self.batch_per_process} per process")
         if data_init and hasattr(self.model, "data_init") and inputs.init_sample is not None:
             sample = inputs.init_sample(self.train_loader)  # for a data-dependent initialisation
             if sample is not None:
