@@ -134,6 +134,46 @@ def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
     assert [r["epoch"] for r in records] == [float(e) for e in range(1, epochs + 1)]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_tasks_of_a_slurm_step_on_two_machines_train_like_one_process(tmp_path):
+    """srun's tasks, one per node of two "machines" (each its node's task 0), find each other
+    from the SLURM_* variables alone, with no torchrun, and train like one process."""
+    single, double = tmp_path / "one", tmp_path / "two"
+    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
+               SLURM_STEP_NUM_TASKS="2", SLURM_NNODES="2", SLURM_STEP_NODELIST="localhost,127.0.0.1",
+               SLURM_JOB_ID="4242", MASTER_PORT=str(_free_port()))
+    tasks = [subprocess.Popen([sys.executable, "-m", "gpuaccel", "train", *COMMON, "--batch-size", "32", "--epochs",
+                               "2", "--run-dir", str(double)],
+                              env={**env, "SLURM_PROCID": str(task), "SLURM_NODEID": str(task), "SLURM_LOCALID": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for task in range(2)]
+    outputs = [task.communicate(timeout=300)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
+
+
+def test_slurm_variables_name_the_process_group():
+    from gpuaccel.parallel.distributed import first_host, slurm_environment
+
+    step = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+            "SLURM_STEP_NODELIST": "gpu[07-09,12],cpu1", "SLURM_JOB_ID": "123456"}
+    assert slurm_environment(step) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07",
+                                       "MASTER_PORT": "29956"}
+    assert slurm_environment({**step, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"})["MASTER_ADDR"] == "10.0.0.1"
+    assert slurm_environment({**step, "RANK": "0"}) == {}  # torchrun (under srun) set it up already
+    # a batch script in an allocation of many tasks is one process: the job's count is not the step's
+    assert slurm_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}) == {}
+    assert [first_host(n) for n in ("n1,n2", "node[3-4]", "a[09]-ib,b1", "x")] == ["n1", "node3", "a09-ib", "x"]
+
+
 def test_a_global_batch_that_does_not_split_over_the_processes_is_refused():
     config = TrainConfig(batch_size=30, global_batch=True)
     assert config.batch_per_process(3) == 10 and TrainConfig(batch_size=30).batch_per_process(4) == 30

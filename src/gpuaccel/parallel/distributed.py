@@ -1,8 +1,10 @@
-"""The process group of a run, from the environment ``torchrun`` (torch.distributed.run) sets.
+"""The process group of a run, from the environment ``torchrun`` (torch.distributed.run) sets,
+or, for the tasks of a Slurm job step (``srun``, one task per GPU), from Slurm's.
 
-Without RANK/WORLD_SIZE in the environment a run is a single process and every helper
-here is a no-op, so the training engine reads the same either way. The backend is NCCL
-for GPUs and gloo for CPUs (so multi-process training is tested on CPUs).
+Without RANK/WORLD_SIZE (or a Slurm step of several tasks) in the environment a run is a
+single process and every helper here is a no-op, so the training engine reads the same either
+way. The backend is NCCL for GPUs and gloo for CPUs (so multi-process training is tested on
+CPUs).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class Distributed:
     @classmethod
     def from_env(cls) -> "Distributed":
         env = os.environ
+        for key, value in slurm_environment(env).items():
+            env.setdefault(key, value)  # what torch's env:// rendezvous reads
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)),
                    int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
@@ -98,3 +102,35 @@ class Distributed:
     def close(self) -> None:
         if self.active and dist.is_initialized():
             dist.destroy_process_group()
+
+
+SLURM_PORT_BASE = 29500  # + the job id modulo 1000: steps of different jobs on one node do not collide
+
+
+def slurm_environment(env) -> dict[str, str]:
+    """torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) for a task
+    of a Slurm job step of several tasks (``srun --ntasks-per-node=GPUS python -m gpuaccel train
+    ...``), read from the step's SLURM_* variables; {} where torchrun (or a user) has set RANK, or
+    this is not such a task. The step's variables, not the job's: a batch script itself is one
+    process even in an allocation of many tasks. MASTER_ADDR and MASTER_PORT, where set, are kept."""
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+        return {}
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    if not nodes:
+        raise GpuaccelError("a Slurm step of several tasks without SLURM_STEP_NODELIST: set MASTER_ADDR to the "
+                            "first node's address, or start the processes with torchrun")
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(SLURM_PORT_BASE + int(env.get("SLURM_JOB_ID", "0")) % 1000)}
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: "gpu[07-09,12],cpu1" -> "gpu07" (what ``scontrol
+    show hostnames`` prints first, without needing scontrol)."""
+    head = nodelist.strip().split(",", 1)[0] if "[" not in nodelist.split(",", 1)[0] else nodelist.strip()
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    ranges, suffix = rest.split("]", 1)
+    first = ranges.split(",", 1)[0].split("-", 1)[0]
+    return prefix + first + suffix.split(",", 1)[0]
