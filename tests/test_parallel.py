@@ -132,6 +132,10 @@ def test_a_killed_process_is_restarted_and_the_run_resumes(tmp_path):
     assert summary["images_seen"] == epochs * steps_per_epoch * batch * world  # as if never interrupted
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [float(e) for e in range(1, epochs + 1)]
+    # the same samples in the same order as a run never interrupted: the weights of one process
+    # with the whole batch
+    train_one_process(tmp_path / "one", model=MODEL, batch_size=batch * world, epochs=epochs)
+    assert_same_training(tmp_path / "one", run_dir, processes=world, global_batch=batch * world, atol=5e-5)
 
 
 def _free_port() -> int:
