@@ -293,6 +293,19 @@ def test_spoken_digits_train_infer_and_export(tmp_path, capsys):
     assert report["passed"] and report["recordings"] == 27 and report["max_abs_diff"] < 1e-3
     meta = json.loads(Path(report["artifact"] + ".json").read_text())
     assert meta["sample_rate"] == RATE and meta["classes"] == ["0", "1", "2"]
+    # the artefact alone labels recordings (resampled, mixed down) as the run does
+    code, out, err = run(capsys, "infer", report["artifact"], str(loose / "low.wav"), str(loose))
+    assert code == 0, err
+    assert [r.split(",")[1] for r in out.strip().splitlines()[1:]] == ["0", "2", "0"]
+    assert "3 recordings with onnxruntime on cpu" in err and "resampled from 16,000 to 8,000 Hz" in err
+    # int8, calibrated on training recordings; the quantised file infers too
+    code, out, err = run(capsys, "quantize", str(run_dir), "--int8", "--calib", "32", "--json")
+    assert code == 0, err
+    quantized = json.loads(out)
+    assert quantized["unit"] == "recordings" and quantized["calibration_samples"] == 32
+    assert quantized["int8"]["test_accuracy"] >= 0.8
+    code, out, err = run(capsys, "infer", quantized["artifact"], str(loose))
+    assert code == 0 and [r.split(",")[1] for r in out.strip().splitlines()[1:]] == ["2", "0"], err
 
 
 def test_audio_models_take_waveforms_of_any_batch():

@@ -202,7 +202,7 @@ def test_int8_quantisation_keeps_digits_accuracy(run_dir, tmp_path, capsys):
     out = tmp_path / "m.int8.onnx"
     code = main(["quantize", str(run_dir), "--int8", "--calib", "256", "--out", str(out), "--json"])
     report = json.loads(capsys.readouterr().out)
-    assert code == 0 and out.exists() and report["calibration_images"] == 256
+    assert code == 0 and out.exists() and report["calibration_samples"] == 256
     assert report["int8"]["size_bytes"] < report["fp32"]["size_bytes"]
     assert report["int8"]["test_accuracy"] >= report["fp32"]["test_accuracy"] - 0.02
     import onnx

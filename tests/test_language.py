@@ -278,7 +278,8 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
     assert main(["infer", str(tmp_path / "run"), str(tmp_path / "d")]) == 0
     err = capsys.readouterr().err
     # (on the GPU when there is one: infer chooses its device as train does)
-    assert re.search(r"200 sentences on (cpu|cuda:\d+): ", err) and f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
+    assert re.search(r"200 sentences with pytorch on (cpu|cuda:\d+): ", err)
+    assert f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
     lines = tmp_path / "lines.txt"
     lines.write_text("the film was lovely and great\n\nthe plot was awful\n")
     assert main(["infer", str(tmp_path / "run"), str(lines), "--out", str(tmp_path / "p.csv")]) == 0
@@ -291,6 +292,19 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
         assert report["passed"] and report["sentences"] == 200 and report["max_abs_diff"] < 1e-4
         meta = json.loads(Path(report["artifact"] + ".json").read_text())
         assert meta["classes"] == ["0", "1"] and meta["tokenizer"]["kind"] == "word"
+        # the artefact alone (its tokeniser in the .json) labels sentences as the run does
+        assert main(["infer", report["artifact"], str(lines), "--out", str(tmp_path / "onnx.csv")]) == 0
+        assert (tmp_path / "onnx.csv").read_text().splitlines()[1].split(",")[:2] == rows[1].split(",")[:2]
+        assert main(["infer", report["artifact"], str(tmp_path / "d")]) == 0
+        assert f"200 sentences with onnxruntime on cpu: " in capsys.readouterr().err
+        # int8, calibrated on training sentences, from the run and from its artefact
+        for source in (str(tmp_path / "run"), report["artifact"]):
+            assert main(["quantize", source, "--int8", "--calib", "64", "--json"]) == 0
+            quantized = json.loads(capsys.readouterr().out)
+            assert quantized["unit"] == "sentences" and quantized["calibration_samples"] == 64
+            assert quantized["int8"]["test_accuracy"] > 0.85 and quantized["fp32"]["test_accuracy"] > 0.9
+        assert main(["infer", quantized["artifact"], str(lines), "--out", str(tmp_path / "int8.csv")]) == 0
+        assert len((tmp_path / "int8.csv").read_text().splitlines()) == 3
 
 
 def test_pooling_sees_words_only_and_word_dropout_leaves_every_sentence_a_word():

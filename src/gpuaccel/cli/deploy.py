@@ -24,7 +24,9 @@ def _export_parser(sub) -> None:
                                    "exported model takes float32 images in [0, 1] (normalisation is inside it); "
                                    "class names and input shape are written to <artefact>.json beside it. A text "
                                    "classifier exports as onnx or pt2 (token ids in, any batch and length), its "
-                                   "tokeniser in the .json, verified on held-out sentences.")
+                                   "tokeniser in the .json, verified on held-out sentences; an audio classifier "
+                                   "as onnx or pt2 (waveforms in), verified on held-out recordings. 'gpuaccel "
+                                   "infer' and 'gpuaccel quantize' take every artefact export writes.")
     e.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
     e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
@@ -45,7 +47,8 @@ def _infer_parser(sub) -> None:
                                    "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
                                    ".ts file; or, with a run of a text classifier, for text files (a sentence per "
                                    "line) or a labelled .tsv/.csv/.jsonl (scored); with a run of an audio classifier, for WAV files "
-                                   "and folders of them. Writes CSV (input, class_1, "
+                                   "and folders of them (the same with their exported or quantised files). Writes CSV "
+                                   "(input, class_1, "
                                    "prob_1, ...) and prints latency statistics.")
     i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
     i.add_argument("inputs", nargs="+", metavar="INPUTS",
@@ -102,14 +105,14 @@ def _quantize_parser(sub) -> None:
     q = sub.add_parser("quantize", help="int8 (calibrated, ONNX Runtime) or fp16 ONNX models, with a report",
                        description="Quantise a trained model (a checkpoint, or an .onnx made by 'gpuaccel export'): "
                                    "--int8 with ONNX Runtime's static quantisation, calibrated on N real training "
-                                   "images, or --fp16 for GPU runtimes; reports size, held-out accuracy and "
-                                   "latency before and after (on the GPU for --fp16 where onnxruntime-gpu can use one).")
+                                   "samples (images, sentences or recordings), or --fp16 for GPU runtimes; reports "
+                                   "size, held-out accuracy and latency before and after (on the GPU for --fp16 where onnxruntime-gpu can use one).")
     q.add_argument("model", metavar="RUN|MODEL.onnx", help="a run directory (or its model.pt), or an .onnx file "
                                                            "made by 'gpuaccel export'")
     q.add_argument("--int8", action="store_true", help="weights int8, activations uint8 (QDQ), for CPUs")
     q.add_argument("--fp16", action="store_true",
                    help="weights and compute in fp16, inputs and outputs float32, for GPU runtimes")
-    q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration images (default 512)")
+    q.add_argument("--calib", type=int, default=512, metavar="N", help="calibration samples (default 512)")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
     q.add_argument("--data", metavar="SPEC", help="the data set (default: the run's)")
     q.add_argument("--out", metavar="PATH", help="default: model.int8.onnx or model.fp16.onnx beside the checkpoint")
@@ -164,7 +167,7 @@ def _run_quantize(args) -> int:
     if args.int8 == args.fp16:
         raise GpuaccelError("say what to quantise to: --int8 (CPU) or --fp16 (GPU runtimes), one of them")
     kind = "int8" if args.int8 else "fp16"
-    report = quantize_model(args.model, kind, calibration_images=args.calib, per_channel=args.per_channel,
+    report = quantize_model(args.model, kind, calibration_samples=args.calib, per_channel=args.per_channel,
                             data=args.data, out=args.out, device=args.device, runtime=args.runtime)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -173,7 +176,7 @@ def _run_quantize(args) -> int:
         r = report[name]
         print(f"{name}: {r['size_bytes'] / 1e6:.2f} MB, test accuracy {100 * r['test_accuracy']:.2f}%, "
               f"batch-1 latency in {args.runtime} on {report['device']} {r['latency_p50_ms']:.3f} ms, "
-              f"{r['best_images_per_second']:,.0f} images/s")
+              f"{r['best_images_per_second']:,.0f} {report['unit']}/s")
     if kind == "fp16" and report["device"] == "cpu":
         print("fp16 is for GPU runtimes (onnxruntime-gpu, TensorRT); ONNX Runtime's CPU kernels are fp32 at heart")
     print(f"saved {report['artifact']}")
@@ -289,17 +292,11 @@ def _run_recommend(args) -> int:
 
 
 def _run_infer(args) -> int:
-    from ..deploy.infer import fit_to_model, gather_inputs, predict, predictions_csv, top1_accuracy
-    from ..deploy.artifact import run_kind
+    from ..deploy.infer import predict, predictions_csv, read_inputs, top1_accuracy
     from ..deploy.runners import inference_device, load_runner
 
     if args.batch_size < 1 or args.top_k < 1:
         raise GpuaccelError("--batch-size and --top-k must be at least 1")
-    kind = run_kind(args.model)
-    if kind == "text":
-        return _infer_sentences(args)
-    if kind == "audio":
-        return _infer_recordings(args)
     if args.threads is not None:
         import torch
 
@@ -308,15 +305,16 @@ def _run_infer(args) -> int:
         torch.set_num_threads(args.threads)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
-    names, images, labels = gather_inputs(args.inputs)
-    images = fit_to_model(images, runner.in_channels, runner.image_size)
-    probs, stats = predict(runner, images, args.batch_size)
-    # a file name that is not valid UTF-8 is written with its odd bytes escaped (\udcXX), not refused
-    _write_predictions(args.out, predictions_csv(names, probs, runner.classes, args.top_k))
-    line = (f"{len(names)} images with {runner.kind} on {args.device}: {stats['images_per_second']:,.0f} images/s, "
-            f"batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
-    if labels is not None:
-        line += f"; accuracy {100 * top1_accuracy(probs, labels):.2f}%"
+    inputs = read_inputs(runner, args.inputs)
+    probs, stats = predict(runner, inputs.samples, args.batch_size, inputs.prepare)
+    _write_predictions(args.out, predictions_csv(inputs.names, probs, runner.classes, args.top_k))
+    for note in inputs.notes[:5]:
+        print(f"gpuaccel: {note}", file=sys.stderr)
+    unit = inputs.unit
+    line = (f"{len(inputs.names)} {unit} with {runner.kind} on {args.device}: {stats['samples_per_second']:,.0f} "
+            f"{unit}/s, batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
+    if inputs.labels is not None:
+        line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%"
     print(line, file=sys.stderr)
     return 0
 
@@ -331,33 +329,3 @@ def _write_predictions(out: str | None, text: str) -> None:
         atomic_write(out, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
-
-
-def _infer_sentences(args) -> int:
-    """``gpuaccel infer`` with a text classifier: one sentence per line of each file, or a
-    labelled file or folder scored against its labels."""
-    from ..deploy.infer import predictions_csv
-    from ..deploy.text import classify_sentences
-
-    result = classify_sentences(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
-    _write_predictions(args.out, predictions_csv(result.texts, result.probabilities, result.classes, args.top_k))
-    line = (f"{len(result.texts)} sentences on {result.device}: "
-            f"{len(result.texts) / max(result.seconds, 1e-9):,.0f} sentences/s")
-    if result.accuracy is not None:
-        line += f"; accuracy {100 * result.accuracy:.2f}%"
-    print(line, file=sys.stderr)
-    return 0
-
-
-def _infer_recordings(args) -> int:
-    """``gpuaccel infer`` with an audio classifier: WAV files and folders of them."""
-    from ..deploy.audio import classify_recordings
-    from ..deploy.infer import predictions_csv
-
-    result = classify_recordings(args.model, args.inputs, device=args.device, batch_size=args.batch_size)
-    _write_predictions(args.out, predictions_csv(result.names, result.probabilities, result.classes, args.top_k))
-    for note in result.notes[:5]:
-        print(f"gpuaccel: {note}", file=sys.stderr)
-    print(f"{len(result.names)} recordings on {result.device}: "
-          f"{len(result.names) / max(result.seconds, 1e-9):,.0f} recordings/s", file=sys.stderr)
-    return 0

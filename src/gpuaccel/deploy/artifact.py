@@ -114,15 +114,13 @@ def rebuild_model(state: dict, path: Path) -> nn.Module:
 def load_trained(path) -> TrainedModel:
     """An image classifier of a run, ready to export or infer with."""
     state, path = load_run_state(path)
-    if state.get("audio"):
-        raise GpuaccelError(f"{path} is an audio classifier: 'gpuaccel infer' and 'gpuaccel export' take it; "
-                            f"this command works on image classifiers")
-    if state.get("tokenizer"):
-        raise GpuaccelError(f"{path} is a text model (task {state.get('task', {}).get('name')!r}); export and infer "
-                            f"work on image classifiers so far (a language model samples with 'gpuaccel generate')")
+    if state.get("audio") or state.get("tokenizer"):
+        what = "an audio classifier" if state.get("audio") else f"a text model (task {state.get('task', {}).get('name')!r})"
+        raise GpuaccelError(f"{path} is {what}; this command works on image classifiers (export, infer and quantize "
+                            f"take text and audio classifiers too; a language model samples with 'gpuaccel generate')")
     if state.get("classes") is None or state.get("mean") is None:
         raise GpuaccelError(f"{path} is not an image classifier (task {state.get('task', {}).get('name')!r}); "
-                            f"export and infer work on image classification runs")
+                            f"this command works on image classification runs")
     module = Normalized(rebuild_model(state, path), state["mean"], state["std"]).eval()
     task = create_task(state.get("task", {}).get("name", "classification"))  # (older runs: classification)
     return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),

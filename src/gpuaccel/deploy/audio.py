@@ -5,16 +5,13 @@ takes the waveforms and computes its own features, so an export needs nothing be
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..data import parse_spec
-from ..data.audio import load_audio, read_recordings
-from ..device import resolve_device, resolve_precision, synchronize
+from ..data.audio import load_audio
 from ..errors import GpuaccelError
 from .artifact import load_run_state, rebuild_model
 
@@ -28,41 +25,10 @@ def audio_classifier_state(run) -> tuple[dict, Path]:
     return state, path
 
 
-@dataclass
-class RecordingPredictions:
-    names: list[str]
-    probabilities: np.ndarray  # (recordings, classes)
-    classes: list[str]
-    seconds: float
-    device: str
-    notes: list[str] = field(default_factory=list)  # recordings mixed down or resampled
-
-
-def classify_recordings(run, inputs: list[str], *, device: str = "auto", batch_size: int = 256) -> RecordingPredictions:
-    """Class probabilities for WAV files (and folders of them) with a run's audio classifier."""
-    state, path = audio_classifier_state(run)
-    audio = state["audio"]
-    names, waves, notes = read_recordings(inputs, audio["sample_rate"], audio["clip_samples"])
-    target = resolve_device(device)
-    model = rebuild_model(state, path).eval().to(target)
-    precision = resolve_precision("auto", target)
-    parts = []
-    synchronize(target)
-    start = time.perf_counter()
-    with torch.no_grad(), precision.autocast(target):
-        for i in range(0, len(waves), batch_size):
-            logits = model(torch.from_numpy(waves[i:i + batch_size]).to(target))
-            parts.append(torch.softmax(logits.float(), 1).cpu())
-    synchronize(target)
-    return RecordingPredictions(names, torch.cat(parts).numpy(), list(state["classes"]), time.perf_counter() - start,
-                                str(target), notes)
-
-
 def export_audio_classifier(run, fmt: str, out: Path | None = None, *, data: str | None = None,
                             verify_recordings: int = 1000, opset: int | None = None) -> dict:
     """Exports a run's audio classifier (waveforms in, any batch size; logits out) and checks it
     against the original on held-out recordings (top-1 agreement >= 99.9%)."""
-    from ..data.cache import default_cache_dir
     from .export import BATCH, artifact_caller, compare_outputs, write_artifact
     from .runners import FORMAT_SUFFIX, metadata_path
 
@@ -70,7 +36,7 @@ def export_audio_classifier(run, fmt: str, out: Path | None = None, *, data: str
         raise GpuaccelError(f"an audio classifier exports as {' or '.join(AUDIO_FORMATS)}, not {fmt}")
     state, path = audio_classifier_state(run)
     model = rebuild_model(state, path).eval()
-    config, audio = state["config"], state["audio"]
+    audio = state["audio"]
     out = Path(out) if out else path.with_name(f"model{FORMAT_SUFFIX[fmt]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, audio["clip_samples"]) * 0.1
@@ -79,15 +45,24 @@ def export_audio_classifier(run, fmt: str, out: Path | None = None, *, data: str
         "classes": state["classes"], "model": state["model_name"], "task": state["task"], "format": fmt,
         "input": f"float32 (N, {audio['clip_samples']}) mono waveforms in [-1, 1] at {audio['sample_rate']} Hz, "
                  f"shorter recordings centred in silence", **audio, "source": str(path)}, indent=1) + "\n")
-    try:
-        kind, data_path = parse_spec(data or config["data"])
-        held = load_audio(data_path, label_pattern=config.get("label_pattern"), test_where=config.get("test_where"),
-                          sample_rate=audio["sample_rate"], clip_seconds=audio["clip_samples"] / audio["sample_rate"],
-                          val_split=config.get("val_split"), skip_bad=config.get("skip_bad", False),
-                          seed=config.get("seed", 0), cache_dir=default_cache_dir())
-    except GpuaccelError as exc:
-        raise GpuaccelError(f"cannot load held-out recordings to verify the export ({exc}); pass --data SPEC") from None
+    held = held_out_recordings(state, data, "cannot load held-out recordings to verify the export")
     waves = held.test_waves[:verify_recordings]
     batches = np.split(waves, range(256, len(waves), 256))
     report = compare_outputs(model, artifact_caller(out, fmt), batches, "recordings")
     return {**report, "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}
+
+
+def held_out_recordings(state: dict, data: str | None, why: str):
+    """An audio classifier's data set (``data``, default the run's) made as in training:
+    ``train_waves``, ``test_waves``, ``test_labels``. ``why`` opens the error."""
+    from ..data.cache import default_cache_dir
+
+    config, audio = state["config"], state["audio"]
+    try:
+        _, data_path = parse_spec(data or config["data"])
+        return load_audio(data_path, label_pattern=config.get("label_pattern"), test_where=config.get("test_where"),
+                          sample_rate=audio["sample_rate"], clip_seconds=audio["clip_samples"] / audio["sample_rate"],
+                          val_split=config.get("val_split"), skip_bad=config.get("skip_bad", False),
+                          seed=config.get("seed", 0), cache_dir=default_cache_dir())
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"{why} ({exc}); pass --data SPEC") from None

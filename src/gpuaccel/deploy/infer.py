@@ -1,4 +1,5 @@
-"""Predictions with class names for images, files or a data set, with latency statistics."""
+"""Predictions with class names for what a classifier takes (images, sentences, recordings) from
+files, folders or a data set, with latency statistics."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import statistics
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -65,12 +68,62 @@ def fit_to_model(images: np.ndarray, channels: int, size: int) -> np.ndarray:
     return images
 
 
-def predict(runner: Runner, images: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, dict]:
-    """What the run's task reports for every image (a classifier's class probabilities), and
-    latency statistics per batch (seconds)."""
+def images_for_model(images: np.ndarray) -> np.ndarray:
+    """uint8 images as an image classifier takes them: float32 in [0, 1]."""
+    return images.astype(np.float32) / 255.0
+
+
+def ids_for_model(ids: np.ndarray) -> np.ndarray:
+    """0-padded token ids as a text classifier takes them: int64, cut to the batch's longest
+    sentence (at least 2 positions, as the export was traced with)."""
+    return ids[:, :max(2, int((ids != 0).sum(1).max()))].astype(np.int64)
+
+
+def waves_for_model(waves: np.ndarray) -> np.ndarray:
+    return waves.astype(np.float32, copy=False)
+
+
+@dataclass
+class ModelInputs:
+    """What to predict: a name per sample, the samples as stored (uint8 images, padded ids,
+    waveforms), ``prepare`` turning a batch of them into what the model takes, true labels
+    where the source has them."""
+    names: list[str]
+    samples: np.ndarray
+    prepare: Callable[[np.ndarray], np.ndarray]
+    unit: str  # "images", "sentences", "recordings"
+    labels: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)  # conversions a user should know of
+
+
+def read_inputs(runner: Runner, inputs: list[str]) -> ModelInputs:
+    """``inputs`` (files, folders, a data set) read as the runner's model takes them."""
+    if runner.modality == "text":
+        from ..data.sentences import pad
+        from ..data.text import tokenizer_from_state
+        from .text import read_sentences
+
+        texts, labels = read_sentences(inputs, runner.classes)
+        tokenizer = tokenizer_from_state(runner.inputs["tokenizer"])
+        ids, _ = pad([tokenizer.encode(t) for t in texts], runner.inputs["max_tokens"])
+        return ModelInputs(texts, ids, ids_for_model, "sentences", labels)
+    if runner.modality == "audio":
+        from ..data.audio import read_recordings
+
+        names, waves, notes = read_recordings(inputs, runner.inputs["sample_rate"], runner.inputs["clip_samples"])
+        return ModelInputs(names, waves, waves_for_model, "recordings", notes=notes)
+    names, images, labels = gather_inputs(inputs)
+    return ModelInputs(names, fit_to_model(images, runner.in_channels, runner.image_size), images_for_model,
+                       "images", labels)
+
+
+def predict(runner: Runner, samples: np.ndarray, batch_size: int = 256,
+            prepare: Callable[[np.ndarray], np.ndarray] = images_for_model) -> tuple[np.ndarray, dict]:
+    """What the run's task reports for every sample (a classifier's class probabilities), and
+    latency statistics per batch (seconds). ``prepare``: a batch of ``samples`` -> the model's input."""
     probs, latencies = [], []
-    for start in range(0, len(images), batch_size):
-        x = images[start:start + batch_size].astype(np.float32) / 255.0
+    for start in range(0, len(samples), batch_size):
+        x = prepare(samples[start:start + batch_size])
         begin = time.perf_counter()
         logits = runner(x)  # returns host memory, so the GPU has finished
         latencies.append(time.perf_counter() - begin)
@@ -78,7 +131,7 @@ def predict(runner: Runner, images: np.ndarray, batch_size: int = 256) -> tuple[
     warm = latencies[1:] or latencies  # the first batch pays for start-up
     stats = {"batches": len(latencies), "batch_size": batch_size, "latency_median_ms": 1000 * statistics.median(warm),
              "latency_p90_ms": 1000 * float(np.percentile(warm, 90)),
-             "images_per_second": len(images) / sum(latencies) if sum(latencies) > 0 else 0.0}
+             "samples_per_second": len(samples) / sum(latencies) if sum(latencies) > 0 else 0.0}
     return np.concatenate(probs), stats
 
 

@@ -156,7 +156,7 @@ def _accuracy(module: nn.Module, data) -> float:
     from .infer import predict, top1_accuracy
     from .runners import Runner, torch_runner
 
-    runner = Runner(torch_runner(module, torch.device("cpu")), [], 0, 0, "pytorch")
+    runner = Runner(torch_runner(module, torch.device("cpu")), [], {"modality": "image"}, "pytorch")
     probs, _ = predict(runner, data.test_images)
     return top1_accuracy(probs, data.test_labels)
 

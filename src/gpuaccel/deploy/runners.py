@@ -1,6 +1,9 @@
-"""One interface over every form a model can take: ``runner(images) -> logits``.
+"""One interface over every form a model can take: ``runner(inputs) -> logits``.
 
-``images`` are float32 arrays (N, C, H, W) in [0, 1]; logits come back as float32 numpy.
+``inputs`` are what the model takes, as numpy: an image classifier float32 images (N, C, H, W)
+in [0, 1], a text classifier int64 token ids (N, T), an audio classifier float32 waveforms
+(N, samples); ``runner.inputs`` describes them (:func:`input_description`). Logits come back as
+float32 numpy.
 A gpuaccel checkpoint runs in PyTorch; ``.onnx`` in ONNX Runtime, or in OpenVINO on the CPU;
 ``.pt2`` through torch.export; ``.ts`` / ``.torchscript`` through TorchScript. On a GPU,
 ``.onnx`` needs onnxruntime-gpu, which uses the CUDA and cuDNN libraries PyTorch has already
@@ -28,13 +31,37 @@ ONNX_RUNTIMES = ("onnxruntime", "openvino")
 class Runner:
     run: Callable[[np.ndarray], np.ndarray]
     classes: list[str]
-    in_channels: int
-    image_size: int
-    kind: str
+    inputs: dict  # what the model takes (input_description)
+    kind: str  # what runs it: pytorch, onnxruntime, openvino, torch.export, torchscript
     task: Task = field(default_factory=Classification)  # decodes the outputs (task.predict)
 
-    def __call__(self, images: np.ndarray) -> np.ndarray:
-        return self.run(np.ascontiguousarray(images, dtype=np.float32))
+    def __call__(self, inputs: np.ndarray) -> np.ndarray:
+        inputs = np.ascontiguousarray(inputs)
+        return self.run(inputs.astype(np.float32, copy=False) if inputs.dtype.kind == "f" else inputs)
+
+    @property
+    def modality(self) -> str:
+        return self.inputs["modality"]
+
+    @property
+    def in_channels(self) -> int:
+        return self.inputs["in_channels"]
+
+    @property
+    def image_size(self) -> int:
+        return self.inputs["image_size"]
+
+
+def input_description(meta: dict) -> dict:
+    """What a model takes, from its artefact's .json or a run's checkpoint state: {"modality":
+    "text", "tokenizer", "max_tokens"}, {"modality": "audio", "sample_rate", "clip_samples"} or
+    {"modality": "image", "in_channels", "image_size"}. KeyError where a key is missing."""
+    if meta.get("tokenizer"):
+        return {"modality": "text", "tokenizer": meta["tokenizer"], "max_tokens": meta["max_tokens"]}
+    if meta.get("clip_samples") or meta.get("audio"):
+        audio = meta.get("audio") or meta
+        return {"modality": "audio", "sample_rate": audio["sample_rate"], "clip_samples": audio["clip_samples"]}
+    return {"modality": "image", "in_channels": meta["in_channels"], "image_size": meta["image_size"]}
 
 
 def metadata_path(artifact: Path) -> Path:
@@ -73,19 +100,16 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise GpuaccelError(f"--device {device} was asked for but no CUDA GPU is visible; use --device cpu")
     if path.is_dir() or path.suffix == ".pt":
-        from .artifact import load_trained
-
-        trained = load_trained(path)
-        return Runner(torch_runner(trained.module, dev), trained.classes, trained.in_channels,
-                      trained.image_size, "pytorch", trained.task)
+        return _run_runner(path, dev)
     meta_file = metadata_path(path)
     if not meta_file.exists():
         raise GpuaccelError(f"{path} has no {meta_file.name} beside it (class names, input size); "
                             f"export models with 'gpuaccel export'")
     try:
         meta = json.loads(meta_file.read_text())
-        meta["classes"], meta["in_channels"], meta["image_size"]  # noqa: B018  (all three must be there)
-    except (ValueError, KeyError, TypeError):
+        meta["classes"]  # noqa: B018  (it must be there)
+        inputs = input_description(meta)
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise GpuaccelError(f"{meta_file} is damaged (not the JSON 'gpuaccel export' writes); export the model "
                             f"again") from None
     task = create_task(meta.get("task", {}).get("name", "classification"))
@@ -106,7 +130,26 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
         run, kind = torch_runner(module, dev), "torchscript"
     else:
         raise GpuaccelError(f"cannot run {path}: expected a gpuaccel checkpoint (.pt), .onnx, .pt2 or .ts")
-    return Runner(run, meta["classes"], meta["in_channels"], meta["image_size"], kind, task)
+    return Runner(run, meta["classes"], inputs, kind, task)
+
+
+def _run_runner(path: Path, device: torch.device) -> Runner:
+    """A run's classifier (image, text or audio) in PyTorch on ``device``."""
+    from .artifact import load_run_state, load_trained, rebuild_model, run_kind
+
+    if run_kind(path) == "image":
+        trained = load_trained(path)
+        inputs = {"modality": "image", "in_channels": trained.in_channels, "image_size": trained.image_size}
+        return Runner(torch_runner(trained.module, device), trained.classes, inputs, "pytorch", trained.task)
+    state, path = load_run_state(path)
+    if not state.get("classes"):
+        raise GpuaccelError(f"{path} is not a classifier (task {state.get('task', {}).get('name')!r})" + (
+            "; it is a language model: sample from it with 'gpuaccel generate'" if state.get("tokenizer") else ""))
+    from .text import max_tokens
+
+    inputs = input_description({**state, "max_tokens": max_tokens(state) if state.get("tokenizer") else None})
+    task = create_task(state.get("task", {}).get("name", "classification"))
+    return Runner(torch_runner(rebuild_model(state, path), device), list(state["classes"]), inputs, "pytorch", task)
 
 
 def onnx_has_cuda() -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..data import parse_spec
-from ..data.sentences import pad, read_labelled, sentence_files
+from ..data.sentences import read_labelled, sentence_files
 from ..data.text import read_text, tokenizer_from_state
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
@@ -71,20 +71,6 @@ def generate(run, prompt: str, tokens: int, *, temperature: float = 0.8, top_k: 
     return Generation([tokenizer.decode(row.tolist()) for row in out.cpu()], tokens, seconds, str(target))
 
 
-@dataclass
-class SentencePredictions:
-    texts: list[str]
-    probabilities: np.ndarray  # (sentences, classes)
-    labels: np.ndarray | None  # the true class indices, for a labelled file
-    classes: list[str]
-    seconds: float
-    device: str
-
-    @property
-    def accuracy(self) -> float | None:
-        return None if self.labels is None else float((self.probabilities.argmax(1) == self.labels).mean())
-
-
 def text_classifier_state(run) -> tuple[dict, Path]:
     """The state of a run that trained a text classifier (else a one-line error)."""
     state, path = load_run_state(run)
@@ -117,31 +103,6 @@ def read_sentences(inputs: list[str], classes: list[str]) -> tuple[list[str], np
     return texts, None
 
 
-def classify_sentences(run, inputs: list[str], *, device: str = "auto", batch_size: int = 256) -> SentencePredictions:
-    """Class probabilities for sentences with a run's text classifier."""
-    state, path = text_classifier_state(run)
-    tokenizer = tokenizer_from_state(state["tokenizer"])
-    classes = list(state["classes"])
-    target = resolve_device(device)
-    model = rebuild_model(state, path).eval().to(target)
-    precision = resolve_precision("auto", target)
-    texts, labels = read_sentences(inputs, classes)
-    longest = state["model_args"].get("context_length") or state["config"].get("context", 256)
-    sequences = [tokenizer.encode(t) for t in texts]
-    parts = []
-    synchronize(target)
-    start = time.perf_counter()
-    with torch.no_grad(), precision.autocast(target):
-        for i in range(0, len(sequences), batch_size):
-            chunk = sequences[i:i + batch_size]
-            ids, _ = pad(chunk, max(1, min(longest, max(len(s) for s in chunk))))
-            logits = model(torch.from_numpy(ids).long().to(target))
-            parts.append(torch.softmax(logits.float(), 1).cpu())
-    synchronize(target)
-    seconds = time.perf_counter() - start
-    return SentencePredictions(texts, torch.cat(parts).numpy(), labels, classes, seconds, str(target))
-
-
 TEXT_FORMATS = ("onnx", "pt2")
 
 
@@ -150,8 +111,6 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
     """Exports a run's text classifier (any batch size, any sentence length up to the trained
     one; token ids in, logits out) with its tokeniser in ``<artefact>.json`` beside it, and checks
     the export against the original on held-out sentences (top-1 agreement >= 99.9%)."""
-    from ..data.cache import default_cache_dir
-    from ..data.sentences import load_sentences
     from .export import BATCH, artifact_caller, compare_outputs, write_artifact
     from .runners import FORMAT_SUFFIX, metadata_path
 
@@ -159,7 +118,7 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
         raise GpuaccelError(f"a text classifier exports as {' or '.join(TEXT_FORMATS)}, not {fmt}")
     state, path = text_classifier_state(run)
     model = rebuild_model(state, path).eval()
-    config, longest = state["config"], state["model_args"].get("context_length", 256)
+    longest = max_tokens(state)
     out = Path(out) if out else path.with_name(f"model{FORMAT_SUFFIX[fmt]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     argument = next(iter(inspect.signature(model.forward).parameters))
@@ -170,16 +129,31 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
         "classes": state["classes"], "model": state["model_name"], "task": state["task"], "format": fmt,
         "input": f"int64 (N, T) token ids, T <= {longest}, 0 pads; made by the tokenizer below",
         "tokenizer": state["tokenizer"], "max_tokens": longest, "source": str(path)}, indent=1) + "\n")
-    try:
-        kind, data_path = parse_spec(data or config["data"])
-        held = load_sentences(data_path, tokenizer=state["tokenizer"]["kind"], vocab_size=config.get("vocab_size"),
-                              max_tokens=config.get("context", 256), val_split=config.get("val_split"),
-                              seed=config.get("seed", 0), text_column=config.get("text_column"),
-                              label_column=config.get("label_column"), cache_dir=default_cache_dir())
-    except GpuaccelError as exc:
-        raise GpuaccelError(f"cannot load held-out sentences to verify the export ({exc}); pass --data SPEC") from None
+    held = held_out_sentences(state, data, "cannot load held-out sentences to verify the export")
     ids = held.test_ids[:verify_sentences].astype(np.int64)
     # each batch cut to its longest sentence: the export is checked at several lengths
     batches = (chunk[:, :max(2, int((chunk != 0).sum(1).max()))] for chunk in np.split(ids, range(256, len(ids), 256)))
     report = compare_outputs(model, artifact_caller(out, fmt), batches, "sentences")
     return {**report, "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}
+
+
+def max_tokens(state: dict) -> int:
+    """The most tokens of a sentence a run's text classifier takes."""
+    return state["model_args"].get("context_length") or state["config"].get("context", 256)
+
+
+def held_out_sentences(state: dict, data: str | None, why: str):
+    """A text classifier's data set (``data``, default the run's) tokenised as in training:
+    ``train_ids``, ``test_ids`` (0-padded rows), ``test_labels``. ``why`` opens the error."""
+    from ..data.cache import default_cache_dir
+    from ..data.sentences import load_sentences
+
+    config = state["config"]
+    try:
+        _, data_path = parse_spec(data or config["data"])
+        return load_sentences(data_path, tokenizer=state["tokenizer"]["kind"], vocab_size=config.get("vocab_size"),
+                              max_tokens=config.get("context", 256), val_split=config.get("val_split"),
+                              seed=config.get("seed", 0), text_column=config.get("text_column"),
+                              label_column=config.get("label_column"), cache_dir=default_cache_dir())
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"{why} ({exc}); pass --data SPEC") from None
