@@ -97,6 +97,11 @@ def run_kind(path) -> str | None:
     return "text" if state.get("tokenizer") else "audio" if state.get("audio") else "image"
 
 
+def max_tokens(state: dict) -> int:
+    """The most tokens of a sentence a run's text classifier takes."""
+    return state["model_args"].get("context_length") or state["config"].get("context", 256)
+
+
 def rebuild_model(state: dict, path: Path) -> nn.Module:
     """The run's model with its trained weights (the weight average where the run kept one: that
     is the model it evaluated), in training mode, on the CPU."""

@@ -135,7 +135,7 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
 
 def _run_runner(path: Path, device: torch.device) -> Runner:
     """A run's classifier (image, text or audio) in PyTorch on ``device``."""
-    from .artifact import load_run_state, load_trained, rebuild_model, run_kind
+    from .artifact import load_run_state, load_trained, max_tokens, rebuild_model, run_kind
 
     if run_kind(path) == "image":
         trained = load_trained(path)
@@ -145,8 +145,6 @@ def _run_runner(path: Path, device: torch.device) -> Runner:
     if not state.get("classes"):
         raise GpuaccelError(f"{path} is not a classifier (task {state.get('task', {}).get('name')!r})" + (
             "; it is a language model: sample from it with 'gpuaccel generate'" if state.get("tokenizer") else ""))
-    from .text import max_tokens
-
     inputs = input_description({**state, "max_tokens": max_tokens(state) if state.get("tokenizer") else None})
     task = create_task(state.get("task", {}).get("name", "classification"))
     return Runner(torch_runner(rebuild_model(state, path), device), list(state["classes"]), inputs, "pytorch", task)

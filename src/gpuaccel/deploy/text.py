@@ -19,7 +19,7 @@ from ..data.sentences import read_labelled, sentence_files
 from ..data.text import read_text, tokenizer_from_state
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
-from .artifact import load_run_state, rebuild_model
+from .artifact import load_run_state, max_tokens, rebuild_model
 
 
 @dataclass
@@ -135,11 +135,6 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
     batches = (chunk[:, :max(2, int((chunk != 0).sum(1).max()))] for chunk in np.split(ids, range(256, len(ids), 256)))
     report = compare_outputs(model, artifact_caller(out, fmt), batches, "sentences")
     return {**report, "artifact": str(out), "format": fmt, "size_bytes": out.stat().st_size}
-
-
-def max_tokens(state: dict) -> int:
-    """The most tokens of a sentence a run's text classifier takes."""
-    return state["model_args"].get("context_length") or state["config"].get("context", 256)
 
 
 def held_out_sentences(state: dict, data: str | None, why: str):
