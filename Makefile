@@ -1,17 +1,30 @@
 # The two commands a new user needs: `make demo` trains, `make test` runs the tests.
 # Both create .venv and install gpuaccel into it on first use: the demo only what training
 # needs, the tests also the test extras (ONNX, OpenVINO, a browser driver, ...).
-# TORCH picks the PyTorch requirement: plain `torch` on a fresh machine (with CUDA
-# wheels), e.g. `make test TORCH=torch==2.13.0` where a CPU build is already at hand.
+#
+# PyTorch: TORCH is the pip requirement (default `torch`, the newest). On a machine without an
+# NVIDIA GPU (nvidia-smi lists none), PyTorch's CPU wheel index is added where it can be reached,
+# so pip takes the CPU build (a few hundred MB) rather than the default one with several GB of
+# CUDA libraries; where it cannot be reached, pip's own sources decide (say so with a CPU wheel:
+# TORCH=torch==2.13.0+cpu, or a wheel file). TORCH_INDEX names another index, or none
+# (`make demo TORCH_INDEX=`). A changed TORCH or TORCH_INDEX reinstalls PyTorch.
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+# (deferred: probed only when a PyTorch install is being decided)
+NVIDIA_GPU = $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+CPU_INDEX_REACHABLE = $(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(CPU_INDEX)/torch/', timeout=5)" \
+                        >/dev/null 2>&1 && echo yes)
+TORCH_INDEX ?= $(if $(NVIDIA_GPU),,$(if $(CPU_INDEX_REACHABLE),$(CPU_INDEX)))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+TORCH_CHOICE := $(VENV)/.torch-choice
+TORCH_PIP_ARGS = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) )$(TORCH)
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean FORCE
 
 demo: $(STAMP)
 	$(BIN)/gpuaccel train --recipe digits
@@ -21,9 +34,14 @@ test: $(TEST_STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# rewritten only when the choice differs, so that only a new choice reinstalls PyTorch
+$(TORCH_CHOICE): FORCE
+	@mkdir -p $(VENV)
+	@args='$(TORCH_PIP_ARGS)'; echo "$$args" | cmp -s - $@ || echo "$$args" > $@
+
+$(STAMP): pyproject.toml $(TORCH_CHOICE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q $$(cat $(TORCH_CHOICE))
 	$(BIN)/python -m pip install -q -e .
 	touch $(STAMP)
 
