@@ -363,3 +363,60 @@ def test_cudnn_autotuning_follows_the_setting(tmp_path, digits, search):
     Trainer(TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, device="cuda", cudnn_benchmark=search),
             dataset=digits, quiet=True)
     assert torch.backends.cudnn.benchmark is search
+
+
+def test_off_a_terminal_a_long_run_logs_a_line_at_a_steady_cadence(monkeypatch):
+    import io
+
+    from gpuaccel.train import progress as progress_module
+
+    clock = iter(float(t) for t in range(0, 1000, 10))  # each call 10 s later
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()  # not a terminal
+    progress = progress_module.Progress(100, initial=20, stream=out, every_seconds=30)
+    for _ in range(6):
+        progress.advance()
+    lines = out.getvalue().splitlines()
+    assert lines == ["step 23/100 (23%), 0.1 steps/s, about 12 min 50 s left",
+                     "step 26/100 (26%), 0.1 steps/s, about 12 min 20 s left"], lines
+    progress.log("an evaluation's line")  # a line restarts the period
+    progress.advance()
+    progress.advance()
+    assert out.getvalue().splitlines()[-1] == "an evaluation's line"
+    quiet = io.StringIO()
+    progress = progress_module.Progress(100, stream=quiet, quiet=True, every_seconds=0)
+    progress.advance()
+    assert quiet.getvalue() == ""
+
+
+class ScriptedEvaluations(Trainer):
+    """Evaluations that report the accuracies given, in turn (the warm-up's pass aside)."""
+
+    def __init__(self, config, accuracies, **kw):
+        super().__init__(config, **kw)
+        self.script = list(accuracies)
+
+    def evaluate(self, each_shape: bool = False) -> dict:
+        result = super().evaluate(each_shape)
+        return result if each_shape else {**result, "accuracy": self.script.pop(0)}
+
+
+def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_path):
+    def train(run, accuracies, **kw):
+        config = TrainConfig(data="digits", epochs=len(accuracies), device="cpu", monitor=False, run_dir=str(run), **kw)
+        return ScriptedEvaluations(config, accuracies, quiet=True).fit()
+
+    summary = train(tmp_path / "peak", [0.5, 0.9, 0.7])
+    assert summary["best_model"]["file"] == "best.pt" and summary["best_model"]["value"] == 0.9
+    best = torch.load(tmp_path / "peak" / "best.pt", weights_only=False)
+    last = torch.load(tmp_path / "peak" / "model.pt", weights_only=False)
+    assert best["metrics"]["accuracy"] == 0.9 and last["metrics"]["accuracy"] == 0.7
+    steps_per_epoch = summary["steps"] // 3
+    assert summary["best_model"]["step"] == 2 * steps_per_epoch
+    assert any(not torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
+    summary = train(tmp_path / "rising", [0.5, 0.7, 0.9])
+    assert summary["best_model"] == {"file": "model.pt", "step": summary["steps"], "metric": "accuracy", "value": 0.9}
+    assert not (tmp_path / "rising" / "best.pt").exists()
+    # ranked by the target's metric where there is one (here the loss: lower is better)
+    summary = train(tmp_path / "target", [0.5, 0.9], target="loss=0.0001")
+    assert summary["best_model"]["metric"] == "loss"

@@ -172,6 +172,10 @@ def _print_summary(s: dict) -> None:
     if s["target"] is not None:
         reached = "not reached" if s["time_to_target"] is None else f"reached in {s['time_to_target']:.2f} s"
         rows.append(("time to target", f"{s['target']} {reached}"))
+    best = s.get("best_model")
+    if best and best["file"] != "model.pt":  # (else model.pt, the last weights, is the best)
+        rows.append(("best model", f"{best['file']}, step {best['step']} ({best['metric']} "
+                                   f"{_metric_text(best['metric'], best['value'])}); model.pt: the last weights"))
     rows.append(("saved to", s["run_dir"]))
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

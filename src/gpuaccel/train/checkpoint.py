@@ -64,7 +64,8 @@ def training_state(trainer, full: bool) -> dict:
             position=trainer.position(),
             progress={"train_seconds": trainer.train_seconds, "samples_seen": trainer.samples_seen,
                       "best_metrics": trainer.best_metrics, "time_to_target": trainer.time_to_target,
-                      "last_eval": trainer.last_eval, "evaluated_at": trainer.evaluated_at})
+                      "last_eval": trainer.last_eval, "evaluated_at": trainer.evaluated_at,
+                      "best_step": trainer.best_step})
     return state
 
 
@@ -92,3 +93,4 @@ def restore_training_state(trainer, state: dict) -> None:
     trainer.best_metrics, trainer.time_to_target = progress["best_metrics"], progress["time_to_target"]
     trainer.last_eval = progress["last_eval"]
     trainer.evaluated_at = progress.get("evaluated_at", trainer.global_step)
+    trainer.best_step = progress.get("best_step")

@@ -69,9 +69,15 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
                             f"--grad-clip, or --precision fp32")
     result = trainer.evaluate()  # (the method: a subclass may evaluate otherwise)
     trainer.last_eval, trainer.evaluated_at = result, trainer.global_step
+    ranked_by = best_model_metric(trainer)
+    improved = ranked_by in result and (ranked_by not in trainer.best_metrics or (
+        result[ranked_by] > trainer.best_metrics[ranked_by] if trainer.task.higher_is_better(ranked_by)
+        else result[ranked_by] < trainer.best_metrics[ranked_by]))
     for name, value in result.items():
         better = max if trainer.task.higher_is_better(name) else min
         trainer.best_metrics[name] = better(trainer.best_metrics.get(name, value), value)
+    if improved:
+        trainer.keep_best()
     if trainer.time_to_target is None and reached_target(trainer, result):
         trainer.time_to_target = trainer.train_seconds
     rate = round(samples / max(seconds, 1e-9), 1)
@@ -83,6 +89,13 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
                if trainer.inputs.tokens_per_sample else {}),
             **({"images_per_second": rate} if trainer.dataset is not None else {}),
             "elapsed": round(trainer.train_seconds, 4), "wall": round(wall, 4)}
+
+def best_model_metric(trainer) -> str:
+    """What "best" means for best.pt: the target's metric where there is a target, else the
+    task's main one."""
+    target = trainer.config.target_metric
+    return target[0] if target else trainer.task.default_target
+
 
 def reached_target(trainer, result: dict) -> bool:
     if trainer.config.target_metric is None:

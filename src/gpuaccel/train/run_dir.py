@@ -4,6 +4,8 @@
     metrics.jsonl    one record per evaluation
     checkpoint.pt    everything to continue the run (checkpoint.json: a readable copy of where it stands)
     model.pt         the trained model (the last weights)
+    best.pt          the best evaluation's weights, where that was not the last one (by the
+                     target's metric, else the task's main one; summary.json's best_model)
     summary.json     what ``fit`` returned
     gpu*.jsonl       GPU samples (``--monitor``)
 
@@ -22,6 +24,7 @@ from . import checkpoint
 
 CHECKPOINT = "checkpoint.pt"
 FINAL_MODEL = "model.pt"
+BEST_MODEL = "best.pt"
 
 
 class RunDirectory:
@@ -86,6 +89,14 @@ class RunDirectory:
     def save_model(self, state: dict) -> None:
         if self.writer:
             checkpoint.save(self.path / FINAL_MODEL, state)
+
+    def save_best(self, state: dict) -> None:
+        if self.writer:
+            checkpoint.save(self.path / BEST_MODEL, state)
+
+    def remove_best(self) -> None:
+        if self.writer:
+            (self.path / BEST_MODEL).unlink(missing_ok=True)
 
     def write_summary(self, summary: dict) -> None:
         if self.writer:

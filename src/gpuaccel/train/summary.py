@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..device import device_name
+from .evaluation import best_model_metric
 
 
 def start_lines(trainer) -> list[str]:
@@ -50,6 +51,7 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "tokens_per_second": round(rate * inputs.tokens_per_sample) if inputs.tokens_per_sample else None,
         "main_metric": trainer.task.default_target,
         "metrics": dict(trainer.last_eval), "best_metrics": dict(trainer.best_metrics),
+        "best_model": best_model(trainer),
         "target": config.target, "target_metric": target[0] if target else None,
         "time_to_target": None if trainer.time_to_target is None else round(trainer.time_to_target, 3),
         "test_loss": trainer.last_eval.get("loss"),
@@ -84,3 +86,14 @@ def format_record(record: dict, epochs: float, metric_names) -> str:
             f"test loss {record['loss']:.4f}{shown}, {rate}, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
             + (f", GPU busy {record['gpu_util']:.0f}%" if "gpu_util" in record else ""))
+
+
+def best_model(trainer) -> dict | None:
+    """Which file holds the best evaluation's weights: model.pt where the last evaluation was the
+    best, else best.pt; with its step and the metric that ranked it. None before any evaluation."""
+    if trainer.best_step is None:
+        return None
+    metric = best_model_metric(trainer)
+    last = trainer.best_step == trainer.evaluated_at == trainer.global_step
+    return {"file": "model.pt" if last else "best.pt", "step": trainer.best_step, "metric": metric,
+            "value": trainer.best_metrics.get(metric)}

@@ -106,6 +106,10 @@ class Trainer:
         self.best_metrics: dict[str, float] = {}
         self.last_eval: dict = {}
         self.evaluated_at = 0  # the global step of the last finished evaluation
+        # the weights of the best evaluation so far (by the target's metric, else the task's main
+        # one), on the host, until written to best.pt; and its step
+        self.best_state: dict | None = None
+        self.best_step: int | None = None
         self.resumed = False
         self.time_to_target: float | None = None
         self.run: RunDirectory | None = None
@@ -450,10 +454,25 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and resuming
 
     def save_checkpoint(self) -> Path:
-        """Writes checkpoint.pt (rank 0; sharded and pipelined runs call this on every rank to gather)."""
+        """Writes checkpoint.pt (rank 0; sharded and pipelined runs call this on every rank to gather),
+        and best.pt where a better evaluation came since the last one."""
         state = checkpoint.training_state(self, full=True)
         self.run.save_checkpoint(state, self.position())
+        self._save_best()
         return self.run.path / CHECKPOINT
+
+    def keep_best(self) -> None:
+        """The weights just evaluated are the best so far: a host copy of them (a collective where
+        the state is gathered from every rank), written to best.pt at the next checkpoint."""
+        if self.dist.is_main or self.collective_state:
+            state = checkpoint.training_state(self, full=False)
+            self.best_state = tree_map(lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t, state)
+        self.best_step = self.global_step
+
+    def _save_best(self) -> None:
+        if self.best_state is not None:
+            self.run.save_best(self.best_state)
+            self.best_state = None
 
     def load_state(self, state: dict) -> None:
         """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped."""
@@ -476,6 +495,10 @@ class Trainer:
         if self.dist.is_main or self.collective_state:
             state = checkpoint.training_state(self, full=False)
             self.run.save_model(state)
+        if self.best_step is not None and self.best_step == self.evaluated_at == self.global_step:
+            self.best_state = None  # the last weights are the best: model.pt is both
+            self.run.remove_best()
+        self._save_best()
         self.phases.mark("writing model.pt")
         summary = summarise(self, stopped_by, wall_seconds)
         self.run.write_summary(summary)
