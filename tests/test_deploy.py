@@ -290,3 +290,33 @@ def test_runtime_errors(run_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "openvino", None)  # as if not installed
     _one_line_error(capsys, ["infer", str(onnx_file), "digits", "--runtime", "openvino"],
                     "pip install 'gpuaccel[openvino]'")
+
+
+def test_an_export_or_quantisation_that_dies_mid_write_leaves_the_previous_artefact(run_dir, tmp_path, monkeypatch,
+                                                                                    capsys):
+    pytest.importorskip("onnxruntime")
+    import importlib
+
+    export_module = importlib.import_module("gpuaccel.deploy.export")  # (the package re-exports a function of that name)
+
+    out = tmp_path / "m.onnx"
+    assert main(["export", str(run_dir), "--out", str(out), "--json"]) == 0
+    int8 = tmp_path / "m.int8.onnx"
+    assert main(["quantize", str(out), "--int8", "--calib", "64", "--out", str(int8), "--json"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def dies_half_way(path):
+        def write(*args):
+            target = next(a for a in args if isinstance(a, (str, type(out))) and str(a).endswith(".tmp"))
+            open(target, "wb").write(b"\x08\x01half an ONNX file")
+            raise KeyboardInterrupt  # what SIGINT raises; SIGKILL leaves the .tmp file, removed later
+        return write
+
+    monkeypatch.setattr(export_module, "_write", lambda fmt, module, example, path, *rest: dies_half_way(path)(path))
+    assert main(["export", str(run_dir), "--out", str(out)]) == 130  # "interrupted"
+    monkeypatch.setattr("onnxruntime.quantization.quantize_static",
+                        lambda model, path, *args, **kw: dies_half_way(path)(path))
+    assert main(["quantize", str(out), "--int8", "--calib", "64", "--out", str(int8)]) == 130
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing half-written, nothing left over
+    assert main(["infer", str(int8), "digits", "--out", str(tmp_path / "p.csv")]) == 0

@@ -144,6 +144,11 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     assert len(rows) == 4 and any("odd-\\udcff.png" in row for row in rows)
     assert main(["infer", str(tmp_path / "m.onnx"), str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert len(out.read_text().splitlines()) == 4  # a failed command leaves the earlier file as it was
+    nested = tmp_path / "new" / "dir" / "p.csv"  # made where missing
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(nested)]) == 0 and nested.is_file()
+    capsys.readouterr()
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(tmp_path)]) == 2  # a directory
+    assert "is a directory; give a file name" in capsys.readouterr().err
 
 
 def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypatch):

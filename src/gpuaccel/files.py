@@ -7,6 +7,7 @@ train/, bench/ and deploy/ all write through this module.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -37,19 +38,26 @@ def _is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("No space left" in text or "file write failed" in text)
 
 
-def atomic_write(path, write) -> None:
-    """Calls ``write(file)`` on a temporary file beside ``path``, flushes and fsyncs it, then
-    renames it over ``path`` (atomic on POSIX file systems) and fsyncs the directory: the
-    file is always either the old one or the new one. The new file gets the permissions a
-    plain ``open`` would give (the umask's), not mkstemp's 0600."""
+@contextlib.contextmanager
+def replaced_atomically(path):
+    """A temporary file name beside ``path``, for writers that take a name (exporters, ONNX
+    Runtime's quantiser, torch.save). When the block ends without an error, the file written
+    there is fsynced and renamed over ``path`` (atomic on POSIX file systems) and the directory
+    fsynced: ``path`` is always either the old file or the whole new one. On an error the
+    temporary file goes; a killed process leaves it, named ``.<name>.<random>.tmp``, for
+    :func:`remove_stale_temporaries`. The new file gets the permissions a plain ``open`` would
+    give (the umask's), not mkstemp's 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
         os.fchmod(fd, 0o666 & ~_current_umask())
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -62,6 +70,13 @@ def atomic_write(path, write) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_write(path, write) -> None:
+    """Calls ``write(file)`` on a temporary file beside ``path`` that then replaces it
+    (:func:`replaced_atomically`)."""
+    with replaced_atomically(path) as tmp, open(tmp, "wb") as f:
+        write(f)
 
 
 def write_json(path, data) -> None:

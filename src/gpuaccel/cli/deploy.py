@@ -303,6 +303,8 @@ def _run_infer(args) -> int:
         if args.threads < 1:
             raise GpuaccelError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
+    if args.out:  # before any work: a prediction run that cannot write its CSV is wasted
+        _output_file(args.out)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     inputs = read_inputs(runner, args.inputs)
@@ -317,6 +319,19 @@ def _run_infer(args) -> int:
         line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%"
     print(line, file=sys.stderr)
     return 0
+
+
+def _output_file(out: str) -> None:
+    """``out`` can be written: not a directory; its directory is made where missing."""
+    from pathlib import Path
+
+    path = Path(out)
+    if path.is_dir():
+        raise GpuaccelError(f"--out {out} is a directory; give a file name, e.g. {path / 'predictions.csv'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuaccelError(f"cannot create the directory of --out {out}: {exc.strerror}") from None
 
 
 def _write_predictions(out: str | None, text: str) -> None:

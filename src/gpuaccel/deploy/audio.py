@@ -4,7 +4,6 @@ takes the waveforms and computes its own features, so an export needs nothing be
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 from ..data import parse_spec
 from ..data.audio import load_audio
 from ..errors import GpuaccelError
+from ..files import write_json
 from .artifact import load_run_state, rebuild_model
 
 AUDIO_FORMATS = ("onnx", "pt2")
@@ -41,10 +41,10 @@ def export_audio_classifier(run, fmt: str, out: Path | None = None, *, data: str
     out.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, audio["clip_samples"]) * 0.1
     write_artifact(fmt, model, example, out, {"waves": {0: BATCH}}, opset, formats=AUDIO_FORMATS)
-    metadata_path(out).write_text(json.dumps({
+    write_json(metadata_path(out), {
         "classes": state["classes"], "model": state["model_name"], "task": state["task"], "format": fmt,
         "input": f"float32 (N, {audio['clip_samples']}) mono waveforms in [-1, 1] at {audio['sample_rate']} Hz, "
-                 f"shorter recordings centred in silence", **audio, "source": str(path)}, indent=1) + "\n")
+                 f"shorter recordings centred in silence", **audio, "source": str(path)})
     held = held_out_recordings(state, data, "cannot load held-out recordings to verify the export")
     waves = held.test_waves[:verify_recordings]
     batches = np.split(waves, range(256, len(waves), 256))

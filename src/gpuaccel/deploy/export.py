@@ -4,7 +4,6 @@ against the original on real held-out images."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
+from ..files import replaced_atomically, write_json
 from .artifact import TrainedModel
 from .runners import FORMAT_SUFFIX, load_runner, metadata_path
 
@@ -41,7 +41,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
             "batch_size": None if dynamic_batch else static_batch,
             "input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
             "source": str(trained.source)}
-    metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
+    write_json(metadata_path(out), meta)
     return out
 
 
@@ -50,8 +50,8 @@ def write_artifact(fmt: str, module, example, out: Path, dynamic_shapes: dict | 
     """Exports ``module`` traced with ``example`` (its one argument) as ``fmt``;
     ``dynamic_shapes``: {argument name: {dimension: torch.export.Dim}}, or None for static shapes."""
     try:
-        with _quiet_exporters():
-            _write(fmt, module, example, out, dynamic_shapes, opset)
+        with _quiet_exporters(), replaced_atomically(out) as tmp:  # a killed export leaves the old file
+            _write(fmt, module, example, tmp, dynamic_shapes, opset)
     except GpuaccelError:
         raise
     except Exception as exc:  # an operator or construct the format cannot express

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GpuaccelError
+from ..files import replaced_atomically, write_json
 
 
 # What int8 quantises, by what a model takes (None: every operator ONNX Runtime can). Text: the
@@ -61,9 +62,11 @@ def quantize_int8(fp32_model: Path, out: Path, calibration: np.ndarray, *, per_c
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32_model), str(prepared), skip_symbolic_shape=True)
-        quantize_static(str(prepared), str(out), Batches(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=list(op_types) if op_types else None)
+        with replaced_atomically(out) as tmp:  # a killed quantisation leaves the old file
+            quantize_static(str(prepared), str(tmp), Batches(), quant_format=QuantFormat.QDQ,
+                            per_channel=per_channel,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            op_types_to_quantize=list(op_types) if op_types else None)
     return Path(out)
 
 
@@ -74,7 +77,8 @@ def convert_fp16(fp32_model: Path, out: Path) -> Path:
     except ImportError:
         raise GpuaccelError("fp16 conversion needs onnx and onnxruntime: pip install 'gpuaccel[deploy]'") from None
     half = convert_float_to_float16(onnx.load(str(fp32_model)), keep_io_types=True)
-    onnx.save(half, str(out))
+    with replaced_atomically(out) as tmp:
+        onnx.save(half, str(tmp))
     return Path(out)
 
 
@@ -155,8 +159,8 @@ def quantize_model(source, kind: str, *, calibration_samples: int = 512, per_cha
             extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
         else:
             convert_fp16(fp32, out)
-        metadata_path(out).write_text(json.dumps({**json.loads(metadata_path(fp32).read_text()),
-                                                  "format": f"onnx-{kind}", **extra}, indent=2) + "\n")
+        write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()), "format": f"onnx-{kind}",
+                                        **extra})
         device = evaluation_device(kind, device, runtime)
         return {"artifact": str(out), "device": device, "runtime": runtime, "unit": held.unit, **extra,
                 **compare({"fp32": fp32, kind: out}, held, device, runtime)}

@@ -6,7 +6,6 @@ synchronised before the clock is read."""
 from __future__ import annotations
 
 import inspect
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from ..data.sentences import read_labelled, sentence_files
 from ..data.text import read_text, tokenizer_from_state
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
+from ..files import write_json
 from .artifact import load_run_state, max_tokens, rebuild_model
 
 
@@ -125,10 +125,10 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
     length = torch.export.Dim("length", min=2, max=max(3, longest))
     example = torch.randint(2, state["model_args"]["vocab_size"], (2, min(16, max(3, longest))))
     write_artifact(fmt, model, example, out, {argument: {0: BATCH, 1: length}}, opset, formats=TEXT_FORMATS)
-    metadata_path(out).write_text(json.dumps({
+    write_json(metadata_path(out), {
         "classes": state["classes"], "model": state["model_name"], "task": state["task"], "format": fmt,
         "input": f"int64 (N, T) token ids, T <= {longest}, 0 pads; made by the tokenizer below",
-        "tokenizer": state["tokenizer"], "max_tokens": longest, "source": str(path)}, indent=1) + "\n")
+        "tokenizer": state["tokenizer"], "max_tokens": longest, "source": str(path)})
     held = held_out_sentences(state, data, "cannot load held-out sentences to verify the export")
     ids = held.test_ids[:verify_sentences].astype(np.int64)
     # each batch cut to its longest sentence: the export is checked at several lengths
