@@ -87,6 +87,21 @@ def test_resume_cleans_what_a_killed_checkpoint_write_left(tmp_path):
     trainer.run.unlock()
 
 
+def test_resume_with_a_damaged_or_missing_config_json_takes_the_checkpoints_settings(tmp_path, capsys):
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, batch_size=64, run_dir=str(run), monitor=False), quiet=True).fit()
+    for damage in ("{not json", None):
+        if damage is None:
+            (run / "config.json").unlink()
+        else:
+            (run / "config.json").write_text(damage)
+        trainer = Trainer.resume(run, overrides={"epochs": 1}, quiet=False)
+        trainer.run.unlock()
+        assert trainer.config.batch_size == 64
+        assert json.loads((run / "config.json").read_text())["batch_size"] == 64  # rewritten
+        assert ("is damaged" if damage else "is missing") in capsys.readouterr().err
+
+
 def test_resume_refuses_data_whose_class_names_changed(tmp_path):
     digits = load_dataset("digits")
     run = tmp_path / "r"

@@ -42,6 +42,23 @@ def resumed_config(config, state: dict, overrides: dict, run_dir) -> tuple:
     return config.replace(**{k: v for k, v in overrides.items() if k in RESUME_CHANGEABLE}), changed
 
 
+def saved_config(run_dir: Path, state: dict) -> tuple[TrainConfig, str | None]:
+    """The run's settings from its config.json, or, where that is missing or damaged (a hand
+    edit, a disk fault), from the checkpoint, which holds the same settings; and what was wrong
+    with config.json (None: nothing)."""
+    path = run_dir / "config.json"
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text())), None
+    except FileNotFoundError:
+        problem = "is missing"
+    except (ValueError, TypeError, AttributeError, GpuaccelError) as exc:  # not JSON, or not a config
+        problem = f"is damaged ({str(exc).splitlines()[0][:120]})"
+    if not isinstance(state.get("config"), dict):
+        raise GpuaccelError(f"{path} {problem} and {CHECKPOINT} holds no copy of the settings; restore config.json "
+                            f"or start a new run")
+    return TrainConfig.from_dict(state["config"]), problem
+
+
 def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool = False, model=None,
            train_data=None, eval_data=None, task=None, loss_fn=None, metrics=None):
     """``Trainer.resume``: the trainer of ``run_dir`` rebuilt from its config.json (with the
@@ -50,14 +67,14 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GpuaccelError(f"resume directory {run_dir} does not exist")
-    if not (run_dir / CHECKPOINT).exists() or not (run_dir / "config.json").exists():
-        raise GpuaccelError(f"{run_dir} holds no gpuaccel checkpoint to resume ({CHECKPOINT} and config.json)")
+    if not (run_dir / CHECKPOINT).exists():
+        raise GpuaccelError(f"{run_dir} holds no gpuaccel checkpoint to resume ({CHECKPOINT})")
     run = RunDirectory(run_dir, writer=Distributed.from_env().is_main)
     run.lock()
     try:
         state = load(run_dir / CHECKPOINT)
-        config, changed = resumed_config(
-            TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text())), state, overrides, run_dir)
+        saved, damaged = saved_config(run_dir, state)
+        config, changed = resumed_config(saved, state, overrides, run_dir)
         if model is not None and not config.model.startswith("object:"):
             raise GpuaccelError(f"{run_dir} trained model {config.model!r}, which it rebuilds itself; resume "
                                 f"without model=")
@@ -71,6 +88,11 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
         raise
     trainer.run, trainer.resumed = run, True
     if run.writer:
+        if damaged:
+            run.write_config(trainer.config.to_dict())
+            if not quiet:
+                print(f"gpuaccel: warning: {run_dir / 'config.json'} {damaged}; resuming with the settings "
+                      f"{CHECKPOINT} holds (config.json rewritten)", file=sys.stderr)
         if changed:  # config.json says what the rest of the run uses; the change is said once
             run.write_config(trainer.config.to_dict())
             if not quiet:
