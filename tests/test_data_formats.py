@@ -156,6 +156,22 @@ def test_decoded_images_are_cached(image_folder, cache_dir, monkeypatch):
         load_dataset(str(image_folder), cache_dir=cache_dir)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "bit-flipped"])
+def test_a_damaged_cache_entry_is_decoded_again_and_replaced(image_folder, cache_dir, damage):
+    first = load_dataset(str(image_folder), cache_dir=cache_dir)
+    entry = next(cache_dir.glob("*.npz"))
+    data = bytearray(entry.read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    else:  # inside the first array's bytes: the zip's CRC check catches it
+        data[200] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    again = load_dataset(str(image_folder), cache_dir=cache_dir)
+    np.testing.assert_array_equal(first.train_images, again.train_images)
+    assert load_dataset(str(image_folder), cache_dir=cache_dir).train_images.shape == first.train_images.shape
+    assert entry.read_bytes() != bytes(data)  # the entry was written anew
+
+
 def test_parallel_decoding_matches_serial(tmp_path):
     from gpuaccel.data.images import ImageSource, decode_images
     root = make_image_folder(tmp_path / "many", per_class=(200, 0), size=8, split=False)

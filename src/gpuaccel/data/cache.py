@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +56,8 @@ def load(cache_dir: Path | None, key: str) -> dict | None:
             arrays = {k: f[k] for k in f.files}
         arrays["meta"] = json.loads(str(arrays["meta"]))
         return arrays
-    except (OSError, ValueError, KeyError):
-        return None  # a damaged entry is rebuilt rather than trusted
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None  # a damaged entry (truncated, bits flipped: a bad zip or CRC) is rebuilt rather than trusted
 
 
 def save(cache_dir: Path | None, key: str, meta: dict, **arrays: np.ndarray) -> None:
