@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -153,6 +154,15 @@ def test_a_report_that_cannot_be_made_leaves_no_results_file(capsys, tmp_path):
     (tmp_path / "summary.json").write_text('{"model": "m"}')  # a summary without the rest
     assert_user_error(capsys, ["report", str(tmp_path)], "cannot read the run")
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_bench_directory_is_one_benchmarks_alone(bench_run, capsys, tmp_path):
+    from gpuaccel.files import RunLock
+
+    assert_user_error(capsys, ["bench", "--quick", "--only", "cpu", "--run-dir", str(bench_run)],
+                      "holds a benchmark's results already")
+    (tmp_path / RunLock.NAME).write_text(f"1 {os.uname().nodename}\n")  # a live process benchmarks there now
+    assert_user_error(capsys, ["bench", "--quick", "--only", "cpu", "--run-dir", str(tmp_path)], "is in use by process 1")
 
 
 def test_bench_and_report_errors(capsys, tmp_path):

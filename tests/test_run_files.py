@@ -295,3 +295,12 @@ def test_a_decompression_bomb_is_a_bad_image_not_a_traceback(tmp_path, monkeypat
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 4096 pixels is over twice the limit: an error
     array, reason = _decode_one(ImageSource("big.png", str(tmp_path / "big.png")), None)
     assert array is None and "too large to decode safely" in reason
+
+
+def test_new_directories_of_one_name_get_their_own_suffix(tmp_path):
+    from gpuaccel.files import new_directory
+
+    made = [new_directory(tmp_path / "runs" / "bench-x-20261127-031500") for _ in range(3)]
+    assert [p.name for p in made] == ["bench-x-20261127-031500", "bench-x-20261127-031500~2",
+                                      "bench-x-20261127-031500~3"]
+    assert all(p.is_dir() for p in made)

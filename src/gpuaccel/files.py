@@ -79,6 +79,22 @@ def atomic_write(path, write) -> None:
         write(f)
 
 
+def new_directory(path) -> Path:
+    """Creates ``path``, or ``path~2``, ``path~3`` ... where that is taken (by an earlier run,
+    or by another process that started in the same second): the directory returned was made by
+    this call, so no other process writes into it by accident."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate, suffix = path, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            suffix += 1
+            candidate = path.with_name(f"{path.name}~{suffix}")
+
+
 def write_json(path, data) -> None:
     atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
 

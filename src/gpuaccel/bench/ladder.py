@@ -45,7 +45,7 @@ from ..errors import GpuaccelError, choice_error
 from ..models import create_model
 from ..monitor import DataWaitMeter, GpuSampler
 from ..train import TrainConfig, Trainer
-from ..files import write_json
+from ..files import RunLock, new_directory, write_json
 from .env import collect
 from .timing import matmul_tflops
 
@@ -247,12 +247,24 @@ def _release() -> None:
 
 def run_bench(options: BenchOptions, log=print) -> dict:
     """Runs the selected rungs, writes ``results.json`` (and ``gpu.jsonl``) to the run
-    directory and returns the results."""
+    directory and returns the results. The directory is this benchmark's alone: a new one
+    (``~2``, ``~3`` ... where another started in the same second), or ``--run-dir``, locked
+    while the benchmark runs and refused where it holds another benchmark's results."""
     options.validate()
+    if options.run_dir:
+        run_dir = Path(options.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = new_directory(Path(f"runs/bench-{options.model.replace(':', '_')}-"
+                                     f"{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
+    with RunLock(run_dir):
+        if (run_dir / "results.json").exists():
+            raise GpuaccelError(f"{run_dir} holds a benchmark's results already; pick another --run-dir")
+        return _run_bench(options, run_dir, log)
+
+
+def _run_bench(options: BenchOptions, run_dir: Path, log) -> dict:
     gpu = resolve_device(options.device)
-    run_dir = Path(options.run_dir or f"runs/bench-{options.model.replace(':', '_')}-"
-                   f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset(options.data, val_split=options.val_split, image_size=options.image_size)  # Pillow, as train
     model_args = {"num_classes": dataset.num_classes, "in_channels": dataset.in_channels,
                   "image_size": dataset.image_size}

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import GpuaccelError
-from ..files import MetricsFile, RunLock, remove_stale_temporaries
+from ..files import MetricsFile, RunLock, new_directory, remove_stale_temporaries
 from . import checkpoint
 
 CHECKPOINT = "checkpoint.pt"
@@ -42,10 +42,8 @@ class RunDirectory:
         else:
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
             path = Path("runs") / f"{data_name}-{model.replace(':', '_').replace('/', '_')}-{stamp}"
-            suffix = 1
-            while path.exists():
-                suffix += 1
-                path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
+            if writer:
+                path = new_directory(path)
         run = cls(path, writer=writer)
         if writer:
             path.mkdir(parents=True, exist_ok=True)
