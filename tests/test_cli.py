@@ -130,3 +130,26 @@ def test_plain_train_is_the_demo_and_reaches_97_percent(capsys, tmp_path):
     code, out, _ = run(capsys, "train", "--run-dir", str(tmp_path / "r"), "--json", "--no-monitor")
     summary = json.loads(out)
     assert code == 0 and summary["test_accuracy"] >= 0.97 and summary["epochs"] == 15
+
+
+def test_places_that_cannot_be_written_give_one_line_or_a_warning(tmp_path):
+    """A run directory (given, or the default runs/ under a read-only working directory) that
+    cannot be made is one line and exit 2; a cache directory that cannot be written costs speed
+    only: a warning, and the run goes on. (/proc refuses new entries, even to root.)"""
+    import os
+    import subprocess
+    import sys
+
+    def gpuaccel(*args, cwd=None, **env):
+        return subprocess.run([sys.executable, "-m", "gpuaccel", "train", "--epochs", "1", "--no-monitor",
+                               "--quiet", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, "GPUACCEL_CACHE_DIR": str(tmp_path / "cache"), **env})
+
+    for args, cwd in ((["--run-dir", "/proc/gpuaccel-run"], None), ([], "/proc")):
+        done = gpuaccel(*args, cwd=cwd)
+        assert done.returncode == 2 and done.stderr.startswith("gpuaccel: error: cannot create "), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = gpuaccel("--run-dir", str(tmp_path / "run"), GPUACCEL_CACHE_DIR="/proc/gpuaccel-cache",
+                    TORCHINDUCTOR_CACHE_DIR="")
+    assert done.returncode == 0, done.stderr
+    assert "the cache directory /proc/gpuaccel-cache cannot be written" in done.stderr

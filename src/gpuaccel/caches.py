@@ -43,9 +43,10 @@ def use_bytecode_cache() -> str | None:
     return str(folder)
 
 
-def use_compile_cache() -> str:
+def use_compile_cache() -> str | None:
     """Points torch.compile's caches (Inductor's compiled graphs, and Triton's kernels inside
-    them) at ``<cache root>/inductor``, unless ``TORCHINDUCTOR_CACHE_DIR`` is set; returns the folder.
+    them) at ``<cache root>/inductor``, unless ``TORCHINDUCTOR_CACHE_DIR`` is set; returns the folder
+    (None where the cache root cannot be written: PyTorch's default folder then).
 
     Why before torch is imported: Inductor settles its folder the first time anything asks for
     it, writing its default (``/tmp/torchinductor_<user>``) into the environment, and importing
@@ -55,6 +56,17 @@ def use_compile_cache() -> str:
     From Python, where Dynamo may have settled it already, PyTorch's folder is kept."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not folder:
+        if not writable(cache_root() / "inductor"):
+            return None  # PyTorch's own folder, then (Inductor stops at import on one it cannot make)
         folder = str(cache_root() / "inductor")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
     return folder
+
+
+def writable(folder: Path) -> bool:
+    """Whether ``folder`` exists (made here where missing) and can be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)

@@ -63,14 +63,21 @@ def compile_workers_unless_cached(identity):
     import torch._inductor.config as inductor_config
 
     text = json.dumps([torch.__version__, identity], default=str, sort_keys=True)
-    note = Path(use_compile_cache()) / "gpuaccel-compiled" / hashlib.sha256(text.encode()).hexdigest()[:32]
+    folder = use_compile_cache()
+    if folder is None:  # no cache to keep compiled graphs in: compile as PyTorch does
+        yield False
+        return
+    note = Path(folder) / "gpuaccel-compiled" / hashlib.sha256(text.encode()).hexdigest()[:32]
     cached = note.exists() and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ
     threads = inductor_config.compile_threads
     if cached:
         inductor_config.compile_threads = 1
     try:
         yield cached
-        note.parent.mkdir(parents=True, exist_ok=True)
-        note.touch()
+        try:
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.touch()
+        except OSError:  # a cache that became unwritable: the next run compiles with workers again
+            pass
     finally:
         inductor_config.compile_threads = threads

@@ -84,7 +84,7 @@ def new_directory(path) -> Path:
     or by another process that started in the same second): the directory returned was made by
     this call, so no other process writes into it by accident."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(path.parent)
     candidate, suffix = path, 1
     while True:
         try:
@@ -93,6 +93,29 @@ def new_directory(path) -> Path:
         except FileExistsError:
             suffix += 1
             candidate = path.with_name(f"{path.name}~{suffix}")
+        except OSError as exc:
+            raise _cannot_create(candidate, exc) from None
+
+
+def make_directory(path) -> Path:
+    """``path`` and its parents, made where missing; a one-line error where they cannot be (a
+    read-only file system, no permission, a file in the way)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cannot_create(path, exc) from None
+    if not os.access(path, os.W_OK):
+        raise GpuaccelError(f"cannot write into {path}: permission denied; choose a directory you can write "
+                            f"(--run-dir, or work from another folder)")
+    return path
+
+
+def _cannot_create(path: Path, exc: OSError) -> GpuaccelError:
+    if _is_disk_full(exc):
+        return disk_full_error(path, exc)
+    return GpuaccelError(f"cannot create {path}: {exc.strerror or exc}; choose a directory you can write "
+                         f"(--run-dir, or work from another folder)")
 
 
 def write_json(path, data) -> None:

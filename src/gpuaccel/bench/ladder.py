@@ -45,7 +45,7 @@ from ..errors import GpuaccelError, choice_error
 from ..models import create_model
 from ..monitor import DataWaitMeter, GpuSampler
 from ..train import TrainConfig, Trainer
-from ..files import RunLock, new_directory, write_json
+from ..files import RunLock, make_directory, new_directory, write_json
 from .env import collect
 from .timing import matmul_tflops
 
@@ -252,8 +252,7 @@ def run_bench(options: BenchOptions, log=print) -> dict:
     while the benchmark runs and refused where it holds another benchmark's results."""
     options.validate()
     if options.run_dir:
-        run_dir = Path(options.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = make_directory(options.run_dir)
     else:
         run_dir = new_directory(Path(f"runs/bench-{options.model.replace(':', '_')}-"
                                      f"{datetime.now().strftime('%Y%m%d-%H%M%S')}"))

@@ -15,7 +15,7 @@ import sys
 import threading
 import warnings
 
-from ..caches import use_bytecode_cache, use_compile_cache
+from ..caches import cache_root, use_bytecode_cache, use_compile_cache
 from ..errors import GpuaccelError, speaking_to_the_command_line
 from .bench import add_bench_parsers
 from .deploy import add_deploy_parsers
@@ -46,7 +46,10 @@ def set_up_process() -> None:
     """What the command does first, before torch is imported: its caches (caches.py), for itself
     and its child processes. Importing gpuaccel as a library does none of it."""
     use_bytecode_cache()
-    use_compile_cache()
+    if use_compile_cache() is None:
+        print(f"gpuaccel: warning: the cache directory {cache_root()} cannot be written: decoded data sets and "
+              f"compiled kernels are not kept between runs (set GPUACCEL_CACHE_DIR to a folder you can write)",
+              file=sys.stderr)
 
 
 def run() -> None:

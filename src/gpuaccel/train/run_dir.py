@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import GpuaccelError
-from ..files import MetricsFile, RunLock, new_directory, remove_stale_temporaries
+from ..files import MetricsFile, RunLock, make_directory, new_directory, remove_stale_temporaries
 from . import checkpoint
 
 CHECKPOINT = "checkpoint.pt"
@@ -46,7 +46,7 @@ class RunDirectory:
                 path = new_directory(path)
         run = cls(path, writer=writer)
         if writer:
-            path.mkdir(parents=True, exist_ok=True)
+            make_directory(path)
             run.lock()
             if (path / CHECKPOINT).exists():
                 run.unlock()
