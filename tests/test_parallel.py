@@ -178,6 +178,44 @@ def test_slurm_variables_name_the_process_group():
     assert [first_host(n) for n in ("n1,n2", "node[3-4]", "a[09]-ib,b1", "x")] == ["n1", "node3", "a09-ib", "x"]
 
 
+RANK_DATA = """import os, sys
+from gpuaccel.cli import main
+data = sys.argv[1] if os.environ["RANK"] == "0" else sys.argv[2]  # each rank its own --data
+sys.exit(main(["train", "--data", data, *sys.argv[3:]]))
+"""
+
+
+@pytest.mark.parametrize("difference", ["pixels", "classes"])
+def test_processes_given_different_data_stop_at_start_with_one_line(tmp_path, difference):
+    import shutil
+
+    import numpy as np
+    from conftest import make_image_folder
+    from PIL import Image
+
+    first = make_image_folder(tmp_path / "a", per_class=(8, 2), size=8)
+    other = tmp_path / "b"
+    shutil.copytree(first, other)
+    if difference == "pixels":  # same classes, counts and shapes; other images
+        for path in other.rglob("*.png"):
+            Image.fromarray(255 - np.asarray(Image.open(path))).save(path)
+    else:
+        for split in ("train", "test"):
+            shutil.rmtree(sorted((other / split).iterdir())[-1])
+    script = tmp_path / "rank_data.py"
+    script.write_text(RANK_DATA)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "GPUACCEL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script), str(first), str(other), *COMMON, "--epochs", "1", "--run-dir",
+                           str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300, check=False)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("gpuaccel: error:")]
+    assert done.returncode != 0 and len(errors) == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "this process (rank 1) was given other data than rank 0" in "".join(errors)
+    assert "another process was given other data or model than this one (rank 0)" in "".join(errors)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_a_global_batch_that_does_not_split_over_the_processes_is_refused():
     config = TrainConfig(batch_size=30, global_batch=True)
     assert config.batch_per_process(3) == 10 and TrainConfig(batch_size=30).batch_per_process(4) == 30

@@ -10,6 +10,9 @@ precision are known.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +55,19 @@ class TrainingInputs:
     build: Callable = None  # (config, device, dtype, channels_last, rank, world_size) -> (train, eval) loaders
     # the training loader -> the arguments of a model's data-dependent ``data_init`` (None: the data offers none)
     init_sample: Callable | None = None
+
+    def content_digest(self) -> str:
+        """A digest of what the data hold, for processes to compare at start: the identity, and
+        for decoded images every label and an evenly spread sample of the pixels (so two
+        different data sets of one shape and size differ)."""
+        digest = hashlib.sha256(json.dumps(self.identity, sort_keys=True, default=str).encode())
+        images = self.images
+        if images is not None and getattr(images, "train_images", None) is not None:
+            for array in (images.train_labels, images.test_labels):
+                digest.update(np.ascontiguousarray(array).tobytes())
+            for array in (images.train_images, images.test_images):
+                digest.update(np.ascontiguousarray(array[::max(1, len(array) // 64)]).tobytes())
+        return digest.hexdigest()[:16]
 
     @property
     def skipped(self) -> int:

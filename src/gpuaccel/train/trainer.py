@@ -93,6 +93,7 @@ class Trainer:
         self.model_args = {**self.inputs.model_args, **(config.model_args or {})}  # (recorded: rebuilds the model)
         self.structure = structure
         self.model = self._build_model(model, structure)
+        self._check_processes_agree()
         self._place_model(strategy)
         self.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.deterministic,
@@ -161,6 +162,23 @@ class Trainer:
                                 f"samples per batch; use a larger --batch-size")
         self.parameter_count = sum(p.numel() for p in model.parameters())
         return model
+
+    def _check_processes_agree(self) -> None:
+        """Every process of a multi-process run was given the same data and builds the same
+        model: else each would train on its own data set (and evaluate on a mix), or DDP would
+        fail on parameters of different shapes. One broadcast of rank 0's digest, one all-reduce."""
+        if not self.dist.active:
+            return
+        mine = f"{self.inputs.content_digest()}:{self.parameter_count}"
+        first = self.dist.broadcast(mine)
+        if self.dist.any(mine != first, self.device):
+            whose = (f"this process (rank {self.dist.rank}) was given other "
+                     f"{'data' if mine.split(':')[0] != first.split(':')[0] else 'model'} than rank 0"
+                     if mine != first else "another process was given other data or model than this one (rank 0)")
+            raise GpuaccelError(f"the processes of this run disagree: {whose} (here: "
+                                f"{self.inputs.description.split(';')[0]}; a model of {self.parameter_count:,} "
+                                f"parameters); give every process the same --data (a path each machine sees alike) "
+                                f"and --model")
 
     def _place_model(self, strategy: Strategy | None) -> None:
         """The whole-step CUDA graph's decision (said once, in the run's first line), the parallel
