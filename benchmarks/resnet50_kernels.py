@@ -40,7 +40,7 @@ CLASSES = 1000
 
 # What each turns off or on, against gpuaccel as it is, except that the batch norms' work stays in
 # their own passes unless a variant says "fused_bn" (GPUACCEL_FUSED_BN=off): gpuaccel's default
-# since session 32 is the variant fused-bn-gram
+# is now the variant fused-bn-gram
 VARIANTS = {
     "default": {},
     "plain-stem": {"plain_stem": True},

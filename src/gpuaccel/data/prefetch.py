@@ -45,7 +45,7 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
     them is what runs side by side. Why more than one thread: a step can block its thread for
     longer than the training step takes (nvJPEG waiting for its per-image work behind
     training's kernels), and a second thread overlaps two such waits (measured: no gain for
-    ResNet-50 on an H200, docs/results.md, session 34). An exception, from
+    ResNet-50 on an H200, docs/results.md). An exception, from
     ``steps`` or ``make``, is raised again in the consumer's thread at its place in the order."""
     if not sides:
         raise ValueError("in_threads needs at least one stream entry (None off the GPU)")

@@ -54,7 +54,7 @@ SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
 # kept the step fed at 8,000 img/s (98-99% of its in-memory rate, in every compile mode) and 8 did
 # not (84%). nvJPEG decoding every image cost 1.09x (default mode) to 1.16x (step graph), a
 # quarter of them 1.07x: its per-image work, and the calls that drive it, run beside the step's
-# kernels and launches (docs/results.md, session 35).
+# kernels and launches (docs/results.md).
 PILLOW_READERS = 11
 
 
@@ -434,8 +434,7 @@ class StreamLoader:
     CUDA stream of its own, each batch on the next free thread, yielded in order
     (:func:`prefetch.in_threads`); the batches and their order do not depend on it. One is the
     default; two overlap two decoding calls, which beside training wait for nvJPEG's per-image
-    work, but gained nothing end to end for ResNet-50 at batch 512 on an H200 (docs/results.md,
-    session 34)."""
+    work, but gained nothing end to end for ResNet-50 at batch 512 on an H200 (docs/results.md)."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,

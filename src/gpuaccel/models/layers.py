@@ -17,7 +17,7 @@ from .conv_bn_stats import conv2d_stats, per_channel_affine
 # "off"; "gram" (the default), each 1x1 convolution that widens its input (ResNet-50's
 # expansions) with its batch norm folded in, the statistics computed from that input, which is
 # 2-4x smaller than the output (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224
-# px ran 1.07x faster on an H200 (batch 512; docs/results.md, session 33); "statistics", the
+# px ran 1.07x faster on an H200 (batch 512; docs/results.md); "statistics", the
 # statistics of every convolution taken in cuDNN's convolution kernels (models/conv_bn_stats.py);
 # "blocks", also each batch norm inside ResNet's blocks applied by the next convolution as it
 # loads its input. cuDNN's fused kernels were slower: 0.86x ("statistics") and 0.48x ("blocks")
