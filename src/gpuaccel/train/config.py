@@ -136,15 +136,14 @@ class TrainConfig:
     compile_mode: str = setting(
         "default", "runtime", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
         "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
-        "once per machine, about 8% faster ResNet-50 steps on an H200)", choices=COMPILE_MODES, metavar="MODE")
+        "once per machine, for faster steps; docs/training.md)", choices=COMPILE_MODES, metavar="MODE")
     compile_eval: bool = setting(
         True, "runtime", "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
-        "tracing and loading a second graph: 0.4-0.9 s of warm-up for cifar10-fast, which evaluates once, on an "
-        "H100)")
+        "tracing and loading a second graph: worth it for runs that evaluate once)")
     cudnn_benchmark: bool = setting(
         True, "runtime", "on GPUs: cuDNN times its candidate algorithms for each new convolution shape, in every "
-        "process, and keeps the fastest (off: its heuristics choose; for cifar10-fast the search took about 1 s of "
-        "the warm-up and saved 0.045 s of training on an H100); always off with --deterministic")
+        "process, and keeps the fastest (off: its heuristics choose, sparing the search in short runs); always "
+        "off with --deterministic")
     tune_kernels: bool = setting(
         False, "runtime", "with --compile: tune the launch parameters of each kernel inductor generates (coordinate "
         "descent): a few percent faster steps for a minute or more of compiling, once per machine (torch 2.11 "
