@@ -5,7 +5,7 @@ each compiled as the Trainer compiles the model:
   output  the convolution (cuDNN), then the statistics from its output (var_mean, as inductor
           computes a batch norm's)
   gram    the convolution, then the statistics from its input's Gram matrix
-          (models/layers.py, gram_statistics: GPUACCEL_FUSED_BN=gram)
+          (models/layers.py, gram_statistics)
 
 GPU ms per call (CUDA events, median of 20), times each layer's count in the model, and how
 far the two ways' statistics are apart.

@@ -38,9 +38,9 @@ BATCH = 256
 CLASSES = 1000
 
 
-# What each turns off or on, against gpuaccel as it is, except that the batch norms' work stays in
-# their own passes unless a variant says "fused_bn" (GPUACCEL_FUSED_BN=off): gpuaccel's default
-# is now the variant fused-bn-gram
+# What each turns off or on, against gpuaccel as it is, except that the batch norms stay in their
+# own passes unless a variant says "fused_bn" (models/layers.py FOLD_BATCH_NORMS off): gpuaccel's
+# default is the variant fused-bn-gram
 VARIANTS = {
     "default": {},
     "plain-stem": {"plain_stem": True},
@@ -54,10 +54,6 @@ VARIANTS = {
     "mix-order-reduction": {"inductor": {"triton.mix_order_reduction": True}},
     "cooperative-reductions": {"inductor": {"triton.cooperative_reductions": True}},
     "combo-kernels": {"inductor": {"combo_kernels": True}},
-    # batch norm's work inside cuDNN's convolutions: statistics in the epilogues, the normalisation
-    # and ReLU in the next convolution's prologue, the backward sums in the input gradient's
-    # epilogue (models/conv_bn_stats.py)
-    "fused-bn-statistics": {"fused_bn": "statistics"},
     # only the widening 1x1 convolutions, their batch norms folded in, the statistics from their
     # inputs' Gram matrices (models/layers.py, ConvBatchNormAct.gram_forward)
     "fused-bn-gram": {"fused_bn": "gram"},
@@ -67,9 +63,6 @@ VARIANTS = {
     # kernels or tuned ones (--compile-mode reduce-overhead [--tune-kernels])
     "fused-bn-gram-graph": {"fused_bn": "gram", "mode": "reduce-overhead"},
     "fused-bn-gram-graph-tuned": {"fused_bn": "gram", "mode": "reduce-overhead", "tune_kernels": True},
-    "fused-bn-blocks": {"fused_bn": "blocks"},
-    "fused-bn-blocks-without-backward-sums": {"fused_bn": "blocks", "cudnn_graphs": ["forward", "weight_grad"]},
-    "fused-bn-blocks-tuned": {"fused_bn": "blocks", "mode": "tuned"},
     # The 1x1 convolutions as matrix products that inductor may generate itself, with the batch
     # norm's pointwise work fused into their loads and stores: in the forward pass only
     # (inductor's own conversion) or in both passes (linear-1x1: written as F.linear).
@@ -116,14 +109,12 @@ def use_linear_1x1() -> None:
 
 
 def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: bool = False,
-               linear_1x1: bool = False, fused_bn: str = "off", cudnn_graphs: list[str] | None = None,
-               tune_kernels: bool = False):
+               linear_1x1: bool = False, fused_bn: str = "off", tune_kernels: bool = False):
     """gpuaccel's Trainer on one synthetic in-memory batch, as in imagenet_throughput.py's
     memory phase; returns a function of no arguments that runs one training step. ``plain_*``
     put back the stem convolution and max pooling of PyTorch; ``linear_1x1`` writes the 1x1
-    convolutions as matrix products; ``fused_bn`` moves batch norm's work into cuDNN's
-    convolutions (models/layers.py, FUSED_BATCH_NORM), with only ``cudnn_graphs`` of them when
-    given."""
+    convolutions as matrix products; ``fused_bn`` "gram" folds the widening 1x1 convolutions'
+    batch norms in (models/layers.py, FOLD_BATCH_NORMS), "off" leaves every batch norm its pass."""
     from gpuaccel.models import layers
     from gpuaccel.models.layers import SpaceToDepthConv2d, TritonMaxPool2d
     from imagenet_throughput import gpuaccel_step
@@ -134,10 +125,7 @@ def build_step(mode: str = "default", plain_stem: bool = False, plain_max_pool: 
         TritonMaxPool2d.forward = nn.MaxPool2d.forward
     if linear_1x1:
         use_linear_1x1()
-    layers.FUSED_BATCH_NORM = fused_bn
-    if cudnn_graphs is not None:
-        from gpuaccel.models import conv_bn_stats
-        conv_bn_stats.CUDNN_GRAPHS = set(cudnn_graphs)
+    layers.FOLD_BATCH_NORMS = fused_bn == "gram"
     x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (BATCH,), device="cuda")
     return gpuaccel_step(mode, CLASSES, x, y, tune_kernels=tune_kernels)
@@ -346,7 +334,7 @@ def part_variant(name: str) -> dict:
     step = build_step(settings.get("mode", "default"), plain_stem=settings.get("plain_stem", False),
                       plain_max_pool=settings.get("plain_max_pool", False),
                       linear_1x1=settings.get("linear_1x1", False),
-                      fused_bn=settings.get("fused_bn", "off"), cudnn_graphs=settings.get("cudnn_graphs"),
+                      fused_bn=settings.get("fused_bn", "off"),
                       tune_kernels=settings.get("tune_kernels", False))
     if "cudnn_benchmark_limit" in settings:
         torch.backends.cudnn.benchmark_limit = settings["cudnn_benchmark_limit"]
@@ -354,9 +342,6 @@ def part_variant(name: str) -> dict:
     row = {"variant": name, "batch": BATCH, **settings, "inductor_defaults": defaults, **timed(step),
            "compile_seconds": compile_seconds,
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-    if settings.get("fused_bn"):  # which of cuDNN's graphs ran, and why it declined others
-        from gpuaccel.models.conv_bn_stats import summary
-        row["cudnn"] = summary()
     return row
 
 

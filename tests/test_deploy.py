@@ -44,7 +44,7 @@ def test_export_round_trip_matches_the_original(run_dir, tmp_path, fmt, dynamic)
 
 def test_export_cli_verifies_on_held_out_data(run_dir, tmp_path, capsys):
     out = tmp_path / "cli.onnx"
-    code = main(["export", str(run_dir), "--format", "onnx", "--dynamic-batch", "--out", str(out), "--json"])
+    code = main(["export", str(run_dir), "--format", "onnx", "--out", str(out), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["passed"] and report["images"] == 359  # the digits held-out split
     assert out.exists()

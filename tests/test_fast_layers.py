@@ -1,7 +1,7 @@
 """The GPU forms of ResNet's layers give PyTorch's results (values and gradients): the ImageNet
 stem's space-to-depth convolution and Triton max pooling, on the CPU (the kernels through
-Triton's interpreter) and, where there is one, on a GPU; batch-norm statistics taken from the
-convolution (through cuDNN where there is a GPU and its frontend)."""
+Triton's interpreter) and, where there is one, on a GPU; batch norms folded into ResNet-50's
+widening 1x1 convolutions, their statistics from the convolution's input."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import torch.nn.functional as F
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
 from gpuaccel.models import create_model
-from gpuaccel.models.conv_bn_stats import (conv2d_prologue_grad, conv2d_stats, conv2d_weight_grad, cudnn_frontend,
-                                           summary)
 from gpuaccel.models.layers import ConvBatchNormAct, SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, \
     space_to_depth_conv2d
 from gpuaccel.train import TrainConfig
@@ -129,10 +127,6 @@ def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():
     assert torch.equal(compiled(torch.arange(4.0)), torch.arange(4.0) * 2 + 1)
 
 
-# (kernel, stride): ResNet's 3x3 and 1x1 convolutions, and its strided shortcut
-FUSED_STATISTICS_SHAPES = [(3, 1), (1, 1), (3, 2), (1, 2)]
-
-
 def _twins(make, dtype=torch.float64, device="cpu"):
     """Two copies of ``make()`` in training mode, their batch norms' scales and shifts away from
     1 and 0."""
@@ -173,29 +167,13 @@ def _step_both(plain, fused, x, plain_forward, fused_forward):
     return _after_one_step(fused, x, grad, fused_forward), _after_one_step(plain, x, grad, plain_forward)
 
 
-def _block(kind: str, stride: int):
-    """A ResNet block of ``kind`` with an identity shortcut at stride 1, a projection at 2."""
-    from gpuaccel.models.resnet import BasicBlock, Bottleneck
-    block = {"basic": BasicBlock, "bottleneck": Bottleneck}[kind]
-    width = 8 * block.expansion
-    return lambda: block(width if stride == 1 else 16, 8, stride)
-
-
-@pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
-def test_batch_norm_statistics_from_the_convolution_give_the_modules_results(kernel, stride):
-    plain, fused = _twins(lambda: conv_bn_act(8, 16, kernel, stride))
-    assert fused.fusable()
-    x = torch.randn(4, 8, 10, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
-    _assert_same_step(*_step_both(plain, fused, x, nn.Sequential.forward, ConvBatchNormAct.fused_forward))
-
-
 @pytest.mark.parametrize("act", [None, nn.ReLU])
 def test_batch_norm_statistics_from_the_inputs_gram_matrix_give_the_modules_results(act, monkeypatch):
     """A widening 1x1 convolution (ResNet's expansion) whose batch norm takes its statistics
     from the convolution's input: the same outputs, gradients and running statistics, and the
     same under torch.compile."""
     from gpuaccel.models import layers
-    monkeypatch.setattr(layers, "FUSED_BATCH_NORM", "gram")
+    monkeypatch.setattr(layers, "FOLD_BATCH_NORMS", True)
     plain, fused = _twins(lambda: conv_bn_act(8, 32, 1, act=act))
     assert fused.fusable() and fused.widening_1x1()
     x = torch.randn(4, 8, 10, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
@@ -236,137 +214,9 @@ def _autocast(forward, device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gram_statistics_on_a_gpu_match_the_module_in_bf16_under_compile(monkeypatch):
     from gpuaccel.models import layers
-    monkeypatch.setattr(layers, "FUSED_BATCH_NORM", "gram")
+    monkeypatch.setattr(layers, "FOLD_BATCH_NORMS", True)
     plain, fused = _twins(lambda: conv_bn_act(64, 256, 1, act=None), torch.float32, "cuda")
     x = torch.relu(torch.randn(8, 64, 14, 14, device="cuda")).contiguous(memory_format=torch.channels_last)
     compiled = torch.compile(ConvBatchNormAct.gram_forward)
     _assert_same_step_in_norm(*_step_both(plain, fused, x, _autocast(nn.Sequential.forward, "cuda"),
                                           _autocast(compiled, "cuda")))
-
-
-@pytest.mark.parametrize("kind", ["basic", "bottleneck"])
-@pytest.mark.parametrize("stride", [1, 2])
-def test_resnet_blocks_with_batch_norms_inside_their_convolutions_give_the_blocks_results(kind, stride):
-    """The branch's batch norms but the last applied as the next convolution loads its input,
-    every statistic from a convolution: the same outputs, gradients and running statistics."""
-    plain, fused = _twins(_block(kind, stride))
-    assert fused.fusable()
-    x = torch.randn(4, plain.conv1[0].in_channels, 10, 10, dtype=torch.float64)
-    _assert_same_step(*_step_both(plain, fused, x.contiguous(memory_format=torch.channels_last),
-                                  _plain_block, type(fused).fused_forward))
-
-
-def _plain_block(block, x):
-    """The block's forward pass through PyTorch's modules, whatever GPUACCEL_FUSED_BN says."""
-    y = x
-    for name in block.convs:
-        y = nn.Sequential.forward(getattr(block, name), y)
-    shortcut = block.shortcut if isinstance(block.shortcut, nn.Identity) else \
-        (lambda t: nn.Sequential.forward(block.shortcut, t))
-    return block.relu(y + shortcut(x))
-
-
-@pytest.mark.parametrize("graphs", [None, set()])
-def test_the_convolution_prologue_has_the_gradients_of_its_formula(graphs, monkeypatch):
-    """Through the custom operators, and (graphs left out) through PyTorch's operators in the
-    backward pass itself."""
-    from gpuaccel.models import conv_bn_stats
-    if graphs is not None:
-        monkeypatch.setattr(conv_bn_stats, "CUDNN_GRAPHS", graphs)
-    torch.manual_seed(0)
-    x = torch.randn(3, 6, 9, 9, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(5, 6, 3, 3, dtype=torch.float64, requires_grad=True)
-    scale = torch.rand(6, dtype=torch.float64).add_(0.5).requires_grad_()
-    shift = torch.randn(6, dtype=torch.float64, requires_grad=True)
-    y, total, squares = conv2d_stats(x, weight, scale, shift, 2, 1)
-    ref = F.conv2d(torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)), weight, stride=2, padding=1)
-    torch.testing.assert_close(y, ref)
-    torch.testing.assert_close(total, ref.sum((0, 2, 3)))
-    torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)))
-    mix = torch.randn_like(ref)  # a loss that reaches the output and both sums
-    loss = lambda out, s, q: (out * mix).sum() + (s * s.flip(0)).sum() + q.sqrt().sum()  # noqa: E731
-    expected = torch.autograd.grad(loss(ref, ref.sum((0, 2, 3)), ref.square().sum((0, 2, 3))),
-                                   (x, weight, scale, shift))
-    got = torch.autograd.grad(loss(y, total, squares), (x, weight, scale, shift))
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e)
-
-
-def test_fused_statistics_compile_and_leave_other_layers_alone():
-    from gpuaccel.models.resnet import Bottleneck
-
-    plain, fused = _twins(_block("bottleneck", 2), torch.float32)
-    x = torch.randn(4, 16, 10, 10).contiguous(memory_format=torch.channels_last)
-    compiled = torch.compile(Bottleneck.fused_forward, backend="aot_eager", fullgraph=True)
-    _assert_same_step(*_step_both(plain, fused, x, _plain_block, compiled), rtol=1e-4, atol=1e-4)
-    # what the fused statistics cannot take stays nn.Sequential's: grouped convolutions, ReLU6,
-    # the stem
-    assert not conv_bn_act(8, 8, 3, groups=8).fusable()
-    assert not conv_bn_act(8, 8, 3, act=nn.ReLU6).fusable()
-    assert not conv_bn_act(3, 8, 7, 2, conv=SpaceToDepthConv2d).fusable()
-    assert create_model("resnet50", num_classes=10, image_size=224).stages[1][0].fusable()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
-                    reason="needs a GPU and NVIDIA's cuDNN frontend")
-@pytest.mark.parametrize("kernel,stride", FUSED_STATISTICS_SHAPES)
-def test_cudnns_fused_graphs_match_pytorch_in_bf16(kernel, stride):
-    """Each of the three graphs (forward with and without the prologue, weight gradient,
-    prologue gradient) matches the fp32 formula, on cuDNN where it takes the graph."""
-    def channels_last(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16) \
-            .contiguous(memory_format=torch.channels_last)
-
-    x, padding = channels_last(32, 64, 28, 28), kernel // 2
-    weight = channels_last(128, 64, kernel, kernel, scale=(2 / (64 * kernel ** 2)) ** 0.5)
-    scale, shift = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda") * 0.1
-    x32, w32 = x.float().requires_grad_(), weight.float().requires_grad_()
-    s32, b32 = scale.clone().requires_grad_(), shift.clone().requires_grad_()
-    for prologue in (False, True):
-        y, total, squares = conv2d_stats(x, weight, scale if prologue else None, shift if prologue else None,
-                                         stride, padding)
-        inputs = torch.relu(x32 * s32.view(1, -1, 1, 1) + b32.view(1, -1, 1, 1)) if prologue else x32
-        ref = F.conv2d(inputs, w32, stride=stride, padding=padding)
-        torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=5e-2)
-        assert y.is_contiguous(memory_format=torch.channels_last)
-        # bf16 rounding moves a sum of n outputs by about sqrt(n) x 0.004 x their rms; a lost or
-        # doubled tile moves some channel's sum by far more than 5% of sqrt(n) x rms
-        spread = (ref.numel() // ref.shape[1]) ** 0.5 * ref.square().mean().sqrt().item()
-        torch.testing.assert_close(total, ref.sum((0, 2, 3)), rtol=0, atol=0.05 * spread)
-        torch.testing.assert_close(squares, ref.square().sum((0, 2, 3)), rtol=1e-2, atol=0)
-        grad = channels_last(*y.shape)
-        dw = conv2d_weight_grad(x, weight, scale if prologue else None, shift if prologue else None, grad,
-                                stride, padding)
-        ref_dw, = torch.autograd.grad(ref, w32, grad.float(), retain_graph=True)
-        torch.testing.assert_close(dw.float(), ref_dw, rtol=3e-2, atol=3e-2 * ref_dw.abs().max().item())
-        if prologue:
-            grad_pre, by_x, by_one = conv2d_prologue_grad(x, weight, scale, shift, grad, stride, padding)
-            pre = x32 * s32.view(1, -1, 1, 1) + b32.view(1, -1, 1, 1)
-            ref_pre = torch.where(pre > 0, torch.autograd.grad(ref, inputs, grad.float())[0], 0)
-            torch.testing.assert_close(grad_pre.float(), ref_pre, rtol=3e-2, atol=3e-2 * ref_pre.abs().max().item())
-            for got, expected in ((by_x, (ref_pre * x32).sum((0, 2, 3))), (by_one, ref_pre.sum((0, 2, 3)))):
-                torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
-    # The graph without a prologue runs on cuDNN. On Hopper (H200, cuDNN 9.19) cuDNN has no engine
-    # for those with one and declines them: PyTorch's operators gave the results checked above.
-    # A decline must be cuDNN's own answer, not a graph this module built wrong.
-    assert summary()["fused"].get("forward"), summary()
-    for reason in summary()["declined"]:
-        assert "cudnnGraphNotSupportedError" in reason or "built none of its execution plans" in reason, reason
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or cudnn_frontend() is None,
-                    reason="needs a GPU and NVIDIA's cuDNN frontend")
-@pytest.mark.parametrize("kind", ["basic", "bottleneck"])
-@pytest.mark.parametrize("stride", [1, 2])
-def test_fused_resnet_blocks_on_a_gpu_match_the_blocks_in_bf16(kind, stride):
-    plain, fused = _twins(_block(kind, stride), torch.float32, "cuda")
-    x = torch.randn(32, plain.conv1[0].in_channels, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        got, expected = _step_both(plain, fused, x, _plain_block, type(fused).fused_forward)
-    torch.testing.assert_close(got[0].float(), expected[0].float(), rtol=5e-2, atol=5e-2)
-    # bf16 rounds a pre-activation near zero either way, and the ReLU passes or stops its whole
-    # gradient with it: on an H200 0.01-0.1% of the input gradient's elements differed so, by up
-    # to the gradient's own size. Those may; the rest must agree, and so must the whole.
-    apart = ~torch.isclose(got[1], expected[1], rtol=5e-2, atol=5e-2 * expected[1].abs().max().item())
-    assert apart.float().mean().item() < 2e-3, apart.float().mean().item()
-    torch.testing.assert_close(got[1].norm(), expected[1].norm(), rtol=1e-2, atol=0)

@@ -32,7 +32,6 @@ def _export_parser(sub) -> None:
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
     e.add_argument("--static-batch", type=int, metavar="N",
                    help="fix the batch size at N, for runtimes that need static shapes (default: any batch size)")
-    e.add_argument("--dynamic-batch", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
     e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (sentences, recordings) to compare (1000)")
@@ -241,8 +240,6 @@ def _run_bench_infer(args) -> int:
 def _run_export(args) -> int:
     from ..deploy.exports import export_run
 
-    if args.static_batch is not None and args.dynamic_batch:
-        raise GpuaccelError("--static-batch and --dynamic-batch disagree; give one")
     report, what = export_run(args.checkpoint, args.format, args.out, data=args.data, verify_count=args.verify_images,
                               static_batch=args.static_batch, opset=args.opset)
     return _export_report(args, report, f"held-out {what}", report[what])

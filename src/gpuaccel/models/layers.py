@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import functools
-import os
-import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import max_pool_kernel
-from .conv_bn_stats import conv2d_stats, per_channel_affine
 
-# How much of the batch norms' work moves out of their own passes when training on a GPU:
-# "off"; "gram" (the default), each 1x1 convolution that widens its input (ResNet-50's
-# expansions) with its batch norm folded in, the statistics computed from that input, which is
-# 2-4x smaller than the output (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224
-# px ran 1.07x faster on an H200 (batch 512; docs/results.md); "statistics", the
-# statistics of every convolution taken in cuDNN's convolution kernels (models/conv_bn_stats.py);
-# "blocks", also each batch norm inside ResNet's blocks applied by the next convolution as it
-# loads its input. cuDNN's fused kernels were slower: 0.86x ("statistics") and 0.48x ("blocks")
-# the step without them (benchmarks/resnet50_kernels.py, variants fused-bn-*).
-# GPUACCEL_FUSED_BN sets it.
-FUSED_BATCH_NORM_MODES = ("off", "gram", "statistics", "blocks")
-FUSED_BATCH_NORM = os.environ.get("GPUACCEL_FUSED_BN", "gram")
-if FUSED_BATCH_NORM not in FUSED_BATCH_NORM_MODES:
-    warnings.warn(f"GPUACCEL_FUSED_BN must be one of {', '.join(FUSED_BATCH_NORM_MODES)}; "
-                  f"got {FUSED_BATCH_NORM!r}, so it is gram")
-    FUSED_BATCH_NORM = "gram"
+# In training on a GPU, each 1x1 convolution that widens its input (ResNet-50's expansions)
+# takes its batch norm's statistics from that input, 2-4x smaller than the output, and folds the
+# batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224 px ran
+# 1.07x faster on an H200 (batch 512; docs/results.md). Off (False): every batch norm runs as
+# ``nn.BatchNorm2d`` does, e.g. to measure the difference (benchmarks/resnet50_kernels.py).
+FOLD_BATCH_NORMS = True
 
 
 def eager_forward(cls):
@@ -61,23 +48,15 @@ def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, group
 
 class ConvBatchNormAct(nn.Sequential):
     """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
-    parameters, buffers and names). In training on a GPU with :data:`FUSED_BATCH_NORM` on, the
-    batch norm's statistics come from the convolution's input (:meth:`gram_forward`, "gram") or
-    out of the convolution kernel (:func:`conv2d_stats`, the cuDNN modes) instead of a pass of
-    their own over its output, and the batch norm's arithmetic is written out here: the running
-    statistics updated as ``nn.BatchNorm2d`` does, the variance taken as E[y^2] - E[y]^2 in
-    fp32, as cuDNN's own fused batch norms do.
-
-    :meth:`statistics_forward` stops short of normalising: it returns the convolution's output
-    and the per-channel scale and shift that would normalise it, which the next convolution can
-    apply as it loads its input (ResNet's blocks do)."""
+    parameters, buffers and names). In training on a GPU with :data:`FOLD_BATCH_NORMS` on, a
+    widening 1x1 convolution takes its batch norm's statistics from its input and folds the
+    batch norm in (:meth:`gram_forward`) instead of a pass of its own over the output; the batch
+    norm's arithmetic is written out here, the running statistics updated as ``nn.BatchNorm2d``
+    does, the variance taken as E[y^2] - E[y]^2 in fp32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if FUSED_BATCH_NORM != "off" and self.training and x.is_cuda and self.fusable():
-            if FUSED_BATCH_NORM != "gram":
-                return self.fused_forward(x)
-            if self.widening_1x1():
-                return self.gram_forward(x)
+        if FOLD_BATCH_NORMS and self.training and x.is_cuda and self.fusable() and self.widening_1x1():
+            return self.gram_forward(x)
         return super().forward(x)
 
     def fusable(self) -> bool:
@@ -109,27 +88,6 @@ class ConvBatchNormAct(nn.Sequential):
         y = F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1))
         out = (y + shift.view(1, -1, 1, 1)).to(y.dtype)
         return torch.relu(out) if len(self) > 2 else out
-
-    def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.normalised(*self.statistics_forward(x))
-
-    def normalised(self, y: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """The batch norm's output as ``y * scale + shift``, in ``y``'s dtype, and the ReLU if any."""
-        out = per_channel_affine(y, scale, shift).to(y.dtype)
-        return torch.relu(out) if len(self) > 2 else out
-
-    def statistics_forward(self, x: torch.Tensor, scale: torch.Tensor | None = None,
-                           shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(y, scale, shift): the convolution's output and the per-channel affine map that is
-        its batch norm (in training: with this batch's statistics, which also update the running
-        ones). The convolution's input is ``relu(x * scale + shift)`` when those are given."""
-        conv = self[0]
-        weight = conv.weight
-        if torch.is_autocast_enabled(x.device.type):  # a custom operator is not cast by autocast itself
-            dtype = torch.get_autocast_dtype(x.device.type)
-            x, weight = x.to(dtype), weight.to(dtype)
-        y, total, squares = conv2d_stats(x, weight, scale, shift, conv.stride[0], conv.padding[0])
-        return y, *self.normalisation(total, squares, y.numel() // y.shape[1])
 
     def normalisation(self, total: torch.Tensor, squares: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift): the batch norm as a per-channel affine map, given its input's

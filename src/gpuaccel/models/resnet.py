@@ -7,11 +7,8 @@ image); from 64 px up it is ImageNet's 7x7 stride-2 convolution and max pooling.
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 
-from . import layers
-from .conv_bn_stats import per_channel_affine
 from .layers import SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, init_weights
 from .registry import register_model
 
@@ -25,32 +22,10 @@ class _ResidualBlock(nn.Module):
     convs: tuple[str, ...]
 
     def forward(self, x):
-        if layers.FUSED_BATCH_NORM == "blocks" and self.training and x.is_cuda and self.fusable():
-            return self.fused_forward(x)
         y = x
         for name in self.convs:
             y = getattr(self, name)(y)
         return self.relu(y + self.shortcut(x))
-
-    def fusable(self) -> bool:
-        chain = [getattr(self, name) for name in self.convs]
-        return all(part.fusable() for part in chain) and all(len(part) == 3 for part in chain[:-1]) and \
-            (isinstance(self.shortcut, nn.Identity) or self.shortcut.fusable())
-
-    def fused_forward(self, x):
-        """The same block with each batch norm's statistics taken in its convolution's kernel,
-        and each batch norm of the branch but the last (with its ReLU) applied by the next
-        convolution as it loads its input, so that its normalised output is never written
-        (MLPerf's ResNet-50 does this with cuDNN; models/conv_bn_stats.py)."""
-        y, scale, shift = x, None, None
-        for name in self.convs:
-            y, scale, shift = getattr(self, name).statistics_forward(y, scale, shift)
-        out = per_channel_affine(y, scale, shift)
-        if isinstance(self.shortcut, nn.Identity):
-            out = out + x
-        else:
-            out = out + per_channel_affine(*self.shortcut.statistics_forward(x))
-        return torch.relu(out).to(y.dtype)
 
 
 class BasicBlock(_ResidualBlock):
