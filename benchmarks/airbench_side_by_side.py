@@ -119,7 +119,7 @@ def recipe_runs(recipe: str, data_spec: str, dataset, seeds: int, overrides: dic
     runs = []
     for seed, s in enumerate(run_seeds(load_recipe(recipe), data_spec, dataset, overrides, range(1, seeds + 1)), 1):
         phases = dict(s["phases"])
-        runs.append({"seed": seed, "train_seconds": s["train_seconds"], "accuracy": s["test_accuracy"],
+        runs.append({"seed": seed, "train_seconds": s["train_seconds"], "accuracy": s["metrics"]["accuracy"],
                      "warmup_seconds": s["warmup_seconds"], "epochs": s["epochs"],
                      "evaluation_seconds": next((v for k, v in phases.items() if k.startswith("evaluations")), None)})
     return {"recipe": recipe, "overrides": overrides, "runs": runs, "device": s["device_name"],

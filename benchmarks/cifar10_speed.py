@@ -91,7 +91,7 @@ def gpuaccel_run(data, config: dict, model=None) -> dict:
 
 
 def summarise(runs: list[dict]) -> dict:
-    acc = [r["test_accuracy"] for r in runs]
+    acc = [r["metrics"]["accuracy"] for r in runs]
     secs = [r["train_seconds"] for r in runs]
     return {"accuracy_mean": statistics.mean(acc), "accuracy_std": statistics.pstdev(acc), "accuracies": acc,
             "train_seconds_mean": statistics.mean(secs), "train_seconds_std": statistics.pstdev(secs),

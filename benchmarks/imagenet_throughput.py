@@ -276,9 +276,9 @@ def e2e(work: Path, workers: int, classes: int, epochs: int, modes: list[str], c
             s = json.loads((run_dir / "summary.json").read_text())
             records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             results[key] = {
-                "images_per_second": s["images_per_second"], "train_seconds": s["train_seconds"],
+                "images_per_second": s["samples_per_second"], "train_seconds": s["train_seconds"],
                 "warmup_seconds": s["warmup_seconds"], "epochs": s["epochs"],
-                "per_epoch_images_per_second": [r["images_per_second"] for r in records],
+                "per_epoch_images_per_second": [r["samples_per_second"] for r in records],
                 "data_wait": [r.get("data_wait") for r in records], "gpu_util": [r.get("gpu_util") for r in records],
                 "command": " ".join(cmd)}
         print("gpuaccel e2e", key, results[key], flush=True)

@@ -202,7 +202,7 @@ def sentences(data: str, seed: int, extra: list[str], work: Path) -> dict:
     if "error" in s:
         return {"seed": seed, **s}
     return {"seed": seed, "model": s["model"], "parameters": s["parameters"], "train_seconds": s["train_seconds"],
-            "test_accuracy": s["test_accuracy"], "best_accuracy": s["best_accuracy"],
+            "test_accuracy": s["metrics"]["accuracy"], "best_accuracy": s["best_metrics"]["accuracy"],
             "samples_per_second": s["samples_per_second"], "warmup_seconds": s["warmup_seconds"],
             "command_seconds": round(command, 2)}
 

@@ -59,10 +59,10 @@ def pipeline_phase(work: Path, batch: int, only: list[str] | None) -> list[dict]
         row = {"name": name, **train(gpus, work / name.replace(" ", "_").replace(",", ""), [*common, *extra])}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
-    base = rows[0].get("images_per_second")
+    base = rows[0].get("samples_per_second")
     for row in rows:
-        if base and "images_per_second" in row:
-            row["speedup_vs_1_gpu"] = round(row["images_per_second"] / base, 3)
+        if base and "samples_per_second" in row:
+            row["speedup_vs_1_gpu"] = round(row["samples_per_second"] / base, 3)
     return rows
 
 

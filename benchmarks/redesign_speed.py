@@ -38,6 +38,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+
+def accuracy(summary: dict) -> float | None:
+    """The held-out accuracy of a summary of either age (``metrics`` now, ``test_accuracy`` before)."""
+    return summary.get("metrics", {}).get("accuracy", summary.get("test_accuracy"))
+
+
+def rate(summary: dict) -> float:
+    return summary.get("samples_per_second", summary.get("images_per_second"))
+
 def run_gpuaccel(src: str, args: list[str], env_extra: dict | None = None, timeout: int = 400) -> dict:
     """``python -m gpuaccel ARGS --json`` with ``src`` first on the path; its JSON summary."""
     env = {**os.environ, "PYTHONPATH": src, **(env_extra or {})}
@@ -62,7 +71,7 @@ def cifar10(trees: dict, data: str, seeds: int, work: Path) -> dict:
             s = run_gpuaccel(trees[name], ["train", "--recipe", "cifar10-fast", "--data", data, "--seed", str(seed),
                                            "--run-dir", str(run_dir), "--quiet"])
             row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
-                "train_seconds": s["train_seconds"], "test_accuracy": s["test_accuracy"],
+                "train_seconds": s["train_seconds"], "test_accuracy": accuracy(s),
                 "warmup_seconds": s["warmup_seconds"], "setup_seconds": s["setup_seconds"],
                 "wall_seconds": s["wall_seconds"], "command_seconds": s["command_seconds"],
                 "step_graph": s.get("step_graph")})}
@@ -165,7 +174,7 @@ def stream(trees: dict, work: Path, repeats: int, epochs: int) -> dict:
                 "--precision", "bf16", "--compile", "--batch-size", "256", "--eval-batch-size", "256",
                 "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet"], timeout=500)
             row = {"error": s["error"]} if "error" in s else {
-                "images_per_second": s["images_per_second"], "train_seconds": s["train_seconds"],
+                "images_per_second": rate(s), "train_seconds": s["train_seconds"],
                 "warmup_seconds": s["warmup_seconds"], "jpeg_decoder": s.get("jpeg_decoder")}
             rows[name].append(row)
             print("stream", name, row, flush=True)

@@ -47,9 +47,10 @@ def synthetic_npz(path: Path, train: int, test: int, size: int = 224) -> Path:
     return path
 
 
-def train(gpus: int, run_dir: Path, args: list[str]) -> dict:
+def train(gpus: int | None, run_dir: Path, args: list[str]) -> dict:
     """One `gpuaccel train` command through the launcher with ``gpus`` processes (one plain
-    process for 1), and what its summary says."""
+    process for 1 or None), and what its summary says."""
+    gpus = gpus or 1
     launch = ["--gpus", str(gpus)] if gpus > 1 else []
     cmd = [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir", str(run_dir), "--quiet", "--no-monitor",
            *args]

@@ -71,7 +71,7 @@ def test_bad_image_named_then_skipped(capsys, tmp_path, quick, damage):
     assert_user_error(capsys, ["train", "--data", str(root), *quick], str(bad), "--skip-bad")
     code, out, err = run(capsys, "train", "--data", str(root), "--skip-bad", "--json",
                          "--run-dir", str(tmp_path / "r"), *quick)
-    assert code == 0 and json.loads(out)["skipped_images"] == 1
+    assert code == 0 and json.loads(out)["skipped_samples"] == 1
 
 
 def test_labels_out_of_range(capsys, tmp_path):
@@ -129,7 +129,7 @@ def test_resume_can_extend_a_finished_run(capsys, tmp_path, quick):
 def test_plain_train_is_the_demo_and_reaches_97_percent(capsys, tmp_path):
     code, out, _ = run(capsys, "train", "--run-dir", str(tmp_path / "r"), "--json", "--no-monitor")
     summary = json.loads(out)
-    assert code == 0 and summary["test_accuracy"] >= 0.97 and summary["epochs"] == 15
+    assert code == 0 and summary["metrics"]["accuracy"] >= 0.97 and summary["epochs"] == 15
 
 
 def test_places_that_cannot_be_written_give_one_line_or_a_warning(tmp_path):

@@ -59,7 +59,7 @@ def test_exported_model_has_normalisation_inside(run_dir):
     with torch.no_grad():
         logits = trained.module(torch.from_numpy(data.test_images).float() / 255)
     accuracy = (logits.argmax(1).numpy() == data.test_labels).mean()
-    recorded = json.loads((run_dir / "summary.json").read_text())["test_accuracy"]
+    recorded = json.loads((run_dir / "summary.json").read_text())["metrics"]["accuracy"]
     assert accuracy == pytest.approx(recorded, abs=1e-6) and recorded > 0.5
     assert trained.module.mean.shape == (1, 1, 1, 1) and 0 < trained.module.std.item() < 1
 

@@ -273,13 +273,13 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
                                   weight_decay=0.0, batch_size=32, epochs=3, monitor=False, cache_dir=None,
                                   run_dir=str(tmp_path / "run"), device="cpu"), quiet=True).fit()
     assert summary["task"] == "classification" and summary["sample_unit"] == "sentences"
-    assert summary["test_accuracy"] > 0.9, summary["metrics"]
+    assert summary["metrics"]["accuracy"] > 0.9, summary["metrics"]
     # gpuaccel infer: the labelled folder scores as the run's evaluation did; plain lines get labels
     assert main(["infer", str(tmp_path / "run"), str(tmp_path / "d")]) == 0
     err = capsys.readouterr().err
     # (on the GPU when there is one: infer chooses its device as train does)
     assert re.search(r"200 sentences with pytorch on (cpu|cuda:\d+): ", err)
-    assert f"accuracy {100 * summary['test_accuracy']:.2f}%" in err
+    assert f"accuracy {100 * summary['metrics']['accuracy']:.2f}%" in err
     lines = tmp_path / "lines.txt"
     lines.write_text("the film was lovely and great\n\nthe plot was awful\n")
     assert main(["infer", str(tmp_path / "run"), str(lines), "--out", str(tmp_path / "p.csv")]) == 0
@@ -296,7 +296,7 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
         assert main(["infer", report["artifact"], str(lines), "--out", str(tmp_path / "onnx.csv")]) == 0
         assert (tmp_path / "onnx.csv").read_text().splitlines()[1].split(",")[:2] == rows[1].split(",")[:2]
         assert main(["infer", report["artifact"], str(tmp_path / "d")]) == 0
-        assert f"200 sentences with onnxruntime on cpu: " in capsys.readouterr().err
+        assert "200 sentences with onnxruntime on cpu: " in capsys.readouterr().err
         # int8, calibrated on training sentences, from the run and from its artefact
         for source in (str(tmp_path / "run"), report["artifact"]):
             assert main(["quantize", source, "--int8", "--calib", "64", "--json"]) == 0

@@ -74,7 +74,7 @@ def digits():
 def test_tta_levels_evaluate(tmp_path, digits, tta):
     cfg = TrainConfig(model="lenet5", epochs=2, batch_size=32, tta=tta, ema=0.9, run_dir=str(tmp_path / "r"))
     summary = Trainer(cfg, dataset=digits, quiet=True).fit()
-    assert summary["test_accuracy"] > 0.5
+    assert summary["metrics"]["accuracy"] > 0.5
 
 
 def test_tta_of_a_symmetric_model_changes_nothing(tmp_path, digits):
@@ -116,7 +116,7 @@ def test_progressive_resizing_trains_small_first_and_warms_every_size(tmp_path, 
     sides.clear()
     checks = []  # the task's check of the first batch: one forward pass on two of its samples
     trainer.model.register_forward_pre_hook(lambda module, args: checks.append(args[0].shape[0] == 2))
-    summary = trainer.fit()
+    trainer.fit()
     evaluated = [side for (is_training, side), check in zip(sides, checks) if not is_training and not check]
     training = [side for is_training, side in sides if is_training]
     assert training == [16] * 5 + [32] * 5  # 100 images, batches of 20: epoch 0 at 16 px, epoch 1 at full size

@@ -185,7 +185,7 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypat
     summary = Trainer.resume(run, quiet=True).fit()
     records = MetricsFile(run / "metrics.jsonl").read()
     assert [r["epoch"] for r in records] == [1, 2] and records[-1]["train_loss"] is None
-    assert summary["test_accuracy"] == pytest.approx(records[-1]["accuracy"], abs=1e-6)
+    assert summary["metrics"]["accuracy"] == pytest.approx(records[-1]["accuracy"], abs=1e-6)
     assert summary["steps"] == trainer.global_step
 
 

@@ -556,7 +556,7 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
                          *common)
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["train_images"] == 48 and summary["test_images"] == 12 and summary["test_accuracy"] > 0.5
+    assert summary["train_samples"] == 48 and summary["test_samples"] == 12 and summary["metrics"]["accuracy"] > 0.5
     assert summary["jpeg_decoder"].startswith("nvjpeg" if torch.cuda.is_available() else "pillow")
 
     folder = make_image_folder(tmp_path / "img", per_class=(12, 4), size=20, ext="jpg")
@@ -620,4 +620,4 @@ def test_a_corrupt_jpeg_in_a_shard_from_the_cli(capsys, tmp_path):
     code, out, err = run(capsys, "train", "--data", str(root), "--skip-bad", "--json", "--run-dir",
                          str(tmp_path / "r"), *common)
     assert code == 0, err
-    assert json.loads(out)["skipped_images"] == 1
+    assert json.loads(out)["skipped_samples"] == 1

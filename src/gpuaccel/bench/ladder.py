@@ -360,10 +360,10 @@ def _measure_rung(rung, config, dataset, options, flops, peaks, sampler, origin,
                                              run_dir=str(run_dir / "rungs" / row_name(config))),
                               dataset=dataset, quiet=True)
             summary = trainer.fit()
-            row.update(time_to_acc=summary["time_to_target"], final_accuracy=summary["test_accuracy"],
+            row.update(time_to_acc=summary["time_to_target"], final_accuracy=summary["metrics"].get("accuracy"),
                        epochs_trained=summary["epochs"], train_dir=str(Path(summary["run_dir"]).relative_to(run_dir)))
             reached = f"{summary['time_to_target']:.2f} s" if summary["time_to_target"] is not None else \
-                f"not reached in {summary['epochs']:g} epochs ({100 * summary['test_accuracy']:.2f}%)"
+                f"not reached in {summary['epochs']:g} epochs ({100 * (summary['metrics'].get('accuracy') or 0):.2f}%)"
             log(f"{'':14s} time to {100 * options.time_to_acc:.1f}%: {reached}")
         return row
     except torch.OutOfMemoryError:
@@ -400,7 +400,7 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
         return row
     summary = json.loads((rung_dir / "summary.json").read_text())
     record = [json.loads(line) for line in (rung_dir / "metrics.jsonl").read_text().splitlines()][-1]
-    speed = summary["images_per_second"]
+    speed = summary["samples_per_second"]
     achieved = flops * speed / 1e12
     row.update(device=f"{gpus} x cuda", precision=summary["precision"], channels_last=summary["channels_last"],
                loader="DeviceLoader" if config.loader == "gpu" else config.loader,

@@ -158,7 +158,7 @@ def _train_body(results: dict, run_dir: Path) -> str:
     s = results["summary"]
     results["title"] = f"gpuaccel train: {s['model']} on {s['data']}"
     unit = s.get("sample_unit") or "samples"
-    rate = s.get("samples_per_second", s.get("images_per_second")) or 0.0
+    rate = s.get("samples_per_second") or 0.0
     best = s.get("best_metrics", {})
     rows = [("device", f"{s['device_name']} [{s['device']}], {s['precision']}"
                        f"{', channels_last' if s.get('channels_last') else ''}"

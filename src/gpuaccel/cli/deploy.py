@@ -3,7 +3,6 @@ parses its options, calls the deploy API (``gpuaccel.deploy``) and prints what i
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

@@ -144,7 +144,7 @@ def _metric_text(name: str, value) -> str:
 
 
 def _print_summary(s: dict) -> None:
-    unit = s.get("sample_unit") or ("images" if "images_per_second" in s else "samples")
+    unit = s.get("sample_unit") or "samples"
     rows = [
         ("device", f"{s['device_name']} [{s['device']}]"),
         ("precision", s["precision"] + (", channels_last" if s["channels_last"] else "") +

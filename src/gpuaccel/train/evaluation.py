@@ -87,7 +87,6 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
             "lr": trainer.scheduler.get_last_lr()[0], "samples_per_second": rate,
             **({"tokens_per_second": round(rate * trainer.inputs.tokens_per_sample)}
                if trainer.inputs.tokens_per_sample else {}),
-            **({"images_per_second": rate} if trainer.dataset is not None else {}),
             "elapsed": round(trainer.train_seconds, 4), "wall": round(wall, 4)}
 
 def best_model_metric(trainer) -> str:

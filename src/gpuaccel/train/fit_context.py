@@ -114,7 +114,8 @@ class FitContext:
             self.metrics.append(record)
         if self.scalars is not None:
             self.scalars.add(record, trainer.global_step)
-        self.progress.log(format_record(record, trainer.config.epochs, trainer.metric_tracker.metrics))
+        self.progress.log(format_record(record, trainer.config.epochs, trainer.metric_tracker.metrics,
+                                        trainer.inputs.unit))
         clock.loss_sum, clock.samples = None, 0
         self.seconds_at_eval = trainer.train_seconds
         clock.start_segment()

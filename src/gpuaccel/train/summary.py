@@ -54,7 +54,6 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "best_model": best_model(trainer),
         "target": config.target, "target_metric": target[0] if target else None,
         "time_to_target": None if trainer.time_to_target is None else round(trainer.time_to_target, 3),
-        "test_loss": trainer.last_eval.get("loss"),
         "run_dir": str(trainer.run_dir), "torch": torch.__version__, "gpuaccel": trainer.version,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(trainer.device) / 2**30, 2)
         if trainer.device.type == "cuda" else None,
@@ -64,24 +63,17 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
     }
-    if "accuracy" in trainer.last_eval or "accuracy" in trainer.best_metrics:
-        summary.update(test_accuracy=trainer.last_eval.get("accuracy"),
-                       best_accuracy=trainer.best_metrics.get("accuracy", 0.0))
-    if trainer.dataset is not None:  # the names image tools and earlier results use
-        summary.update(train_images=summary["train_samples"], test_images=summary["test_samples"],
-                       skipped_images=summary["skipped_samples"], images_per_second=rate,
-                       images_seen=trainer.samples_seen)
     return summary
 
 
-def format_record(record: dict, epochs: float, metric_names) -> str:
-    """One evaluation's line: position, losses, metrics, throughput, time, data wait, GPU use."""
+def format_record(record: dict, epochs: float, metric_names, unit: str = "samples") -> str:
+    """One evaluation's line: position, losses, metrics, throughput (of ``unit``, e.g. images),
+    time, data wait, GPU use."""
     shown = "".join(f", test {name} " + (f"{100 * record[name]:.2f}%" if name == "accuracy" else f"{record[name]:.4g}")
                     for name in metric_names if name in record)
     train = "n/a" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
-    rate = f"{record['images_per_second']:,.0f} img/s" if "images_per_second" in record \
-        else f"{record['tokens_per_second']:,.0f} tokens/s" if "tokens_per_second" in record \
-        else f"{record['samples_per_second']:,.0f} samples/s"
+    rate = f"{record['tokens_per_second']:,.0f} tokens/s" if "tokens_per_second" in record \
+        else f"{record['samples_per_second']:,.0f} {unit}/s"
     return (f"epoch {record['epoch']:.2f}/{epochs:g} step {record['step']}: train loss {train}, "
             f"test loss {record['loss']:.4f}{shown}, {rate}, {record['elapsed']:.1f} s, "
             f"data wait {100 * record['data_wait']:.0f}%"
