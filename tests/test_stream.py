@@ -563,7 +563,7 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
     code, out, err = run(capsys, "train", "--data", str(folder), "--loader", "stream", "--run-dir",
                          str(tmp_path / "b"), *common)
     assert code == 0, err
-    assert json.loads(out)["test_images"] == 4 * len(CLASSES)
+    assert json.loads(out)["test_samples"] == 4 * len(CLASSES)
 
 
 def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(capsys, tmp_path, monkeypatch):
