@@ -320,3 +320,10 @@ def test_an_export_or_quantisation_that_dies_mid_write_leaves_the_previous_artef
     assert main(["quantize", str(out), "--int8", "--calib", "64", "--out", str(int8)]) == 130
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing half-written, nothing left over
     assert main(["infer", str(int8), "digits", "--out", str(tmp_path / "p.csv")]) == 0
+
+
+def test_an_export_to_a_place_that_cannot_be_written_names_the_place_not_the_format(run_dir, capsys):
+    """(/proc refuses new files and directories, even to root.)"""
+    _one_line_error(capsys, ["export", str(run_dir), "--out", "/proc/gpuaccel-m.onnx"],
+                    "cannot write /proc/gpuaccel-m.onnx")
+    _one_line_error(capsys, ["export", str(run_dir), "--out", "/proc/gpuaccel-dir/m.onnx"], "cannot create /proc/gpuaccel-dir")

@@ -97,6 +97,9 @@ def test_a_csv_with_user_item_rating_columns_is_ratings_not_sentences(tmp_path):
     (tmp_path / "bad.csv").write_text("user,item,rating\n1,2,five\n")
     with pytest.raises(GpuaccelError, match="'five' is not a number"):
         load_ratings(tmp_path / "bad.csv")
+    (tmp_path / "nan.csv").write_text("user,item,rating\n1,2,4\n1,3,nan\n")
+    with pytest.raises(GpuaccelError, match="rating 2 is 'nan', not a finite number"):
+        load_ratings(tmp_path / "nan.csv")
     (tmp_path / "u.data").write_text("1\t2\n")
     with pytest.raises(GpuaccelError, match="has 2 field"):
         load_ratings(tmp_path / "u.data")

@@ -420,3 +420,15 @@ def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_pat
     # ranked by the target's metric where there is one (here the loss: lower is better)
     summary = train(tmp_path / "target", [0.5, 0.9], target="loss=0.0001")
     assert summary["best_model"]["metric"] == "loss"
+
+
+def test_a_non_finite_held_out_loss_is_a_warning_not_silence(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)
+    held = x[:16].clone()
+    held[3, 1] = float("nan")  # one bad value in the evaluation data
+    config = TrainConfig(epochs=1, batch_size=16, device="cpu", monitor=False, run_dir=str(tmp_path / "r"))
+    with pytest.warns(UserWarning, match=r"the held-out loss is not finite at step 4 while training's loss is "
+                                         r"\d.*the evaluation data hold NaN or infinite values"):
+        Trainer(config, model=torch.nn.Linear(4, 2), train_data=(x, y), eval_data=(held, y[:16]),
+                task="classification", quiet=True).fit()

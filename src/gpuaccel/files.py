@@ -106,16 +106,14 @@ def make_directory(path) -> Path:
     except OSError as exc:
         raise _cannot_create(path, exc) from None
     if not os.access(path, os.W_OK):
-        raise GpuaccelError(f"cannot write into {path}: permission denied; choose a directory you can write "
-                            f"(--run-dir, or work from another folder)")
+        raise GpuaccelError(f"cannot write into {path}: permission denied; choose a directory you can write")
     return path
 
 
 def _cannot_create(path: Path, exc: OSError) -> GpuaccelError:
     if _is_disk_full(exc):
         return disk_full_error(path, exc)
-    return GpuaccelError(f"cannot create {path}: {exc.strerror or exc}; choose a directory you can write "
-                         f"(--run-dir, or work from another folder)")
+    return GpuaccelError(f"cannot create {path}: {exc.strerror or exc}; choose a directory you can write")
 
 
 def write_json(path, data) -> None:

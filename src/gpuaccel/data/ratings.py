@@ -149,6 +149,11 @@ def read_triples(path: Path) -> tuple[list[str], list[str], np.ndarray, np.ndarr
     except ValueError:
         bad = next(r[2] for r in rows if not _is_number(r[2]))
         raise GpuaccelError(f"{path}: rating {bad!r} is not a number") from None
+    finite = np.isfinite(ratings)
+    if not finite.all():  # "nan" and "inf" parse as numbers; as targets they make every loss NaN
+        line = int(np.argmin(finite)) + 1
+        raise GpuaccelError(f"{path}: rating {line} is {rows[line - 1][2].strip()!r}, not a finite number; "
+                            f"remove or fix that row")
     times = None
     if all(len(r) > 3 and _is_number(r[3]) for r in rows):
         times = np.array([float(r[3]) for r in rows])

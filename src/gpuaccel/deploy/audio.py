@@ -12,7 +12,7 @@ import torch
 from ..data import parse_spec
 from ..data.audio import load_audio
 from ..errors import GpuaccelError
-from ..files import write_json
+from ..files import make_directory, write_json
 from .artifact import load_run_state, rebuild_model
 
 AUDIO_FORMATS = ("onnx", "pt2")
@@ -38,7 +38,7 @@ def export_audio_classifier(run, fmt: str, out: Path | None = None, *, data: str
     model = rebuild_model(state, path).eval()
     audio = state["audio"]
     out = Path(out) if out else path.with_name(f"model{FORMAT_SUFFIX[fmt]}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(out.parent)
     example = torch.randn(2, audio["clip_samples"]) * 0.1
     write_artifact(fmt, model, example, out, {"waves": {0: BATCH}}, opset, formats=AUDIO_FORMATS)
     write_json(metadata_path(out), {

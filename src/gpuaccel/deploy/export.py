@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
-from ..files import replaced_atomically, write_json
+from ..files import make_directory, replaced_atomically, write_json
 from .artifact import TrainedModel
 from .runners import FORMAT_SUFFIX, load_runner, metadata_path
 
@@ -31,7 +31,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
     if fmt not in FORMATS:
         raise choice_error("export format", fmt, FORMATS)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(out.parent)
     example = trained.example_input(2 if dynamic_batch else static_batch)
     module = trained.module.eval()
     write_artifact(fmt, module, example, out, {"x": {0: BATCH}} if dynamic_batch else None, opset)
@@ -54,6 +54,8 @@ def write_artifact(fmt: str, module, example, out: Path, dynamic_shapes: dict | 
             _write(fmt, module, example, tmp, dynamic_shapes, opset)
     except GpuaccelError:
         raise
+    except OSError as exc:  # the file, not the model: a read-only directory, a full disk
+        raise GpuaccelError(f"cannot write {out}: {exc.strerror or exc}") from None
     except Exception as exc:  # an operator or construct the format cannot express
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         others = ", ".join(f for f in formats if f != fmt)

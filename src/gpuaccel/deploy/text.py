@@ -18,7 +18,7 @@ from ..data.sentences import read_labelled, sentence_files
 from ..data.text import read_text, tokenizer_from_state
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
-from ..files import write_json
+from ..files import make_directory, write_json
 from .artifact import load_run_state, max_tokens, rebuild_model
 
 
@@ -120,7 +120,7 @@ def export_text_classifier(run, fmt: str, out: Path | None = None, *, data: str 
     model = rebuild_model(state, path).eval()
     longest = max_tokens(state)
     out = Path(out) if out else path.with_name(f"model{FORMAT_SUFFIX[fmt]}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(out.parent)
     argument = next(iter(inspect.signature(model.forward).parameters))
     length = torch.export.Dim("length", min=2, max=max(3, longest))
     example = torch.randint(2, state["model_args"]["vocab_size"], (2, min(16, max(3, longest))))

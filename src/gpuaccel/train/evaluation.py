@@ -5,6 +5,7 @@ each evaluation (the record, the best values, the time to the target)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -69,6 +70,11 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
                             f"--grad-clip, or --precision fp32")
     result = trainer.evaluate()  # (the method: a subclass may evaluate otherwise)
     trainer.last_eval, trainer.evaluated_at = result, trainer.global_step
+    broken = sorted(name for name, value in result.items() if not math.isfinite(value))
+    if broken:
+        warnings.warn(f"the held-out {', '.join(broken)} {'is' if len(broken) == 1 else 'are'} not finite at step "
+                      f"{trainer.global_step} while training's loss is {train_loss if train_loss is None else f'{train_loss:.4g}'}:"
+                      f" the evaluation data hold NaN or infinite values, or the model overflows on them", stacklevel=2)
     ranked_by = best_model_metric(trainer)
     improved = ranked_by in result and (ranked_by not in trainer.best_metrics or (
         result[ranked_by] > trainer.best_metrics[ranked_by] if trainer.task.higher_is_better(ranked_by)
