@@ -306,6 +306,12 @@ def test_spoken_digits_train_infer_and_export(tmp_path, capsys):
     assert quantized["int8"]["test_accuracy"] >= 0.8
     code, out, err = run(capsys, "infer", quantized["artifact"], str(loose))
     assert code == 0 and [r.split(",")[1] for r in out.strip().splitlines()[1:]] == ["2", "0"], err
+    # a file that cannot be read: one line naming it, or with --skip-bad left out and named
+    (loose / "broken.wav").write_bytes(b"RIFF\x00\x00")
+    code, out, err = run(capsys, "infer", str(run_dir), str(loose))
+    assert code == 2 and "broken.wav" in err and "--skip-bad leaves such files out" in err
+    code, out, err = run(capsys, "infer", str(run_dir), str(loose), "--skip-bad")
+    assert code == 0 and len(out.strip().splitlines()) == 3 and "skipped " in err and "broken.wav" in err, err
 
 
 def test_audio_models_take_waveforms_of_any_batch():

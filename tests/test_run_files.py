@@ -164,6 +164,12 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     capsys.readouterr()
     assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(tmp_path)]) == 2  # a directory
     assert "is a directory; give a file name" in capsys.readouterr().err
+    (images / "broken.png").write_bytes(b"\x89PNG not really")  # stops the command, or is left out
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out)]) == 2
+    assert "broken.png" in capsys.readouterr().err and len(out.read_text().splitlines()) == 4
+    with pytest.warns(UserWarning, match="skipped .*broken.png: not a readable image"):
+        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad"]) == 0
+    assert len(out.read_text().splitlines()) == 4  # the three readable images
 
 
 def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypatch):

@@ -61,6 +61,8 @@ def _infer_parser(sub) -> None:
     i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
     i.add_argument("--runtime", default="onnxruntime",
                    help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
+    i.add_argument("--skip-bad", action="store_true",
+                   help="leave out files that cannot be read (each is named), instead of stopping at the first one")
     i.set_defaults(handler=_run_infer)
 
 
@@ -303,10 +305,11 @@ def _run_infer(args) -> int:
         _output_file(args.out)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
-    inputs = read_inputs(runner, args.inputs)
+    inputs = read_inputs(runner, args.inputs, skip_bad=args.skip_bad)
     probs, stats = predict(runner, inputs.samples, args.batch_size, inputs.prepare)
     _write_predictions(args.out, predictions_csv(inputs.names, probs, runner.classes, args.top_k))
-    for note in inputs.notes[:5]:
+    skipped = [n for n in inputs.notes if n.startswith("skipped ")]  # each named; other notes, the first few
+    for note in skipped + [n for n in inputs.notes if not n.startswith("skipped ")][:5]:
         print(f"gpuaccel: {note}", file=sys.stderr)
     unit = inputs.unit
     line = (f"{len(inputs.names)} {unit} with {runner.kind} on {args.device}: {stats['samples_per_second']:,.0f} "

@@ -396,9 +396,11 @@ def _decode_all(path, ordered, assigned, read_all, sample_rate, clip_seconds, sk
             "is_test": np.array([assigned[n][0] == "test" for n, _, _ in decoded])}
 
 
-def read_recordings(inputs: list[str], sample_rate: int, length: int) -> tuple[list[str], np.ndarray, list[str]]:
+def read_recordings(inputs: list[str], sample_rate: int, length: int,
+                    skip_bad: bool = False) -> tuple[list[str], np.ndarray, list[str]]:
     """(names, (N, length) waveforms, notes) of WAV files and folders of them, made like the
-    training recordings (mono, ``sample_rate``, centred or cut to ``length``); for inference."""
+    training recordings (mono, ``sample_rate``, centred or cut to ``length``); for inference.
+    A file that cannot be decoded is an error naming it, or with ``skip_bad`` left out with a note."""
     files: list[Path] = []
     for name in inputs:
         p = Path(name).expanduser()
@@ -410,15 +412,21 @@ def read_recordings(inputs: list[str], sample_rate: int, length: int) -> tuple[l
             raise GpuaccelError(f"{name} does not exist")
     if not files:
         raise GpuaccelError(f"no recordings in {', '.join(inputs)}")
-    waves, notes = [], []
+    waves, notes, kept = [], [], []
     for f in files:
         try:
             samples, rate = decode(f.read_bytes())
         except BadAudio as exc:
-            raise GpuaccelError(f"{f} {exc}") from None
+            if not skip_bad:
+                raise GpuaccelError(f"{f} {exc}; --skip-bad leaves such files out") from None
+            notes.append(f"skipped {f}: {exc}")
+            continue
+        kept.append(f)
         if samples.shape[1] > 1:
             notes.append(f"{f.name}: mixed down to mono")
         if rate != sample_rate:
             notes.append(f"{f.name}: resampled from {rate:,} to {sample_rate:,} Hz")
         waves.append(fit_length(resample(samples.mean(1), rate, sample_rate), length)[0])
-    return [str(f) for f in files], np.stack(waves), notes
+    if not waves:
+        raise GpuaccelError(f"no readable recordings in {', '.join(inputs)}")
+    return [str(f) for f in kept], np.stack(waves), notes

@@ -23,7 +23,7 @@ from ..errors import GpuaccelError
 from .runners import Runner
 
 
-def gather_inputs(inputs: list[str]) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str], np.ndarray, np.ndarray | None]:
     """(names, uint8 images NCHW, labels or None). Image files and folders of them are read
     as they are; anything else is a data set spec, whose held-out split is used."""
     paths = [Path(p).expanduser() for p in inputs]
@@ -43,7 +43,10 @@ def gather_inputs(inputs: list[str]) -> tuple[list[str], np.ndarray, np.ndarray 
             files.append(str(p))
     if not files:
         raise GpuaccelError(f"no image files in {', '.join(inputs)}")
-    images, kept, bad = decode_images([ImageSource(f, f) for f in files], skip_bad=True)
+    try:
+        images, kept, bad = decode_images([ImageSource(f, f) for f in files], skip_bad=skip_bad)
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"{exc}; --skip-bad leaves such files out") from None
     for name in bad:
         warnings.warn(f"skipped {name}: not a readable image", stacklevel=2)
     return [files[i] for i in kept], images, None
@@ -96,8 +99,9 @@ class ModelInputs:
     notes: list[str] = field(default_factory=list)  # conversions a user should know of
 
 
-def read_inputs(runner: Runner, inputs: list[str]) -> ModelInputs:
-    """``inputs`` (files, folders, a data set) read as the runner's model takes them."""
+def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> ModelInputs:
+    """``inputs`` (files, folders, a data set) read as the runner's model takes them; with
+    ``skip_bad`` a file that cannot be read is left out (and said), else it is an error."""
     if runner.modality == "text":
         from ..data.sentences import pad
         from ..data.text import tokenizer_from_state
@@ -110,9 +114,10 @@ def read_inputs(runner: Runner, inputs: list[str]) -> ModelInputs:
     if runner.modality == "audio":
         from ..data.audio import read_recordings
 
-        names, waves, notes = read_recordings(inputs, runner.inputs["sample_rate"], runner.inputs["clip_samples"])
+        names, waves, notes = read_recordings(inputs, runner.inputs["sample_rate"], runner.inputs["clip_samples"],
+                                              skip_bad=skip_bad)
         return ModelInputs(names, waves, waves_for_model, "recordings", notes=notes)
-    names, images, labels = gather_inputs(inputs)
+    names, images, labels = gather_inputs(inputs, skip_bad)
     return ModelInputs(names, fit_to_model(images, runner.in_channels, runner.image_size), images_for_model,
                        "images", labels)
 
