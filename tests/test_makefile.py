@@ -41,8 +41,10 @@ def make(tmp_path: Path, venv: str, *settings: str, gpu: bool = False, index: st
     log = tmp_path / f"{venv}.log"
     log.touch()
     before = log.read_text().splitlines()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_LOG": str(log),
-           "FAKE_INDEX": index}
+    # (without the settings of a make this runs under: `make test TORCH=...` passes its
+    # variables to every make below it through MAKEFLAGS)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TORCH", "TORCH_INDEX")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_LOG=str(log), FAKE_INDEX=index)
     done = subprocess.run(["make", "-C", str(ROOT), "venv", f"VENV={tmp_path / venv}", f"PYTHON={python}",
                            *settings], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
