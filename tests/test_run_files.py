@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from gpuaccel import GpuaccelError, TrainConfig, Trainer
 from gpuaccel.data import ImageDataset, load_dataset
@@ -135,6 +136,33 @@ def test_resume_through_the_cli_refuses_renamed_classes(tmp_path):
 def test_a_full_disk_is_one_clear_error():
     with pytest.raises(GpuaccelError, match="no space left on device while writing /dev/full"):
         MetricsFile("/dev/full").append({"step": 1})
+
+
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch):
+    """As torch.save reports it: an inline_container RuntimeError raised while handling the
+    write's ENOSPC."""
+    import errno
+
+    from gpuaccel.train import checkpoint
+
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
+    before = (run / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        real_save({"partial": True}, f)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from None
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=True)
+    with pytest.raises(GpuaccelError, match=r"no space left on device while writing .*checkpoint.pt"):
+        trainer.fit()
+    trainer.run.unlock()
+    assert (run / "checkpoint.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
 
 
 def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_path, capsys):

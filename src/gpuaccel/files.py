@@ -30,12 +30,20 @@ def disk_full_error(path, exc: OSError) -> GpuaccelError:
     return GpuaccelError(f"no space left on device while writing {path}; free some space and resume the run")
 
 
-def _is_disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    # torch.save reports a failed write as RuntimeError("[enforce fail at inline_container.cc...] ... ")
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("No space left" in text or "file write failed" in text)
+def _is_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from or while handling, is a full disk
+    or quota: torch.save reports one as RuntimeError("[enforce fail at inline_container.cc...]"),
+    raised while handling the OSError of the write that failed."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and ("No space left" in text or "file write failed" in text):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @contextlib.contextmanager
