@@ -165,6 +165,25 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_last_checkpoi
     assert (run / "checkpoint.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
 
 
+def test_an_interrupt_mid_write_stays_an_interrupt_and_leaves_the_old_file(tmp_path):
+    """torch.save's zip writer turns a Ctrl-C that arrives mid-write into a RuntimeError as it
+    closes; the command must still see the interrupt (and end with 130, checkpoint saved)."""
+    target = tmp_path / "model.pt"
+    target.write_bytes(b"the old file")
+    state = {"w": torch.zeros(1000)}
+
+    def interrupted(f):
+        try:
+            torch.save(state, f)
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 146048 vs 145944")
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, interrupted)
+    assert target.read_bytes() == b"the old file" and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_path, capsys):
     from gpuaccel.cli import main
 

@@ -30,20 +30,31 @@ def disk_full_error(path, exc: OSError) -> GpuaccelError:
     return GpuaccelError(f"no space left on device while writing {path}; free some space and resume the run")
 
 
+def _chain(exc: BaseException | None):
+    """``exc`` and the exceptions it was raised from or while handling, newest first."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def _is_disk_full(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an exception it was raised from or while handling, is a full disk
     or quota: torch.save reports one as RuntimeError("[enforce fail at inline_container.cc...]"),
     raised while handling the OSError of the write that failed."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        text = str(exc)
-        if isinstance(exc, RuntimeError) and ("No space left" in text or "file write failed" in text):
+        if isinstance(e, RuntimeError) and ("No space left" in str(e) or "file write failed" in str(e)):
             return True
-        exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt (Ctrl-C, or SIGTERM as the command maps it) is behind ``exc``:
+    torch.save's zip writer turns one that arrives mid-write into a RuntimeError as it closes."""
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
 @contextlib.contextmanager
@@ -72,6 +83,8 @@ def replaced_atomically(path):
             os.unlink(tmp)
         if _is_disk_full(exc):
             raise disk_full_error(path, exc) from None
+        if _interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt from None  # the interrupt, as the command handles it, not the writer's error
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
