@@ -370,7 +370,7 @@ def test_off_a_terminal_a_long_run_logs_a_line_at_a_steady_cadence(monkeypatch):
 
     from gpuaccel.train import progress as progress_module
 
-    clock = iter(float(t) for t in range(0, 1000, 10))  # each call 10 s later
+    clock = iter(float(t) for t in range(0, 1000, 10))  # each reading 10 s later
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
     out = io.StringIO()  # not a terminal
     progress = progress_module.Progress(100, initial=20, stream=out, every_seconds=30)
