@@ -63,6 +63,12 @@ def _infer_parser(sub) -> None:
                    help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
     i.add_argument("--skip-bad", action="store_true",
                    help="leave out files that cannot be read (each is named), instead of stopping at the first one")
+    i.add_argument("--score", type=float, default=0.3, metavar="S",
+                   help="detection: report boxes scored at least S (default 0.3)")
+    i.add_argument("--iou", type=float, default=0.5, metavar="T",
+                   help="detection: drop a box overlapping a better one of its class by more than T (default 0.5)")
+    i.add_argument("--overlay", metavar="DIR",
+                   help="detection and segmentation: also write each image with its boxes or mask drawn on it here")
     i.set_defaults(handler=_run_infer)
 
 
@@ -249,12 +255,22 @@ def _run_export(args) -> int:
 def _export_report(args, report: dict, what: str, count: int) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
+    elif "max_box_diff" in report:  # a detector
+        print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
+              f"{report['detections_compared']} detections, boxes within {report['max_box_diff']:.2e} px; after "
+              f"NMS {report['boxes_after_nms']} boxes, within {report['max_box_diff_after_nms']:.2e} px")
+    elif "pixel_agreement" in report:  # a segmenter
+        print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: class maps "
+              f"agree on {100 * report['pixel_agreement']:.3f}% of pixels, max |diff| {report['max_abs_diff']:.2e}")
     else:
         print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
               f"top-1 agreement {100 * report['top1_agreement']:.2f}%, max |diff| {report['max_abs_diff']:.2e}, "
               f"mean |diff| {report['mean_abs_diff']:.2e}")
     if not report["passed"]:
-        print("gpuaccel: export verification FAILED: top-1 agreement under 99.9%", file=sys.stderr)
+        reason = ("boxes further than 1e-3 px apart or different after NMS" if "max_box_diff" in report else
+                  "class maps agree on under 99.9% of pixels" if "pixel_agreement" in report else
+                  "top-1 agreement under 99.9%")
+        print(f"gpuaccel: export verification FAILED: {reason}", file=sys.stderr)
         return 1
     return 0
 
@@ -301,10 +317,12 @@ def _run_infer(args) -> int:
         if args.threads < 1:
             raise GpuaccelError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    if args.out:  # before any work: a prediction run that cannot write its CSV is wasted
-        _output_file(args.out)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
+    if args.out and runner.task.name != "segmentation":  # before any work: a run that cannot write is wasted
+        _output_file(args.out)
+    if runner.task.name in ("detection", "segmentation"):
+        return _infer_scenes(args, runner)
     inputs = read_inputs(runner, args.inputs, skip_bad=args.skip_bad)
     probs, stats = predict(runner, inputs.samples, args.batch_size, inputs.prepare)
     _write_predictions(args.out, predictions_csv(inputs.names, probs, runner.classes, args.top_k))
@@ -317,6 +335,40 @@ def _run_infer(args) -> int:
     if inputs.labels is not None:
         line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%"
     print(line, file=sys.stderr)
+    return 0
+
+
+def _infer_scenes(args, runner) -> int:
+    """Boxes (CSV, or JSON for an --out ending in .json) or masks (PNG files in the --out folder)."""
+    from pathlib import Path
+
+    from ..deploy import vision
+
+    detection = runner.task.name == "detection"
+    if not detection and not args.out:
+        raise GpuaccelError("a segmentation model writes one mask PNG per image: give --out DIR")
+    if not detection and Path(args.out).is_file():
+        raise GpuaccelError(f"--out {args.out} is a file; a segmentation model writes its masks into a folder")
+    inputs = vision.read_scene_inputs(runner, args.inputs, skip_bad=args.skip_bad)
+    outputs, stats = vision.run_batches(runner, inputs.images, args.batch_size)
+    if detection:
+        kept = vision.scaled_to_images(vision.kept_detections(outputs, args.score, args.iou), inputs.sizes,
+                                       inputs.images.shape[2:])
+        rows = vision.detections_table(inputs.names, kept, runner.classes)
+        _write_predictions(args.out, vision.detections_text(rows, "json" if str(args.out).endswith(".json")
+                                                            else "csv"))
+        if args.overlay:
+            vision.draw_overlays(Path(args.overlay), inputs, runner.classes, kept=kept)
+        found = f"{len(rows)} boxes"
+    else:
+        maps = vision.class_maps(outputs, inputs.sizes)
+        vision.write_masks(Path(args.out), inputs.names, maps)
+        if args.overlay:
+            vision.draw_overlays(Path(args.overlay), inputs, runner.classes[1:], maps=maps)
+        found = f"masks in {args.out}"
+    print(f"{len(inputs.names)} images with {runner.kind} on {args.device}: {found}; "
+          f"{stats['samples_per_second']:,.0f} images/s at batch {args.batch_size}, batch latency median "
+          f"{stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms", file=sys.stderr)
     return 0
 
 

@@ -6,7 +6,8 @@ a tree, .npz), or ``KIND:PATH`` to name the format explicitly. Text (a .txt file
 folder of them, kind ``text``) is read by ``text.load_corpus``; labelled sentences (kind
 ``sentences``) by ``sentences.load_sentences``; recordings (a folder or .tar[.gz] of .wav files,
 kind ``audio``) by ``audio.load_audio``; ratings (MovieLens files, or a CSV/TSV with user, item
-and rating columns, kind ``ratings``) by ``ratings.load_ratings``.
+and rating columns, kind ``ratings``) by ``ratings.load_ratings``; detection and segmentation
+folders (kinds ``coco``, ``yolo`` and ``masks``) by ``scenes.load_scenes``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .formats import READERS, ReadOptions, detect_kind
 from .stream import StreamingDataset, find_shards, open_stream
 from .audio import is_audio_source
 from .ratings import is_ratings_source
+from .scenes import SCENE_KINDS, scene_kind
 from .sentences import SENTENCE_SUFFIXES
 from .text import TEXT_SUFFIXES
 
@@ -30,7 +32,7 @@ TEXT_KINDS = ("text", "sentences")  # read into token ids (data/text.py, data/se
 AUDIO_KIND = "audio"  # read into waveforms (data/audio.py)
 RATINGS_KIND = "ratings"  # read into (user, item, rating) triples (data/ratings.py)
 NON_IMAGE_KINDS = (*TEXT_KINDS, AUDIO_KIND, RATINGS_KIND)
-DATA_KINDS = tuple(sorted((*READERS, *NON_IMAGE_KINDS)))
+DATA_KINDS = tuple(sorted((*READERS, *NON_IMAGE_KINDS, *SCENE_KINDS)))
 STREAMABLE_KINDS = ("imagefolder",)
 
 
@@ -38,7 +40,8 @@ def detect(path: Path) -> str:
     """The format at ``path``: text (a .txt file, or a folder of text files only), labelled
     sentences (a .tsv/.csv/.jsonl file, or a folder with train.tsv/.csv/.jsonl; ratings first: a
     file or folder data/ratings.py recognises), recordings (a
-    folder or archive whose first file is a .wav), else an image format (formats.detect_kind)."""
+    folder or archive whose first file is a .wav), detection or segmentation folders (COCO
+    annotations, YOLO labels or masks beside images/), else an image format (formats.detect_kind)."""
     if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
         return "text"
     if is_ratings_source(path):
@@ -48,6 +51,9 @@ def detect(path: Path) -> str:
         return "sentences"
     if is_audio_source(path):
         return AUDIO_KIND
+    scenes = scene_kind(path)
+    if scenes is not None:
+        return scenes
     if path.is_dir():
         seen_text = False
         for p in path.rglob("*"):  # (stops at the first other file: an image tree is not walked)
@@ -105,6 +111,9 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     kind, path = parse_spec(spec)
     if kind in NON_IMAGE_KINDS:
         raise GpuaccelError(f"{path} is {'text' if kind in TEXT_KINDS else kind}; image tools read image data")
+    if kind in SCENE_KINDS:
+        raise GpuaccelError(f"{path} is {'segmentation' if kind == 'masks' else 'detection'} data ({kind}); "
+                            f"this reads images with one class each")
     if cache_dir == "default":
         cache_dir = cache.default_cache_dir()
     if image_size is not None and image_size < 4:

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from ..errors import GpuaccelError
 from ..models import create_model
-from ..tasks import Classification, Task, create_task
+from ..tasks import Classification, Task, task_of
 from ..models.registry import add_search_dir
 from ..train import checkpoint
 from ..models.structure import apply_structure
@@ -86,7 +86,7 @@ def load_run_state(path) -> tuple[dict, Path]:
 
 def run_kind(path) -> str | None:
     """What a run (or its checkpoint) at ``path`` trained: "text" (a tokeniser), "audio" (a
-    waveform classifier) or "image"; None for anything that is not a run (e.g. an .onnx file)."""
+    waveform classifier), "detection", "segmentation" or "image"; None for anything that is not a run (e.g. an .onnx file)."""
     path = Path(path)
     if not (path.is_dir() or path.suffix == ".pt"):
         return None
@@ -94,6 +94,9 @@ def run_kind(path) -> str | None:
         state, _ = load_run_state(path)
     except GpuaccelError:
         return None
+    task = (state.get("task") or {}).get("name")
+    if task in ("detection", "segmentation"):
+        return task
     return "text" if state.get("tokenizer") else "audio" if state.get("audio") else "image"
 
 
@@ -127,6 +130,6 @@ def load_trained(path) -> TrainedModel:
         raise GpuaccelError(f"{path} is not an image classifier (task {state.get('task', {}).get('name')!r}); "
                             f"this command works on image classification runs")
     module = Normalized(rebuild_model(state, path), state["mean"], state["std"]).eval()
-    task = create_task(state.get("task", {}).get("name", "classification"))  # (older runs: classification)
+    task = task_of(state.get("task"))
     return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),
                         dict(state["config"]), path, task)

@@ -33,7 +33,7 @@ def export(trained: TrainedModel, fmt: str, out: Path, *, dynamic_batch: bool = 
     out = Path(out)
     make_directory(out.parent)
     example = trained.example_input(2 if dynamic_batch else static_batch)
-    module = trained.module.eval()
+    module = trained.task.deployed(trained.module.eval())
     write_artifact(fmt, module, example, out, {"x": {0: BATCH}} if dynamic_batch else None, opset)
     meta = {"classes": trained.classes, "in_channels": trained.in_channels, "image_size": trained.image_size,
             "model": trained.model_name, "task": trained.task.describe(), "format": fmt,

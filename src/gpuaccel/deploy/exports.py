@@ -26,6 +26,11 @@ def export_run(checkpoint, fmt: str = "onnx", out=None, *, data: str | None = No
 
         return export_audio_classifier(checkpoint, fmt, out, data=data, verify_recordings=verify_count,
                                        opset=opset), "recordings"
+    if kind in ("detection", "segmentation"):
+        from .vision import export_scene_model
+
+        return export_scene_model(checkpoint, fmt, out, data=data, verify_count=verify_count,
+                                  static_batch=static_batch, opset=opset)
     if fmt not in FORMATS:
         raise choice_error("export format", fmt, FORMATS)
     trained = load_trained(checkpoint)

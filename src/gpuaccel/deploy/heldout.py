@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import GpuaccelError
 from .artifact import load_trained, run_kind
 from .infer import ids_for_model, images_for_model, waves_for_model
 
@@ -36,6 +37,9 @@ def held_out(run, data: str | None, why: str) -> HeldOut:
     """The data set of ``run`` (a run directory or its checkpoint), or ``data`` instead, split as
     in training. ``why`` opens the error message when it cannot be read."""
     kind = run_kind(run)
+    if kind in ("detection", "segmentation"):
+        raise GpuaccelError(f"{run} is a {kind} model: 'gpuaccel export' and 'gpuaccel infer' take it; "
+                            f"quantize, prune and bench-infer work on classifiers")
     if kind == "text":
         from .text import held_out_sentences, text_classifier_state
 

@@ -123,16 +123,17 @@ def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> Mo
 
 
 def predict(runner: Runner, samples: np.ndarray, batch_size: int = 256,
-            prepare: Callable[[np.ndarray], np.ndarray] = images_for_model) -> tuple[np.ndarray, dict]:
-    """What the run's task reports for every sample (a classifier's class probabilities), and
-    latency statistics per batch (seconds). ``prepare``: a batch of ``samples`` -> the model's input."""
+            prepare: Callable[[np.ndarray], np.ndarray] = images_for_model, raw: bool = False) -> tuple[np.ndarray, dict]:
+    """What the run's task reports for every sample (a classifier's class probabilities; ``raw``:
+    the model's outputs as they are), and latency statistics per batch (seconds). ``prepare``: a
+    batch of ``samples`` -> the model's input."""
     probs, latencies = [], []
     for start in range(0, len(samples), batch_size):
         x = prepare(samples[start:start + batch_size])
         begin = time.perf_counter()
         logits = runner(x)  # returns host memory, so the GPU has finished
         latencies.append(time.perf_counter() - begin)
-        probs.append(runner.task.predict(torch.from_numpy(logits)).numpy())
+        probs.append(logits if raw else runner.task.report(torch.from_numpy(logits)).numpy())
     warm = latencies[1:] or latencies  # the first batch pays for start-up
     stats = {"batches": len(latencies), "batch_size": batch_size, "latency_median_ms": 1000 * statistics.median(warm),
              "latency_p90_ms": 1000 * float(np.percentile(warm, 90)),

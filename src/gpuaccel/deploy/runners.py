@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
-from ..tasks import Classification, Task, create_task
+from ..tasks import Classification, Task, task_of
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
@@ -112,7 +112,7 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
     except (ValueError, KeyError, TypeError, AttributeError):
         raise GpuaccelError(f"{meta_file} is damaged (not the JSON 'gpuaccel export' writes); export the model "
                             f"again") from None
-    task = create_task(meta.get("task", {}).get("name", "classification"))
+    task = task_of(meta.get("task"))
     if path.suffix == ".onnx":
         run = openvino_runner(path, dev, threads) if runtime == "openvino" else _onnx_runner(path, dev, threads)
         kind = runtime
@@ -137,16 +137,17 @@ def _run_runner(path: Path, device: torch.device) -> Runner:
     """A run's classifier (image, text or audio) in PyTorch on ``device``."""
     from .artifact import load_run_state, load_trained, max_tokens, rebuild_model, run_kind
 
-    if run_kind(path) == "image":
+    if run_kind(path) in ("image", "detection", "segmentation"):
         trained = load_trained(path)
         inputs = {"modality": "image", "in_channels": trained.in_channels, "image_size": trained.image_size}
-        return Runner(torch_runner(trained.module, device), trained.classes, inputs, "pytorch", trained.task)
+        return Runner(torch_runner(trained.task.deployed(trained.module), device), trained.classes, inputs, "pytorch",
+                      trained.task)
     state, path = load_run_state(path)
     if not state.get("classes"):
         raise GpuaccelError(f"{path} is not a classifier (task {state.get('task', {}).get('name')!r})" + (
             "; it is a language model: sample from it with 'gpuaccel generate'" if state.get("tokenizer") else ""))
     inputs = input_description({**state, "max_tokens": max_tokens(state) if state.get("tokenizer") else None})
-    task = create_task(state.get("task", {}).get("name", "classification"))
+    task = task_of(state.get("task"))
     return Runner(torch_runner(rebuild_model(state, path), device), list(state["classes"]), inputs, "pytorch", task)
 
 

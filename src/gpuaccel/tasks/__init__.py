@@ -1,6 +1,7 @@
 """Tasks: what a kind of problem brings to training (loss, metrics, evaluation).
 
-``Classification``, ``Regression``, ``LanguageModelling`` and ``Ranking`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
+``Classification``, ``MultiLabel``, ``Regression``, ``LanguageModelling``, ``Ranking``, ``Detection`` and
+``Segmentation`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
 a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting); ``resolve_task`` one from
 what a user gave.
 """
@@ -8,13 +9,16 @@ what a user gave.
 from ..errors import GpuaccelError, choice_error
 from .base import Accuracy, BatchMean, CustomTask, Metric, MetricTracker, Task, as_metric, call_model
 from .classification import Classification
+from .detection import Detection
 from .language import LanguageModelling
 from .multilabel import MultiLabel
 from .ranking import Ranking
 from .regression import Regression
+from .segmentation import Segmentation
 
 TASKS = {"classification": Classification, "regression": Regression,
-         "language_modelling": LanguageModelling, "ranking": Ranking, "multilabel": MultiLabel}
+         "language_modelling": LanguageModelling, "ranking": Ranking, "multilabel": MultiLabel,
+         "detection": Detection, "segmentation": Segmentation}
 
 
 def create_task(name: str, **settings) -> Task:
@@ -25,7 +29,19 @@ def create_task(name: str, **settings) -> Task:
         raise choice_error("task", name, sorted(TASKS))
     cls = TASKS[name]
     accepted = inspect.signature(cls).parameters
-    return cls(**{k: v for k, v in settings.items() if k in accepted})
+    given = {k: v for k, v in settings.items() if k in accepted and v is not None}
+    missing = [k for k, p in accepted.items() if p.default is inspect.Parameter.empty and k not in given]
+    if missing:
+        raise GpuaccelError(f"task {name} needs {', '.join(missing)} (from its data, or given: "
+                            f"gpuaccel.tasks.{cls.__name__}({missing[0]}=...))")
+    return cls(**given)
+
+
+def task_of(described: dict | None) -> Task:
+    """The task a checkpoint or an export recorded (``Task.describe()``); older runs recorded none
+    and were classification."""
+    described = dict(described or {"name": "classification"})
+    return create_task(described.pop("name", "classification"), **described)
 
 
 def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, default: str | None = None,
@@ -50,6 +66,6 @@ def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, defaul
     return task.with_metrics(metrics) if metrics else task
 
 
-__all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "LanguageModelling", "Metric", "MetricTracker",
-           "MultiLabel", "Ranking", "Regression", "TASKS", "Task", "as_metric", "call_model", "create_task",
-           "resolve_task"]
+__all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "Detection", "LanguageModelling", "Metric", "MetricTracker",
+           "MultiLabel", "Ranking", "Regression", "Segmentation", "TASKS", "Task", "as_metric", "call_model", "create_task",
+           "resolve_task", "task_of"]

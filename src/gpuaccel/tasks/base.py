@@ -82,6 +82,9 @@ class Metric:
     def finish(self, totals: list[float]) -> float:
         return totals[0] / max(totals[1], 1e-12)
 
+    def reset(self) -> None:
+        """Forgets what an evaluation gathered (for metrics that keep state beyond their sums)."""
+
 
 class Accuracy(Metric):
     """Top-1 accuracy: the share of samples (or positions) whose arg-max output is the target.
@@ -244,6 +247,15 @@ class Task:
         """What inference reports for a model's outputs (classification: class probabilities)."""
         return outputs.float()
 
+    def deployed(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What an export (and inference from a checkpoint) runs: the model, or the model with the
+        decoding a deployed model should carry (detection: its boxes)."""
+        return module
+
+    def report(self, deployed_outputs: torch.Tensor) -> torch.Tensor:
+        """What inference reports from the deployed model's outputs."""
+        return self.predict(deployed_outputs)
+
     def example_input(self, batch: int, sample_shape) -> torch.Tensor:
         """Inputs to trace a model with for export: ``batch`` samples of ``sample_shape``, as the
         exported model receives them."""
@@ -316,6 +328,8 @@ class MetricTracker:
         self.loss_sum = torch.zeros((), device=self.device)
         self.count = torch.zeros((), device=self.device)
         self.sums = {name: None for name in self.metrics}
+        for metric in self.metrics.values():
+            metric.reset()
 
     def update(self, outputs, targets) -> None:
         self.loss_sum += self.task.eval_loss_sum(outputs, targets).float()

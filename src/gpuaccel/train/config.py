@@ -43,8 +43,9 @@ class TrainConfig:
         "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
         "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
         "directory of .tar shards (streamed), .npz, text (.txt; labelled sentences .tsv/.csv/.jsonl), or "
-        "recordings (a folder or .tar.gz of .wav files); or KIND:PATH with KIND one of audio, cifar10, cifar100, "
-        "digits, fashion-mnist, idx, imagefolder, mnist, npz, sentences, tar, text ('python' in a run whose data came from Python)",
+        "recordings (a folder or .tar.gz of .wav files), detection (annotations/instances_train.json: COCO; images/ + "
+        "labels/: YOLO) or segmentation (images/ + masks/) folders; or KIND:PATH with KIND one of audio, cifar10, "
+        "cifar100, coco, digits, fashion-mnist, idx, imagefolder, masks, mnist, npz, sentences, tar, text, yolo ('python' in a run whose data came from Python)",
         metavar="SPEC")
     val_split: float | None = setting(
         None, "data", "hold out fraction F of the training samples for evaluation, for data without a test split "
@@ -103,6 +104,8 @@ class TrainConfig:
                                              "range", metavar="B")
     contrast: float = setting(0.0, "data", "scale each image's deviations from the mean pixel by a random "
                                            "factor in [1 - C, 1 + C]", metavar="C")
+    zoom: float = setting(0.0, "data", "detection and segmentation: scale each training image by a random factor in "
+                                       "[1 - Z, 1 + Z] at a random place, boxes and masks with it", metavar="Z")
     size_schedule: list[str] | None = setting(
         None, "data", "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
         "at 24x24, then 2 at 28x28, then full size); each size compiles and captures its own step", metavar="SIZE:EPOCHS,...")
@@ -116,10 +119,12 @@ class TrainConfig:
     model_args: dict | None = setting(
         None, "model", "keyword arguments for the model factory beyond what the data gives (e.g. "
         "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
-    task: str | None = setting(None, "model", "classification, regression, language_modelling or ranking (default: "
-                                              "the data's own: classification for images and recordings, "
-                                              "language_modelling for text, regression for ratings; ranking: top-k "
-                                              "recommendation from ratings as implicit feedback)",
+    task: str | None = setting(None, "model", "classification, multilabel, regression, language_modelling, ranking, "
+                                              "detection or segmentation (default: the data's own: classification "
+                                              "for images and recordings, language_modelling for text, regression "
+                                              "for ratings, detection for COCO or YOLO folders, segmentation for "
+                                              "mask folders; ranking: top-k recommendation from ratings as implicit "
+                                              "feedback)",
                                choices=tuple(TASKS), metavar="NAME")
     activation_checkpointing: bool = setting(
         False, "model", "recompute each block's activations in the backward pass instead of keeping them: less "
@@ -253,7 +258,7 @@ class TrainConfig:
     def _validate_data(self) -> None:
         for name in ("crop_padding", "cutout"):
             _at_least(self, name, 0)
-        for name in ("brightness", "contrast"):
+        for name in ("brightness", "contrast", "zoom"):
             if not 0 <= getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
         try:

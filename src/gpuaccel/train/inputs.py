@@ -22,6 +22,8 @@ import torch
 from ..data import AUDIO_KIND, NON_IMAGE_KINDS, RATINGS_KIND, ImageDataset, StreamingDataset, cache, open_dataset, parse_spec
 from ..data.audio import AudioDataset, load_audio
 from ..data.ratings import Interactions, NegativeSamplingLoader, Ratings, load_interactions, load_ratings
+from ..data.scene_loader import SceneAugment, SceneLoader
+from ..data.scenes import SCENE_KINDS, SceneDataset, load_scenes, scene_kind
 from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.loader import build_loader
 from ..data.tensors import is_tensors, split_off
@@ -110,7 +112,7 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
             raise GpuaccelError("this run's data came through the Python API; pass the same train_data= "
                                 "(and eval_data=) again")
         kind, path = parse_spec(config.data)
-        if kind in NON_IMAGE_KINDS and config.loader == "stream":
+        if kind in (*NON_IMAGE_KINDS, *SCENE_KINDS) and config.loader == "stream":
             raise GpuaccelError(f"--loader stream reads image folders; {kind} data is read once and kept on the "
                                 f"device (use --loader auto, gpu or cpu)")
         if kind == "text":
@@ -133,6 +135,12 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
         if kind == RATINGS_KIND:
             return _ratings_inputs(_shared_read(dist, lambda: load_ratings(
                 path, val_split=config.val_split, seed=config.seed, cache_dir=_cache_dir(config))), config)
+        if kind in SCENE_KINDS:
+            if not config.data.lower().startswith(f"{kind}:"):  # (found, not named: the task may choose)
+                kind = scene_kind(path, config.task)
+            return _scene_inputs(_shared_read(dist, lambda: load_scenes(
+                path, kind, image_size=config.image_size, skip_bad=config.skip_bad, val_split=config.val_split,
+                seed=config.seed, cache_dir=_cache_dir(config))), config)
         # Decoded once into the cache with Pillow (libjpeg), the reference decoder, also on a GPU machine:
         # nvJPEG's pixels differ (half of CIFAR-10's by 1-94 levels) and cost cifar10-fast 0.3% of
         # accuracy, and for small images its batches were slower than Pillow in 16 processes
@@ -269,6 +277,31 @@ def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInpu
         model_args={"num_users": data.num_users, "num_items": data.num_items, "rating_mean": 0.0, "rating_range": None},
         identity=identity, task="ranking", unit="pairs",
         ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
+
+
+def _scene_inputs(data: SceneDataset, config: TrainConfig) -> TrainingInputs:
+    if config.tta or config.crop_padding or config.cutout or config.size_schedule:
+        raise GpuaccelError("--tta, --crop-padding, --cutout and --size-schedule are for image classification; "
+                            "detection and segmentation augment with --flip, --zoom, --brightness and --contrast, "
+                            "which move the boxes and masks with the pixels")
+    mean, std = data.channel_stats()
+    detection = data.kind == "detection"
+    classes = list(data.classes) if detection else ["background", *data.classes]  # (mask value = class index)
+    identity = {"classes": classes, "train_samples": len(data.train), "test_samples": len(data.test),
+                "sample_shape": list(data.train.images.shape[1:]), "files": data.fingerprint}
+    augment = SceneAugment(flip=config.flip != "none", zoom=config.zoom, brightness=config.brightness,
+                           contrast=config.contrast)
+
+    def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
+        common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last, seed=config.seed,
+                      rank=rank, world_size=world_size)
+        return (SceneLoader(data.train, batch_size=config.batch_size, train=True, augment=augment, **common),
+                SceneLoader(data.test, batch_size=config.eval_batch_size, train=False, **common))
+
+    return TrainingInputs(
+        name=data.name, description=data.describe(), train_samples=len(data.train), test_samples=len(data.test),
+        model_args={"num_classes": len(classes), "in_channels": data.in_channels, "image_size": data.image_size},
+        identity=identity, classes=classes, mean=mean, std=std, task=data.kind, unit="images", build=build)
 
 
 def augment_config(config: TrainConfig) -> AugmentConfig:

@@ -86,7 +86,8 @@ class Trainer:
         self.phases.mark("device (CUDA initialisation)")
         self._open_data(dataset, train_data, eval_data)
         self.task = resolve_task(task or config.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
-                                 label_smoothing=config.label_smoothing, tta=config.tta)
+                                 label_smoothing=config.label_smoothing, tta=config.tta,
+                                 num_classes=len(self.inputs.classes) if self.inputs.classes else None)
         if config.target_metric is not None:
             self.task.check_target(config.target_metric[0])
         torch.manual_seed(config.seed)
@@ -436,7 +437,7 @@ class Trainer:
         batch's targets, before anything trains: what the task cannot take is one error now,
         not a traceback an epoch later (skipped where the forward pass is a collective)."""
         inputs, targets = self.task.split(batch)
-        if not self.strategy.local_forward or not isinstance(targets, torch.Tensor):
+        if not self.strategy.local_forward or not all(torch.is_tensor(t) for t in tree_flatten(targets)[0]):
             return
         was_training, autotune = self.model.training, torch.backends.cudnn.benchmark
         self.model.eval()
