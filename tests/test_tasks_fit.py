@@ -1,5 +1,5 @@
 """What a user brings from Python meets its task before training starts: models that return an
-object with logits (HuggingFace's), multi-hot targets (the multilabel task), metric names beside
+object with logits (HuggingFace's; one that takes labels is trained on its own loss), multi-hot targets (the multilabel task), metric names beside
 a loss function, and one clear error, before any epoch, where targets or outputs do not fit."""
 
 from __future__ import annotations
@@ -47,6 +47,35 @@ def test_a_model_returning_an_object_with_logits_trains_as_a_classifier(tmp_path
     summary = Trainer(_config(tmp_path), model=HuggingFaceStyle(6, 3), train_data={"input_ids": x, "labels": y},
                       task="classification", quiet=True).fit()
     assert summary["metrics"]["accuracy"] > 0.8
+
+
+class WithOwnLoss(HuggingFaceStyle):
+    """Takes the labels and returns its own loss, as HuggingFace's models do: here cross-entropy
+    with the first class weighted 10x, which the task's plain cross-entropy is not."""
+
+    def forward(self, input_ids, labels=None):
+        logits = self.score(input_ids)
+        weights = torch.tensor([10.0, 1.0, 1.0])
+        loss = None if labels is None else F.cross_entropy(logits, labels, weight=weights)
+        return SequenceClassifierOutput(logits=logits, loss=loss)
+
+
+def test_a_model_that_takes_labels_is_trained_on_its_own_loss(tmp_path):
+    x, y = _separable()
+    data = {"input_ids": x, "labels": y}
+    own = Trainer(_config(tmp_path / "own", epochs=1), model=WithOwnLoss(6, 3), train_data=data,
+                  task="classification", quiet=True)
+    batch = own.task.split(next(iter(own.train_loader.batches(0))))
+    with torch.no_grad():
+        weighted = F.cross_entropy(own.model.score(batch[0]), batch[1], weight=torch.tensor([10., 1, 1]))
+    assert own.train_step(*batch).item() == pytest.approx(weighted.item(), rel=1e-5)  # the model's own loss
+    # with a loss_fn of the user's, the user's loss is trained on
+    mine = Trainer(_config(tmp_path / "mine", epochs=1), model=WithOwnLoss(6, 3), train_data=data,
+                   loss_fn=F.cross_entropy, quiet=True)
+    batch = mine.task.split(next(iter(mine.train_loader.batches(0))))
+    with torch.no_grad():
+        plain = F.cross_entropy(mine.model.score(batch[0]), batch[1])
+    assert mine.train_step(*batch).item() == pytest.approx(plain.item(), rel=1e-5)
 
 
 def test_multi_hot_targets_train_with_the_multilabel_task(tmp_path):

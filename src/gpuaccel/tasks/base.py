@@ -41,6 +41,33 @@ def call_model(forward: Callable, inputs):
     return model_logits(outputs)
 
 
+def takes_labels(model) -> bool:
+    """Whether ``model``'s forward takes ``labels`` (as HuggingFace transformers' models do, which
+    then return their own loss)."""
+    import inspect
+
+    try:
+        return "labels" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def loss_and_logits(forward: Callable, inputs, targets, task: "Task", labels_too: bool = False):
+    """(the loss to minimise, the logits). With ``labels_too`` (a model whose forward takes
+    ``labels``) the targets go in as ``labels=``, and a model that returns its own ``.loss``
+    (HuggingFace's models do) is trained on it; otherwise the task's loss of the logits."""
+    if labels_too:
+        outputs = forward(**inputs, labels=targets) if isinstance(inputs, Mapping) else \
+            forward(*inputs, labels=targets) if isinstance(inputs, (tuple, list)) else forward(inputs, labels=targets)
+        own = getattr(outputs, "loss", None)
+        if own is None and isinstance(outputs, Mapping):
+            own = outputs.get("loss")
+        logits = model_logits(outputs)
+        return (own if own is not None else task.loss(logits, targets)), logits
+    logits = call_model(forward, inputs)
+    return task.loss(logits, targets), logits
+
+
 def model_logits(outputs):
     """``outputs.logits`` (or ``outputs["logits"]``) where the model returned such an object;
     anything else as it is."""

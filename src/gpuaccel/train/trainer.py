@@ -39,6 +39,7 @@ from ..monitor.phases import PhaseClock
 from ..parallel import Strategy, apply_activation_checkpointing
 from ..runtime import CapturedStep, training_strategy
 from ..tasks import MetricTracker, Task, call_model, resolve_task
+from ..tasks.base import CustomTask, loss_and_logits, takes_labels
 from ..tasks.base import leading_size
 from . import checkpoint
 from .cadence import Cadence
@@ -162,6 +163,9 @@ class Trainer:
             raise GpuaccelError(f"--batch-size 1 cannot train {config.model}: its batch norms need two or more "
                                 f"samples per batch; use a larger --batch-size")
         self.parameter_count = sum(p.numel() for p in model.parameters())
+        # a dict batch's labels go into a model that takes them, and its own loss is trained on
+        # (HuggingFace's models), unless the user gave a loss_fn
+        self._labels_in = takes_labels(model) and not isinstance(self.task, CustomTask)
         return model
 
     def _check_processes_agree(self) -> None:
@@ -373,7 +377,7 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             # (the autocast cache off: cast weights kept past the step would outlive a captured graph's memory)
             with self.precision.autocast(self.device, cache=False):
-                loss = self.task.loss(call_model(self.forward, inputs), targets)
+                loss, _ = loss_and_logits(self.forward, inputs, targets, self.task, self._labels_in)
             self.acc.backward(loss / accumulate if accumulate > 1 else loss)
             return loss.detach()
         return forward_backward
