@@ -88,6 +88,22 @@ def test_time_limit_stops(tmp_path, digits):
     assert s["stopped_by"] == "time_limit" and s["epochs"] < 50 and s["metrics"]["accuracy"] is not None
 
 
+def test_time_limit_keeps_time_for_the_final_evaluation(tmp_path, digits, monkeypatch):
+    import time
+
+    evaluate = Trainer.evaluate
+
+    def slow(self, *args, **kwargs):  # an evaluation of 0.6 s, against a limit of 2 s
+        time.sleep(0.6)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", slow)
+    s = fit(tmp_path, digits, model="lenet5", epochs=500, batch_size=64, time_limit=2.0, eval_every=80,
+            checkpoint_epochs=0)
+    assert s["stopped_by"] == "time_limit"
+    assert s["train_seconds"] <= 2.0 - 0.6 + 0.3  # stopped early enough for the last evaluation
+
+
 def test_run_dir_with_a_checkpoint_is_not_overwritten(tmp_path, digits):
     fit(tmp_path, digits, epochs=1)
     with pytest.raises(GpuaccelError, match="already holds a run"):

@@ -219,7 +219,9 @@ class TrainConfig:
     tta: int = setting(0, "loop", "classification: test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel "
                                   "translations", metavar="LEVEL")
     epochs: float = setting(10, "loop", "passes over the training set (a fraction stops inside the last one)")
-    time_limit: float | None = setting(None, "loop", "stop after this much training time", metavar="SECONDS")
+    time_limit: float | None = setting(None, "loop", "stop training so that its time and the final evaluation "
+                                                     "(reckoned as long as the last one) fit in SECONDS",
+                                       metavar="SECONDS")
     target: str | None = setting(None, "loop", "stop as soon as the held-out METRIC reaches VALUE (e.g. "
                                                "accuracy=0.99, or loss=0.05: lower is better for losses and "
                                                "errors); records the time to it", metavar="METRIC=VALUE")

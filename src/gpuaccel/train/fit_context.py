@@ -76,6 +76,7 @@ class FitContext:
         self.scalars = ScalarLog(trainer.run_dir) if cfg.tensorboard and main else None
         self.wall_at_eval = 0.0
         self.seconds_at_eval = trainer.train_seconds
+        self.evaluation_seconds = 0.0  # the last evaluation's duration
         self.wall_seconds = 0.0
         self._started = None  # an epoch's batches started ahead and not yet taken
         # Compilation leaves millions of long-lived objects behind; the collector's full passes
@@ -103,9 +104,11 @@ class FitContext:
         synchronize(trainer.device)
         trainer.train_seconds = clock.end_segment()
         loss_sum = clock.loss_sum if clock.loss_sum is not None else torch.zeros((), device=trainer.device)
+        started = time.perf_counter()
         record = {**trainer.evaluate_and_record(loss_sum, clock.samples, trainer.train_seconds - self.seconds_at_eval,
                                                 time.perf_counter() - self.wall_start),
                   "data_wait": round(self.data_wait.read()["data_share"], 4)}
+        self.evaluation_seconds = time.perf_counter() - started  # (--time-limit keeps this much for the last one)
         gpu_util = self.sampler.mean("util", since=self.wall_at_eval) if self.sampler is not None else None
         if gpu_util is not None:
             record["gpu_util"] = round(gpu_util, 1)

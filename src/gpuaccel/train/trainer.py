@@ -312,7 +312,9 @@ class Trainer:
                         # a streaming loader makes the next epoch's first batches while this one is
                         # evaluated and checkpointed, so that epoch does not start waiting for them
                         next_batches = context.started(self.train_loader.batches(self.epoch))
-                    out_of_time = cadence.out_of_time(self.global_step, clock.training_seconds())
+                    # --time-limit covers the final evaluation too, reckoned as long as the last one
+                    out_of_time = cadence.out_of_time(self.global_step,
+                                                      clock.training_seconds() + context.evaluation_seconds)
                     if cadence.evaluation_due(self.global_step, end_of_epoch, finished) or out_of_time:
                         if self._reached_target(context.evaluate_and_log()):
                             stopped_by = "target"
