@@ -184,7 +184,7 @@ def test_an_interrupt_mid_write_stays_an_interrupt_and_leaves_the_old_file(tmp_p
     assert target.read_bytes() == b"the old file" and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_path, capsys):
+def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_path, capsys, monkeypatch):
     from gpuaccel.cli import main
 
     run = tmp_path / "r"
@@ -217,6 +217,17 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     with pytest.warns(UserWarning, match="skipped .*broken.png: not a readable image"):
         assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad"]) == 0
     assert len(out.read_text().splitlines()) == 4  # the three readable images
+    from PIL import Image as PillowImage
+
+    def unreadable(fp, *args, **kwargs):  # (a file this user may not read: mode 000 as another user)
+        if str(fp).endswith("a.png"):
+            raise PermissionError(13, "Permission denied", str(fp))
+        return open_image(fp, *args, **kwargs)
+    open_image = PillowImage.open
+    monkeypatch.setattr(PillowImage, "open", unreadable)
+    (images / "broken.png").unlink()
+    with pytest.warns(UserWarning, match="skipped .*a.png: permission denied"):
+        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad"]) == 0
 
 
 def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypatch):

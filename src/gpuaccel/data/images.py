@@ -64,6 +64,18 @@ def _decode_one(source: ImageSource, size: int | None):
     return array, None
 
 
+def why_unreadable(path: str) -> str:
+    """Why an image file that failed to decode cannot be used, in words a user acts on."""
+    _, reason = _decode_one(ImageSource(path, path), None)
+    if reason is None:
+        return "not a readable image"
+    if reason.startswith("PermissionError"):
+        return "permission denied: this user may not read the file"
+    if reason.startswith(("FileNotFoundError", "IsADirectoryError")):
+        return "the file is gone"
+    return f"not a readable image ({reason})"
+
+
 def _decode_chunk(args):
     sources, size = args
     return [_decode_one(s, size) for s in sources]

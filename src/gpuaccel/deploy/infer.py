@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import load_dataset, parse_spec
-from ..data.images import ImageSource, decode_images, is_image_name
+from ..data.images import ImageSource, decode_images, is_image_name, why_unreadable
 from ..errors import GpuaccelError
 from .runners import Runner
 
@@ -47,9 +47,14 @@ def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str],
         images, kept, bad = decode_images([ImageSource(f, f) for f in files], skip_bad=skip_bad)
     except GpuaccelError as exc:
         raise GpuaccelError(f"{exc}; --skip-bad leaves such files out") from None
-    for name in bad:
-        warnings.warn(f"skipped {name}: not a readable image", stacklevel=2)
+    warn_skipped(bad)
     return [files[i] for i in kept], images, None
+
+
+def warn_skipped(bad: list[str]) -> None:
+    """One warning per image file left out (--skip-bad), with why."""
+    for name in bad:
+        warnings.warn(f"skipped {name}: {why_unreadable(name)}", stacklevel=3)
 
 
 def fit_to_model(images: np.ndarray, channels: int, size: int) -> np.ndarray:

@@ -15,7 +15,6 @@ import csv
 import io
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
     from ..data import parse_spec
     from ..data.images import ImageSource, decode_images, is_image_name
     from ..data.scenes import SCENE_KINDS, load_scenes
+    from .infer import warn_skipped
 
     paths = [Path(p).expanduser() for p in inputs]
     if len(paths) == 1 and not paths[0].is_file():
@@ -71,8 +71,7 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
                                           skip_bad=skip_bad)
     except GpuaccelError as exc:
         raise GpuaccelError(f"{exc}; --skip-bad leaves such files out") from None
-    for name in bad:
-        warnings.warn(f"skipped {name}: not a readable image", stacklevel=2)
+    warn_skipped(bad)
     files = [files[i] for i in kept]
     from PIL import Image
 
