@@ -368,3 +368,21 @@ def test_new_directories_of_one_name_get_their_own_suffix(tmp_path):
     assert [p.name for p in made] == ["bench-x-20261127-031500", "bench-x-20261127-031500~2",
                                       "bench-x-20261127-031500~3"]
     assert all(p.is_dir() for p in made)
+
+
+def test_commands_that_write_into_a_run_directory_take_its_lock(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", "--epochs", "1", "--run-dir", str(run), "--no-monitor", "--quiet"]) == 0
+    (run / ".lock").write_text(f"{os.getppid()} {os.uname().nodename}\n")  # a live process trains there
+    capsys.readouterr()
+    for command in (["export", str(run), "--verify-images", "20"], ["quantize", str(run), "--fp16"]):
+        assert main(command) == 2
+        assert f"{run} is in use by process {os.getppid()}" in capsys.readouterr().err
+    assert not list(run.glob("*.onnx"))
+    elsewhere = tmp_path / "elsewhere.onnx"  # reading the run to write elsewhere is fine
+    assert main(["export", str(run), "--out", str(elsewhere), "--verify-images", "20"]) == 0 and elsewhere.is_file()
+    (run / ".lock").unlink()
+    assert main(["export", str(run), "--verify-images", "20"]) == 0
+    assert (run / "model.onnx").is_file() and not (run / ".lock").exists()

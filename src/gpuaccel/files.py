@@ -206,6 +206,19 @@ class MetricsFile:
         return kept
 
 
+@contextlib.contextmanager
+def run_directory_lock(directory):
+    """The run lock of ``directory`` while a command writes into it (export, quantize, prune),
+    where it is a run directory (it holds config.json): a process training there, or another
+    command writing there, makes this one a one-line error instead of a mix of files."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        yield
+        return
+    with RunLock(directory):
+        yield
+
+
 class RunLock:
     """An exclusive lock on a run directory while a process trains in it.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import choice_error
+from ..files import run_directory_lock
 from .artifact import load_trained, run_kind
 from .export import FORMAT_SUFFIX, FORMATS, export, verify
 
@@ -14,7 +15,15 @@ def export_run(checkpoint, fmt: str = "onnx", out=None, *, data: str | None = No
                static_batch: int | None = None, opset: int | None = None) -> tuple[dict, str]:
     """Exports the run (a run directory, or its model.pt / checkpoint.pt) as ``fmt`` and verifies it
     on ``verify_count`` held-out samples of ``data`` (default: the run's). Returns (the report,
-    what was compared: 'images', 'sentences' or 'recordings')."""
+    what was compared: 'images', 'sentences' or 'recordings'). Holds the run lock of the run
+    directory it writes into."""
+    source = Path(checkpoint)
+    with run_directory_lock(Path(out).parent if out else source if source.is_dir() else source.parent):
+        return _export_run(checkpoint, fmt, out, data=data, verify_count=verify_count, static_batch=static_batch,
+                           opset=opset)
+
+
+def _export_run(checkpoint, fmt, out, *, data, verify_count, static_batch, opset) -> tuple[dict, str]:
     kind = run_kind(checkpoint)
     if kind == "text":
         from .text import export_text_classifier

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import GpuaccelError
+from ..files import RunLock, make_directory, run_directory_lock
 from ..models.structure import layer_structure
 
 def _prunable_weights(model: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -123,20 +124,24 @@ def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_
 
         pruned = load_trained(out_dir).module
     else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_json(out_dir / "config.json", trained.config)
-        checkpoint.save(out_dir / "model.pt", {
-            "model_name": trained.model_name, "model_args": trained.model_args, "classes": trained.classes,
-            "mean": trained.module.mean.flatten().tolist(), "std": trained.module.std.flatten().tolist(),
-            "config": trained.config, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "ema_model": None, "accuracy": report["pruned_accuracy"], "structure": structure})
+        make_directory(out_dir)
+        with RunLock(out_dir):  # (a second prune into the same folder is one line, not a mix of files)
+            if (out_dir / "model.pt").exists():
+                raise GpuaccelError(f"{out_dir} already holds a model; pick another --out")
+            checkpoint.write_json(out_dir / "config.json", trained.config)
+            checkpoint.save(out_dir / "model.pt", {
+                "model_name": trained.model_name, "model_args": trained.model_args, "classes": trained.classes,
+                "mean": trained.module.mean.flatten().tolist(), "std": trained.module.std.flatten().tolist(),
+                "config": trained.config, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "ema_model": None, "accuracy": report["pruned_accuracy"], "structure": structure})
     report["after"] = _measure(pruned, (out_dir / "model.pt").stat().st_size, data, example, repeats)
     report["out"] = str(out_dir / "model.pt")
     before, after = report["before"], report["after"]
     report.update(_interleaved_speedup(trained.module, pruned, example, rounds=7, calls=max(5, repeats // 5)))
     report["speedup_throughput"] = after["best_images_per_second"] / before["best_images_per_second"]
     report["accuracy_drop_points"] = 100 * (before["test_accuracy"] - after["test_accuracy"])
-    checkpoint.write_json(out_dir / "prune.json", report)
+    with run_directory_lock(out_dir):
+        checkpoint.write_json(out_dir / "prune.json", report)
     return report
 
 

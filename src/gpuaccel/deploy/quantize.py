@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GpuaccelError
-from ..files import replaced_atomically, write_json
+from ..files import replaced_atomically, run_directory_lock, write_json
 
 
 # What int8 quantises, by what a model takes (None: every operator ONNX Runtime can). Text: the
@@ -152,15 +152,16 @@ def quantize_model(source, kind: str, *, calibration_samples: int = 512, per_cha
             export_run(run, "onnx", Path(tmp) / "model.onnx", data=data, verify_count=256)[0]["artifact"])
         out = Path(out) if out else held.checkpoint.with_name(f"model.{kind}.onnx")
         extra = {}
-        if kind == "int8":
-            calibration = calibration_sample(held.train, calibration_samples)
-            quantize_int8(fp32, out, calibration, per_channel=per_channel, prepare=held.prepare,
-                          op_types=INT8_OPS[held.unit])
-            extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
-        else:
-            convert_fp16(fp32, out)
-        write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()), "format": f"onnx-{kind}",
-                                        **extra})
+        with run_directory_lock(out.parent):
+            if kind == "int8":
+                calibration = calibration_sample(held.train, calibration_samples)
+                quantize_int8(fp32, out, calibration, per_channel=per_channel, prepare=held.prepare,
+                              op_types=INT8_OPS[held.unit])
+                extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
+            else:
+                convert_fp16(fp32, out)
+            write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()),
+                                            "format": f"onnx-{kind}", **extra})
         device = evaluation_device(kind, device, runtime)
         return {"artifact": str(out), "device": device, "runtime": runtime, "unit": held.unit, **extra,
                 **compare({"fp32": fp32, kind: out}, held, device, runtime)}
