@@ -86,6 +86,22 @@ def test_the_three_readers_agree_on_the_same_scenes(scenes):
     assert scene_kind(scenes) == "coco" and scene_kind(scenes, "segmentation") == "masks"
 
 
+def test_a_second_read_comes_from_the_cache_whole(scenes, tmp_path, monkeypatch):
+    import gpuaccel.data.scenes as readers
+
+    first = load_scenes(scenes, "coco", cache_dir=tmp_path)
+    masks = load_scenes(scenes, "masks", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+    monkeypatch.setattr(readers, "decode_images", lambda *a, **k: pytest.fail("decoded again"))
+    again = load_scenes(scenes, "coco", cache_dir=tmp_path)
+    for split in ("train", "test"):
+        for field in ("images", "boxes", "labels"):
+            assert np.array_equal(getattr(getattr(first, split), field), getattr(getattr(again, split), field))
+        assert getattr(first, split).names == getattr(again, split).names
+    assert (again.classes, again.kind, again.fingerprint) == (first.classes, first.kind, first.fingerprint)
+    assert np.array_equal(load_scenes(scenes, "masks", cache_dir=tmp_path).train.masks, masks.train.masks)
+
+
 def test_a_smaller_image_size_scales_the_boxes(scenes):
     full = load_scenes(scenes, "coco")
     half = load_scenes(scenes, "coco", image_size=32)
