@@ -317,11 +317,13 @@ def _run_infer(args) -> int:
         if args.threads < 1:
             raise GpuaccelError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
+    from ..tasks import SCENE_TASKS
+
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     if args.out and runner.task.name != "segmentation":  # before any work: a run that cannot write is wasted
         _output_file(args.out)
-    if runner.task.name in ("detection", "segmentation"):
+    if runner.task.name in SCENE_TASKS:
         return _infer_scenes(args, runner)
     inputs = read_inputs(runner, args.inputs, skip_bad=args.skip_bad)
     probs, stats = predict(runner, inputs.samples, args.batch_size, inputs.prepare)

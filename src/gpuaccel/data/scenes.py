@@ -33,7 +33,6 @@ from . import cache
 from .images import ImageSource, decode_images, is_image_name
 
 SCENE_KINDS = ("coco", "yolo", "masks")
-DETECTION_KINDS = ("coco", "yolo")
 HELD_OUT_NAMES = ("val", "valid", "validation", "test")
 IGNORE = 255  # a mask value that is not scored (the usual convention, e.g. Pascal VOC's borders)
 BOX_TOLERANCE = 1.0  # pixels a box may stick out of its image (rounding in the tools that wrote it)
@@ -49,12 +48,6 @@ class SceneSplit:
 
     def __len__(self) -> int:
         return len(self.images)
-
-    def subset(self, keep: np.ndarray) -> SceneSplit:
-        pick = lambda a: None if a is None else a[keep]
-        return SceneSplit(self.images[keep], pick(self.boxes), pick(self.labels), pick(self.masks),
-                          [self.names[i] for i in np.flatnonzero(keep)] if keep.dtype == bool
-                          else [self.names[i] for i in keep])
 
     @property
     def objects(self) -> int:

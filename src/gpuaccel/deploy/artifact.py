@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from ..errors import GpuaccelError
 from ..models import create_model
-from ..tasks import Classification, Task, task_of
+from ..tasks import SCENE_TASKS, Classification, Task, task_of
 from ..models.registry import add_search_dir
 from ..train import checkpoint
 from ..models.structure import apply_structure
@@ -95,7 +95,7 @@ def run_kind(path) -> str | None:
     except GpuaccelError:
         return None
     task = (state.get("task") or {}).get("name")
-    if task in ("detection", "segmentation"):
+    if task in SCENE_TASKS:
         return task
     return "text" if state.get("tokenizer") else "audio" if state.get("audio") else "image"
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import choice_error
 from ..files import run_directory_lock
+from ..tasks import SCENE_TASKS
 from .artifact import load_trained, run_kind
 from .export import FORMAT_SUFFIX, FORMATS, export, verify
 
@@ -35,7 +36,7 @@ def _export_run(checkpoint, fmt, out, *, data, verify_count, static_batch, opset
 
         return export_audio_classifier(checkpoint, fmt, out, data=data, verify_recordings=verify_count,
                                        opset=opset), "recordings"
-    if kind in ("detection", "segmentation"):
+    if kind in SCENE_TASKS:
         from .vision import export_scene_model
 
         return export_scene_model(checkpoint, fmt, out, data=data, verify_count=verify_count,

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import GpuaccelError
+from ..tasks import SCENE_TASKS
 from .artifact import load_trained, run_kind
 from .infer import ids_for_model, images_for_model, waves_for_model
 
@@ -37,7 +38,7 @@ def held_out(run, data: str | None, why: str) -> HeldOut:
     """The data set of ``run`` (a run directory or its checkpoint), or ``data`` instead, split as
     in training. ``why`` opens the error message when it cannot be read."""
     kind = run_kind(run)
-    if kind in ("detection", "segmentation"):
+    if kind in SCENE_TASKS:
         raise GpuaccelError(f"{run} is a {kind} model: 'gpuaccel export' and 'gpuaccel infer' take it; "
                             f"quantize, prune and bench-infer work on classifiers")
     if kind == "text":

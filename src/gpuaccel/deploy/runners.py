@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
-from ..tasks import Classification, Task, task_of
+from ..tasks import SCENE_TASKS, Classification, Task, task_of
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
 ONNX_RUNTIMES = ("onnxruntime", "openvino")
@@ -137,7 +137,7 @@ def _run_runner(path: Path, device: torch.device) -> Runner:
     """A run's classifier (image, text or audio) in PyTorch on ``device``."""
     from .artifact import load_run_state, load_trained, max_tokens, rebuild_model, run_kind
 
-    if run_kind(path) in ("image", "detection", "segmentation"):
+    if run_kind(path) in ("image", *SCENE_TASKS):
         trained = load_trained(path)
         inputs = {"modality": "image", "in_channels": trained.in_channels, "image_size": trained.image_size}
         return Runner(torch_runner(trained.task.deployed(trained.module), device), trained.classes, inputs, "pytorch",

@@ -27,7 +27,6 @@ from .artifact import TrainedModel, load_trained
 from .export import FORMATS, export
 from .runners import FORMAT_SUFFIX, Runner, load_runner
 
-SCENE_TASKS = ("detection", "segmentation")
 BOX_TOLERANCE = 1e-3  # pixels: an export's boxes against PyTorch's
 MASK_AGREEMENT = 0.999  # of pixels: an export's class maps against PyTorch's
 

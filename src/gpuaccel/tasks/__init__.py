@@ -19,6 +19,7 @@ from .segmentation import Segmentation
 TASKS = {"classification": Classification, "regression": Regression,
          "language_modelling": LanguageModelling, "ranking": Ranking, "multilabel": MultiLabel,
          "detection": Detection, "segmentation": Segmentation}
+SCENE_TASKS = ("detection", "segmentation")  # image in, boxes or class maps out (deployed apart from classifiers)
 
 
 def create_task(name: str, **settings) -> Task:
@@ -68,4 +69,4 @@ def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, defaul
 
 __all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "Detection", "LanguageModelling", "Metric", "MetricTracker",
            "MultiLabel", "Ranking", "Regression", "Segmentation", "TASKS", "Task", "as_metric", "call_model", "create_task",
-           "resolve_task", "task_of"]
+           "resolve_task", "task_of", "SCENE_TASKS"]

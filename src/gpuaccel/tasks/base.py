@@ -28,17 +28,20 @@ from ..errors import GpuaccelError
 TARGET_KEYS = ("target", "targets", "label", "labels", "y")
 
 
+def _run(forward: Callable, inputs, **keywords):
+    """The model's outputs on a batch's inputs: a tensor, a tuple (positional) or a dict (keywords)."""
+    if isinstance(inputs, Mapping):
+        return forward(**inputs, **keywords)
+    if isinstance(inputs, (tuple, list)):
+        return forward(*inputs, **keywords)
+    return forward(inputs, **keywords)
+
+
 def call_model(forward: Callable, inputs):
     """Runs the model on a batch's inputs: a tensor, a tuple (positional) or a dict (keywords).
     A model that returns its outputs in an object with ``logits`` (HuggingFace transformers'
     ``ModelOutput``, or a dict with that key) gives those logits."""
-    if isinstance(inputs, Mapping):
-        outputs = forward(**inputs)
-    elif isinstance(inputs, (tuple, list)):
-        outputs = forward(*inputs)
-    else:
-        outputs = forward(inputs)
-    return model_logits(outputs)
+    return model_logits(_run(forward, inputs))
 
 
 def takes_labels(model) -> bool:
@@ -52,20 +55,15 @@ def takes_labels(model) -> bool:
         return False
 
 
-def loss_and_logits(forward: Callable, inputs, targets, task: "Task", labels_too: bool = False):
-    """(the loss to minimise, the logits). With ``labels_too`` (a model whose forward takes
+def training_loss(forward: Callable, inputs, targets, task: Task, labels_too: bool = False) -> torch.Tensor:
+    """The loss to minimise on a batch. With ``labels_too`` (a model whose forward takes
     ``labels``) the targets go in as ``labels=``, and a model that returns its own ``.loss``
-    (HuggingFace's models do) is trained on it; otherwise the task's loss of the logits."""
-    if labels_too:
-        outputs = forward(**inputs, labels=targets) if isinstance(inputs, Mapping) else \
-            forward(*inputs, labels=targets) if isinstance(inputs, (tuple, list)) else forward(inputs, labels=targets)
-        own = getattr(outputs, "loss", None)
-        if own is None and isinstance(outputs, Mapping):
-            own = outputs.get("loss")
-        logits = model_logits(outputs)
-        return (own if own is not None else task.loss(logits, targets)), logits
-    logits = call_model(forward, inputs)
-    return task.loss(logits, targets), logits
+    (HuggingFace's models do) is trained on it; otherwise it is the task's loss of the logits."""
+    if not labels_too:
+        return task.loss(call_model(forward, inputs), targets)
+    outputs = _run(forward, inputs, labels=targets)
+    own = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return own if own is not None else task.loss(model_logits(outputs), targets)
 
 
 def model_logits(outputs):

@@ -205,7 +205,8 @@ class DetectionCounts:
         thresholds = torch.tensor(IOU_THRESHOLDS, device=scores.device)
         tp = match(boxes, scores, classes, gt_boxes, gt_labels, thresholds)
         self.parts.append((scores.flatten(), classes.flatten(), tp.permute(1, 0, 2).flatten(1)))
-        counts = torch.bincount(gt_labels[gt_labels >= 0].flatten(), minlength=self.task.num_classes)
+        # ground-truth boxes per class, without a host synchronisation (as bincount or a mask would need)
+        counts = (F.one_hot(gt_labels.clamp_min(0), self.task.num_classes) * (gt_labels >= 0)[..., None]).sum((0, 1))
         self.gt_counts = counts if self.gt_counts is None else self.gt_counts + counts
 
     def result(self) -> dict[str, float]:

@@ -33,7 +33,9 @@ class ConfusionMatrix(Metric):
         truth = targets.long().flatten()
         scored = truth != IGNORE
         pairs = torch.where(scored, truth * k + predicted, k * k)  # (unscored pixels to a bin dropped below)
-        return torch.bincount(pairs, minlength=k * k + 1)[:k * k].float()
+        # (index_add_ rather than bincount, which reads its input's maximum on the host)
+        counts = torch.zeros(k * k + 1, dtype=torch.long, device=pairs.device).index_add_(0, pairs, torch.ones_like(pairs))
+        return counts[:k * k].float()
 
     def finish(self, totals):
         matrix = torch.tensor(totals, dtype=torch.float64).view(self.num_classes, self.num_classes)

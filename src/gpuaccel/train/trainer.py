@@ -39,7 +39,7 @@ from ..monitor.phases import PhaseClock
 from ..parallel import Strategy, apply_activation_checkpointing
 from ..runtime import CapturedStep, training_strategy
 from ..tasks import MetricTracker, Task, call_model, resolve_task
-from ..tasks.base import CustomTask, loss_and_logits, takes_labels
+from ..tasks.base import CustomTask, takes_labels, training_loss
 from ..tasks.base import leading_size
 from . import checkpoint
 from .cadence import Cadence
@@ -163,7 +163,7 @@ class Trainer:
             raise GpuaccelError(f"--batch-size 1 cannot train {config.model}: its batch norms need two or more "
                                 f"samples per batch; use a larger --batch-size")
         self.parameter_count = sum(p.numel() for p in model.parameters())
-        # a dict batch's labels go into a model that takes them, and its own loss is trained on
+        # a model that takes labels gets the targets too, and its own loss is trained on
         # (HuggingFace's models), unless the user gave a loss_fn
         self._labels_in = takes_labels(model) and not isinstance(self.task, CustomTask)
         return model
@@ -379,7 +379,7 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             # (the autocast cache off: cast weights kept past the step would outlive a captured graph's memory)
             with self.precision.autocast(self.device, cache=False):
-                loss, _ = loss_and_logits(self.forward, inputs, targets, self.task, self._labels_in)
+                loss = training_loss(self.forward, inputs, targets, self.task, self._labels_in)
             self.acc.backward(loss / accumulate if accumulate > 1 else loss)
             return loss.detach()
         return forward_backward
