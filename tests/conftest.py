@@ -10,11 +10,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from gpuaccel.cli import main
 
 CLASSES = ["circle", "square", "stripe"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with one reason, where no CUDA GPU is present."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 def pattern_images(labels: np.ndarray, size: int = 16, channels: int = 1, seed: int = 0) -> np.ndarray:

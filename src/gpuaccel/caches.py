@@ -56,6 +56,7 @@ def use_compile_cache() -> str | None:
     From Python, where Dynamo may have settled it already, PyTorch's folder is kept."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not folder:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # (set but empty: Inductor would try to make '' and fail)
         if not writable(cache_root() / "inductor"):
             return None  # PyTorch's own folder, then (Inductor stops at import on one it cannot make)
         folder = str(cache_root() / "inductor")

@@ -22,7 +22,7 @@ def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
     "tuned" is inductor's default code with tuned kernels: PyTorch's max-autotune-no-cudagraphs
     without the search over convolution and matrix-product templates, whose compile time did
     not fit ResNet-50. For ResNet-50 at 224 px on an H200 it gave 1.08x the default step and
-    217 s of compilation instead of 38 s, once per machine (benchmarks/resnet50_kernels.py)."""
+    217 s of compilation instead of 38 s, once per machine (benchmarks/resnet50/resnet50_kernels.py)."""
     if mode == "tuned":
         mode, tune_kernels = "default", True
     if not tune_kernels:

@@ -323,6 +323,10 @@ class WorkerLoader(_ShardedOrder):
     def normalised_sample(self, count: int) -> torch.Tensor:
         return self.normaliser.scale(self.host_images[self.sample_indices(count)].to(self.device))
 
+    def stop_workers(self) -> None:
+        """Stops the worker processes now; the next pass starts them."""
+        self._reader.close()
+
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if start >= len(self):
             return

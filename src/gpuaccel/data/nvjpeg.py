@@ -1,6 +1,7 @@
 """nvJPEG's batch decoder called directly: the streaming loader's GPU decoder on GPUs with
-JPEG engines (A100, H100, H200). ``GPUACCEL_NVJPEG=torchvision`` turns it off, ``hybrid``
-picks nvJPEG's CUDA-kernel backend instead of the engines (measured slower).
+JPEG engines (A100, H100, H200); images it cannot take, and GPUs without engines, go through
+torchvision's ``decode_jpeg``. (``kind="hybrid"``, nvJPEG's CUDA-kernel backend, is there for the
+tests and the decoder benchmark: it was measured slower than the engines.)
 
 Why: ``torchvision.io.decode_jpeg(..., device="cuda")`` uses the same hardware decoder but
 synchronises its stream before and after every call and returns a tensor per image. Called
@@ -41,9 +42,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..errors import GpuaccelError
 
-# nvjpegBackend_t, by GPUACCEL_NVJPEG's value: the JPEG engines, or Huffman decoding in CUDA
+# nvjpegBackend_t by kind: the JPEG engines, or Huffman decoding in CUDA
 # kernels that run on the caller's stream (whose priority they then take)
 _BACKENDS = {"direct": 3, "hybrid": 2}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
@@ -201,14 +201,13 @@ class BatchDecoder:
         return state
 
     @classmethod
-    def open(cls, device: torch.device) -> "BatchDecoder | None":
-        """The decoder for ``device`` that ``GPUACCEL_NVJPEG`` names: ``direct`` (the default:
-        the JPEG engines, found on an A100 or later) or ``hybrid`` (CUDA kernels); None where
-        it names ``torchvision``, the device is not a GPU or no nvJPEG library loads."""
-        kind = os.environ.get("GPUACCEL_NVJPEG", "direct").lower()
-        if kind != "torchvision" and kind not in _BACKENDS:
-            raise GpuaccelError(f"GPUACCEL_NVJPEG must be one of direct, hybrid, torchvision; got {kind!r}")
-        if device.type != "cuda" or kind not in _BACKENDS:
+    def open(cls, device: torch.device, kind: str = "direct") -> "BatchDecoder | None":
+        """The decoder of ``kind`` for ``device``: ``direct`` (the JPEG engines, found on an A100
+        or later) or ``hybrid`` (CUDA kernels); None where the device is not a GPU or no nvJPEG
+        library loads."""
+        if kind not in _BACKENDS:
+            raise ValueError(f"kind must be one of {', '.join(_BACKENDS)}; got {kind!r}")
+        if device.type != "cuda":
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         with _shared_lock:

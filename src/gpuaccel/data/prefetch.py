@@ -3,7 +3,7 @@
 The threads share the GIL with the training thread, which launches thousands of kernels
 per step from Python; that contention is part of what the streaming pipeline loses end to
 end (on an H200 a busy Python thread beside the pipeline took it from about 15k to 69
-img/s, because every GIL hand-over waits out the switch interval; benchmarks/stream_stages.py
+img/s, because every GIL hand-over waits out the switch interval; benchmarks/resnet50/stream_stages.py
 --under-load). A child process with CUDA IPC buffers was tried and was slower still: two
 processes' CUDA contexts time-slice the GPU instead of running their kernels side by side
 (no MPS). Numbers: the issue notes of the streaming loader and docs/results.md.

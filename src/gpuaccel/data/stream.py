@@ -316,7 +316,7 @@ class _FileBatches(torch.utils.data.Dataset):
     ``round(cpu_share * len(ids))`` images are decoded with Pillow; the rest are read for nvJPEG.
 
     Processes rather than threads because reading takes the GIL back after every system call
-    and the training thread holds it most of the time (benchmarks/stream_stages.py
+    and the training thread holds it most of the time (benchmarks/resnet50/stream_stages.py
     --under-load); and the share decoded here is work the GPU's decoder, which waits behind the
     training step's kernels, does not have to do. Buffers are made in shared memory, so
     handing one over does not copy it."""
@@ -426,8 +426,8 @@ class StreamLoader:
     ``cpu_decode`` of its images with Pillow (by default :func:`default_cpu_decode`: all of them,
     or none where nvJPEG is at hand and the readers are fewer than ``PILLOW_READERS``); nvJPEG
     decodes the rest on the GPU (called directly through :mod:`nvjpeg`, one call per batch;
-    through torchvision the images the JPEG engines cannot take, and all of them with
-    ``GPUACCEL_NVJPEG=torchvision`` or no engines), or without it Pillow on the loader's thread.
+    through torchvision the images the JPEG engines cannot take, and all of them without
+    engines), or without it Pillow on the loader's thread.
     ``workers=0`` reads in the loader's thread.
 
     ``threads`` background threads make the batches ahead of the training step, each on a
@@ -470,6 +470,10 @@ class StreamLoader:
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def stop_workers(self) -> None:
+        """Stops the reader processes now (loader.py's PassReader.close); the next pass starts them."""
+        self._reader.close()
 
     @property
     def decoder(self) -> str:

@@ -25,7 +25,7 @@ from ..files import replaced_atomically, run_directory_lock, write_json
 # Softmax cannot represent (the calibrated range would be infinite). Audio: the convolutions and
 # the classifier; the log-mel front end (a MatMul of the power spectrum with the mel filters)
 # stays float, as its energies span decades that 8 bits cannot hold (quantised, it took the
-# three-tone recordings of tests/test_audio.py to 74% accuracy; with it float, the test's 80% holds).
+# three-tone recordings of tests/tasks/test_audio.py to 74% accuracy; with it float, the test's 80% holds).
 INT8_OPS = {"images": None, "sentences": ("MatMul", "Gemm", "Conv", "Gather"), "recordings": ("Conv", "Gemm")}
 
 

@@ -164,7 +164,7 @@ def cuda_provider(device: torch.device, cuda_graph: bool = False) -> tuple[str, 
     """onnxruntime-gpu's CUDA provider with its options for ``device``.
 
     prefer_nhwc: channels-last convolutions, 1.3-1.4x the throughput on an H200
-    (benchmarks/onnx_gpu_options.py). The ordinal is torch's, so "cuda" means the same GPU for
+    (benchmarks/deploy/onnx_gpu_options.py). The ordinal is torch's, so "cuda" means the same GPU for
     every kind of model; device_id 0 is the provider's default and is left out, as onnxruntime
     1.31 logs a warning about plugin devices whenever it is given. cuda_graph: the session
     captures its first run as a CUDA graph and replays it, which needs inputs and outputs bound
@@ -220,7 +220,7 @@ def openvino_runner(path: Path, device: torch.device = torch.device("cpu"), thre
     with bf16 instructions, which is not the model that was exported and verified.
 
     A dynamic-batch model is compiled once per input shape, with that shape fixed: batch-1 int8
-    calls then take 0.54 instead of 0.58 ms on 16 Xeon cores (benchmarks/openvino_options.py).
+    calls then take 0.54 instead of 0.58 ms on 16 Xeon cores (benchmarks/deploy/openvino_options.py).
     """
     if device.type != "cpu":
         raise GpuaccelError("--runtime openvino runs on the CPU here (its GPU plugin is for Intel GPUs); "

@@ -14,7 +14,7 @@ from . import max_pool_kernel
 # takes its batch norm's statistics from that input, 2-4x smaller than the output, and folds the
 # batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224 px ran
 # 1.07x faster on an H200 (batch 512; docs/results.md). Off (False): every batch norm runs as
-# ``nn.BatchNorm2d`` does, e.g. to measure the difference (benchmarks/resnet50_kernels.py).
+# ``nn.BatchNorm2d`` does, e.g. to measure the difference (benchmarks/resnet50/resnet50_kernels.py).
 FOLD_BATCH_NORMS = True
 
 
@@ -181,7 +181,7 @@ class SpaceToDepthConv2d(nn.Conv2d):
 
     Why: cuDNN has no fast kernel for three input channels. In ResNet-50's 7x7 stride-2 stem
     at 224 px (batch 256, bf16, H200) it ran at 34 TFLOP/s forward and 51 for the weight
-    gradient, 3 ms of a 37 ms training step (benchmarks/resnet50_kernels.py). Rearranged,
+    gradient, 3 ms of a 37 ms training step (benchmarks/resnet50/resnet50_kernels.py). Rearranged,
     each s x s block of pixels becomes s*s*C channels (padded to a multiple of 8) and the
     kernel becomes ceil(k/s) x ceil(k/s) (zero-padded), which cuDNN runs on tensor cores.
     On a CPU it stays an ordinary convolution.
@@ -223,7 +223,7 @@ class TritonMaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d`` whose forward and backward passes run as the Triton kernels of
     :mod:`max_pool_kernel` on a GPU, and as PyTorch's elsewhere: the same results, in 1.1-1.2 ms
     instead of 2.2-2.3 ms (inductor's) at ResNet-50's stem on an H200 (batch 256,
-    benchmarks/resnet50_kernels.py)."""
+    benchmarks/resnet50/resnet50_kernels.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = (self.kernel_size, self.stride, self.padding)

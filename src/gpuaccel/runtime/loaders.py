@@ -53,6 +53,13 @@ class _LikeDataLoader:
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         raise NotImplementedError
 
+    def stop_workers(self) -> None:
+        """Stops the reader processes this loader started (a user's own DataLoader is left as it
+        is); the next pass starts them again."""
+        stop = getattr(self.__dict__.get("_passes"), "stop_workers", None)
+        if stop is not None:
+            stop()
+
     def __iter__(self) -> Iterator:
         epoch, self._epochs_iterated = self._epochs_iterated, self._epochs_iterated + 1
         batches = (laid_out(batch, self.layout) for batch in self.batches(epoch))
@@ -155,6 +162,9 @@ class _DatasetPasses(_ShardedOrder):
 
     def read(self, epoch: int, start: int) -> Iterator:
         return self._reader.read(epoch, start)
+
+    def stop_workers(self) -> None:
+        self._reader.close()
 
 
 class _DatasetBatches(Dataset):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 FAKE_PYTHON = """#!/bin/sh
 # "-m venv DIR" makes DIR/bin/python (a copy of this script); "-c" (the index probe) succeeds

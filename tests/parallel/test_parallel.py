@@ -22,7 +22,7 @@ from gpuaccel.errors import GpuaccelError
 from gpuaccel.parallel import apply_ddp
 from gpuaccel.parallel.launch import worker_arguments
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]  # (the helpers beside conftest.py)
 MODEL = "plain_models:plain_cnn"
 COMMON = ["--device", "cpu", "--model", MODEL, "--lr", "0.05", "--quiet", "--no-monitor"]
 

@@ -149,10 +149,10 @@ def test_fp16_conversion_halves_the_file_and_keeps_accuracy(run_dir, tmp_path, c
     assert probs.dtype == np.float32 and probs.shape == (3, 10)  # float32 in and out
 
 
-ORT_ON_GPU = torch.cuda.is_available() and onnx_has_cuda()
 
 
-@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+@pytest.mark.gpu
+@pytest.mark.skipif(not onnx_has_cuda(), reason="needs onnxruntime-gpu")
 def test_fp16_artefact_is_evaluated_and_timed_on_the_gpu(run_dir, tmp_path, capsys):
     out = tmp_path / "m.fp16.onnx"
     assert main(["quantize", str(run_dir), "--fp16", "--out", str(out), "--json"]) == 0
@@ -164,7 +164,8 @@ def test_fp16_artefact_is_evaluated_and_timed_on_the_gpu(run_dir, tmp_path, caps
     np.testing.assert_allclose(on_gpu, on_cpu, atol=0.05)  # the same artefact, two runtimes
 
 
-@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+@pytest.mark.gpu
+@pytest.mark.skipif(not onnx_has_cuda(), reason="needs onnxruntime-gpu")
 def test_bench_infer_times_onnx_runtime_on_the_gpu(run_dir, capsys):
     assert main(["bench-infer", str(run_dir), "--repeats", "20", "--json"]) == 0
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
@@ -172,7 +173,8 @@ def test_bench_infer_times_onnx_runtime_on_the_gpu(run_dir, capsys):
         assert rows[name]["latency_p50_ms"] > 0 and rows[name]["best_images_per_second"] > 0, rows[name]
 
 
-@pytest.mark.skipif(not ORT_ON_GPU, reason="needs a GPU and onnxruntime-gpu")
+@pytest.mark.gpu
+@pytest.mark.skipif(not onnx_has_cuda(), reason="needs onnxruntime-gpu")
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_gpu_bound_onnx_calls_see_each_new_input(run_dir, tmp_path, cuda_graph):
     from gpuaccel.deploy.bench import onnx_cuda_call

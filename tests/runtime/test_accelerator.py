@@ -15,7 +15,7 @@ import torch.nn as nn
 import gpuaccel
 from gpuaccel import GpuaccelError
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]  # (the helpers beside conftest.py)
 sys.path.insert(0, str(TESTS))
 import accelerator_loop  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_capture_on_the_cpu_runs_the_step_uncaptured_with_one_notice():
     assert step() == 7 and not step.captured
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_a_captured_step_trains_like_the_uncaptured_one_and_reads_the_schedules_rate():
     plain_losses, plain_params, _ = _captured_training("cuda", capture=False)
     losses, params, step = _captured_training("cuda", capture=True)
@@ -176,7 +176,7 @@ def test_a_captured_step_trains_like_the_uncaptured_one_and_reads_the_schedules_
     assert step.captured and max(abs(a - b) for a, b in zip(losses, plain_losses)) < 1e-5
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_an_optimizer_that_prepare_did_not_see_is_named_when_capture_fails():
     net = accelerator_loop.model().cuda()
     optimizer = torch.optim.Adadelta(net.parameters(), lr=1.0)  # not capturable, and not prepared
@@ -200,7 +200,7 @@ def test_an_optimizer_that_prepare_did_not_see_is_named_when_capture_fails():
     assert prepared.param_groups[0]["capturable"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_micro_batches_accumulated_inside_one_captured_step_train_like_the_eager_loop():
     def run(capture: bool):
         net = accelerator_loop.model()

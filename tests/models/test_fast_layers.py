@@ -93,7 +93,7 @@ def test_triton_max_pooling_matches_pytorch_with_ties_nan_and_empty_windows():
     assert done.returncode == 0 and "pooling ok" in done.stdout, done.stderr[-3000:]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles the kernels for a GPU")
+@pytest.mark.gpu
 def test_the_stem_on_a_gpu_matches_pytorch_in_bf16_and_under_compile():
     torch.manual_seed(0)
     model = create_model("resnet18", num_classes=10, image_size=224).cuda().to(memory_format=torch.channels_last)
@@ -211,7 +211,7 @@ def _autocast(forward, device):
     return run
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_gram_statistics_on_a_gpu_match_the_module_in_bf16_under_compile(monkeypatch):
     from gpuaccel.models import layers
     monkeypatch.setattr(layers, "FOLD_BATCH_NORMS", True)

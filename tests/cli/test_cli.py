@@ -132,6 +132,17 @@ def test_plain_train_is_the_demo_and_reaches_97_percent(capsys, tmp_path):
     assert code == 0 and summary["metrics"]["accuracy"] >= 0.97 and summary["epochs"] == 15
 
 
+def test_an_empty_inductor_cache_setting_counts_as_unset(monkeypatch):
+    """TORCHINDUCTOR_CACHE_DIR="" names no folder: left in the environment, Inductor's first use
+    (importing Dynamo, as a fused optimizer does on a GPU) fails trying to make ''."""
+    import os
+
+    from gpuaccel import caches
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    monkeypatch.setenv("GPUACCEL_CACHE_DIR", "/proc/gpuaccel-cache")
+    assert caches.use_compile_cache() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
 def test_places_that_cannot_be_written_give_one_line_or_a_warning(tmp_path):
     """A run directory (given, or the default runs/ under a read-only working directory) that
     cannot be made is one line and exit 2; a cache directory that cannot be written costs speed

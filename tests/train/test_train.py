@@ -288,7 +288,7 @@ def test_the_step_as_a_graph_records_it_trains_exactly_like_the_eager_step(tmp_p
     assert all(isinstance(group["lr"], float) for group in graphed.optimizer.param_groups)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_a_captured_step_records_each_batch_shape_and_replays_them_in_any_order():
     """Progressive resizing trains on two or more batch shapes: each gets its own recording,
     and replaying them interleaved trains exactly like eager steps."""
@@ -373,7 +373,7 @@ def test_evaluation_runs_the_compiled_forward_only_with_compile_eval(monkeypatch
     assert summary["metrics"]["accuracy"] > 0.5
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's autotuner is a GPU setting")
+@pytest.mark.gpu
 @pytest.mark.parametrize("search", [True, False])  # (not "benchmark": pytest-benchmark's fixture has that name)
 def test_cudnn_autotuning_follows_the_setting(tmp_path, digits, search):
     Trainer(TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, device="cuda", cudnn_benchmark=search),
