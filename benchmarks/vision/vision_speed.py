@@ -23,7 +23,7 @@ infer    the trained detector and segmenter (the first seed of `detect` and `seg
          on the GPU (bf16, decoding included) and in ONNX Runtime (CPU provider).
 
 Every mAP is gpuaccel.tasks.detection's COCO evaluation (matching pycocotools to 1e-7 on the
-test in tests/test_vision.py) and every mIoU its confusion matrix, so the numbers compare.
+test in tests/tasks/test_vision.py) and every mIoU its confusion matrix, so the numbers compare.
 """
 
 import argparse

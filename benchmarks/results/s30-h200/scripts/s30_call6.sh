@@ -1,2 +1,0 @@
-# session 30, call 6 (call 5's machine, right after it): the test suite in one process, stopping at the first failure, to read it (call 5's run had reached its time limit without a summary)
-export PYTHONPATH=src GPUACCEL_CACHE_DIR=/tmp/gpc; timeout 540 python3 -m pytest -q -p no:cacheprovider tests --tb=short -rfE -x -k "not test_cli_train_resume" > $OUT/tests.log 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests.log | tail -20; grep -B5 -A40 "^___" $OUT/tests.log | head -150

@@ -1,0 +1,193 @@
+"""Several GPUs of one machine through `gpuaccel train --gpus N` (torch.distributed.run, NCCL),
+in three parts, each written to its own JSON file under --out:
+
+    python benchmarks/scaling/scaling.py --gpus 1 2 4 --parts recipe weak exit --out DIR \\
+        --cifar10 /tmp/data/cifar10 --text tinyshakespeare.txt
+
+recipe  cifar10-fast (strong scaling: the recipe keeps its global batch of 1536, each of N GPUs
+        takes 1536 / N) for --seeds seeds on each GPU count: mean accuracy, training time and
+        warm-up against one GPU.
+weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples per step): per-GPU
+        throughput and efficiency = throughput(N) / (N x throughput(1)) for ResNet-50 at 224 px
+        (synthetic images), ResNet-18 on CIFAR-10 with the whole-step CUDA graph, the character
+        GPT (shakespeare-char), a GPT-2-small-sized model (12 layers, 12 heads, 768 wide, context
+        1024; character tokens, so 85 M parameters instead of GPT-2's 124 M, whose other 39 M are
+        its 50,257-token embedding), the same sharded (--shard, FSDP), and ResNet-50 as pipelines
+        of two stages (--pipeline-stages 2, from 2 GPUs; efficiency relative to 2 GPUs).
+exit    a captured Accelerator step on 2 GPUs (tests/accelerator_loop.py acc-capture under
+        torchrun) run --exit-runs times: every run must exit 0 within its time bound.
+
+Throughput is the summary's samples/s (tokens/s for the language models): samples over
+training time, warm-up, evaluation and checkpoints excluded.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]  # (the repository)
+
+
+def synthetic_npz(path: Path, train: int, test: int, size: int = 224) -> Path:
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        np.savez(path, x_train=rng.integers(0, 256, (train, 3, size, size), dtype=np.uint8),
+                 y_train=rng.integers(0, 1000, train), x_test=rng.integers(0, 256, (test, 3, size, size),
+                                                                            dtype=np.uint8),
+                 y_test=np.arange(test) % 1000)
+    return path
+
+
+def train(gpus: int | None, run_dir: Path, args: list[str]) -> dict:
+    """One `gpuaccel train` command through the launcher with ``gpus`` processes (one plain
+    process for 1 or None), and what its summary says."""
+    gpus = gpus or 1
+    launch = ["--gpus", str(gpus)] if gpus > 1 else []
+    cmd = [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir", str(run_dir), "--quiet", "--no-monitor",
+           *args]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.perf_counter() - start
+    row = {"gpus": gpus, "command": " ".join(cmd[2:]), "command_wall_seconds": round(wall, 1)}
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("gpuaccel: error:")]
+        return {**row, "error": errors[-1] if errors else (done.stdout + done.stderr)[-1500:],
+                "exit_status": done.returncode}
+    s = json.loads((run_dir / "summary.json").read_text())
+    return {**row, "samples_per_second": s["samples_per_second"], "tokens_per_second": s.get("tokens_per_second"),
+            "train_seconds": s["train_seconds"], "warmup_seconds": s["warmup_seconds"], "metrics": s["metrics"],
+            "global_batch_size": s["global_batch_size"], "epochs": s["epochs"], "steps": s["steps"],
+            "peak_gpu_memory_gib": s.get("peak_gpu_memory_gib"), "parameters": s["parameters"]}
+
+
+def recipe_part(args, work: Path) -> dict:
+    rows = []
+    for seed in range(args.seeds):
+        for n in args.gpus:  # alternated, so drift over the lease spreads over every count
+            row = train(n, work / f"recipe-{n}-{seed}", ["--recipe", "cifar10-fast", "--data", args.cifar10,
+                                                         "--seed", str(seed)])
+            rows.append({**row, "seed": seed})
+            print("recipe", json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+    table = {}
+    for n in args.gpus:
+        ok = [r for r in rows if r["gpus"] == n and "error" not in r]
+        if ok:
+            table[n] = {"runs": len(ok), "accuracy_mean": statistics.mean(r["metrics"]["accuracy"] for r in ok),
+                        "accuracy": [r["metrics"]["accuracy"] for r in ok],
+                        "train_seconds_median": statistics.median(r["train_seconds"] for r in ok),
+                        "warmup_seconds_median": statistics.median(r["warmup_seconds"] for r in ok)}
+    one = table.get(1)
+    for n, t in table.items():
+        if one:
+            t["train_time_vs_one_gpu"] = t["train_seconds_median"] / one["train_seconds_median"]
+            t["warmup_vs_one_gpu"] = t["warmup_seconds_median"] / one["warmup_seconds_median"]
+    return {"recipe": "cifar10-fast", "scaling": "strong (global batch 1536 kept)", "table": table, "runs": rows}
+
+
+def weak_workloads(args, work: Path) -> dict:
+    text, gpt2 = ["--data", args.text], ["--model", "gpt", "--model-args", "layers=12,heads=12,width=768,dropout=0",
+                                         "--tokenizer", "char", "--context", "1024", "--batch-size", "16",
+                                         "--optimizer", "adamw", "--lr", "6e-4", "--epochs", "6",
+                                         "--eval-every", "1000000", "--precision", "bf16"]
+    def resnet50():
+        return ["--data", f"npz:{synthetic_npz(work / 'synthetic-224.npz', 8192, 512)}", "--model", "resnet50",
+                "--batch-size", "128", "--epochs", "2", "--lr", "0.1", "--eval-every", "1000000",
+                "--eval-batch-size", "256"]
+
+    resnet18 = ["--data", args.cifar10, "--model", "resnet18", "--batch-size", "512", "--epochs", "4",
+                "--eval-every", "1000000", "--lr", "0.2", "--crop-padding", "4", "--flip", "random"]
+    return {
+        "resnet50-224": lambda: resnet50(),
+        "resnet18-cifar-graph": lambda: resnet18 + ["--compile", "--compile-mode", "reduce-overhead"],
+        "shakespeare-char": lambda: ["--recipe", "shakespeare-char", *text, "--no-global-batch", "--epochs", "4",
+                                     "--eval-every", "1000000"],
+        "gpt2-small-char": lambda: [*text, *gpt2, "--compile"],
+        "gpt2-small-char-shard": lambda: [*text, *gpt2, "--shard", "--compile"],
+        "resnet50-224-pipeline2": lambda: [*resnet50(), "--pipeline-stages", "2"],
+    }
+
+
+def weak_part(args, work: Path, out: Path) -> dict:
+    results = {}
+    for name, make in weak_workloads(args, work).items():
+        if args.only and name not in args.only:
+            continue
+        counts = [n for n in args.gpus if n >= 2] if "pipeline" in name else args.gpus
+        rows = []
+        for n in counts:
+            row = train(n, work / f"{name}-{n}", make())
+            rows.append(row)
+            print(name, json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+        unit = "tokens_per_second" if "gpt" in name or "shakespeare" in name else "samples_per_second"
+        base = next((r for r in rows if "error" not in r), None)
+        for r in rows:
+            if "error" not in r and base:
+                r["per_gpu"] = r[unit] / r["gpus"]
+                r["efficiency"] = r["per_gpu"] / (base[unit] / base["gpus"])
+        results[name] = {"unit": unit, "efficiency_relative_to": f"{base['gpus']} GPU(s)" if base else None,
+                         "rows": rows}
+        out.write_text(json.dumps({**header(), "workloads": results}, indent=2) + "\n")  # kept if cut short
+    return {"workloads": results}
+
+
+def exit_part(args, work: Path) -> dict:
+    """Every run of a captured 2-GPU Accelerator loop exits 0 after acc.end(), within its bound."""
+    runs = []
+    for i in range(args.exit_runs):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(ROOT / "tests" / "accelerator_loop.py"), str(work / f"exit-{i}.pt"), "acc-capture", "64", "4"]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.exit_bound,
+                                  env={**os.environ, "GPUACCEL_LOOP_DEVICE": "cuda"})
+            code, tail = done.returncode, (done.stdout + done.stderr)[-600:]
+        except subprocess.TimeoutExpired:
+            code, tail = "timeout", ""
+        runs.append({"exit_status": code, "seconds": round(time.perf_counter() - start, 1), "output_tail": tail})
+        print("exit", runs[-1]["exit_status"], runs[-1]["seconds"], flush=True)
+    return {"command": " ".join(cmd[1:-4] + ["OUT.pt", "acc-capture", "64", "4"]), "bound_seconds": args.exit_bound,
+            "runs": runs, "all_exited_cleanly": all(r["exit_status"] == 0 for r in runs)}
+
+
+def header() -> dict:
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--parts", nargs="+", default=["recipe", "weak", "exit"], choices=["recipe", "weak", "exit"])
+    ap.add_argument("--cifar10", help="the CIFAR-10 folder (recipe, weak)")
+    ap.add_argument("--text", help="tiny Shakespeare (weak)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="weak: these workloads only")
+    ap.add_argument("--exit-runs", type=int, default=10)
+    ap.add_argument("--exit-bound", type=float, default=120, help="seconds a run of the exit part may take")
+    ap.add_argument("--work", default="/tmp/scaling")
+    ap.add_argument("--out", required=True, help="a folder: recipe.json, weak.json, exit.json")
+    args = ap.parse_args()
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for part in args.parts:
+        if part == "weak":
+            result = weak_part(args, work, out / "weak.json")
+        else:
+            result = recipe_part(args, work) if part == "recipe" else exit_part(args, work)
+        (out / f"{part}.json").write_text(json.dumps({**header(), "command": " ".join(sys.argv), **result},
+                                                     indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""A change must not move the Trainer's speed: two source trees of gpuaccel (before and after)
+measured alternately on one GPU in one process tree, each in its own subprocess.
+
+    python benchmarks/trainer_before_after/trainer_before_after.py --old /tmp/old/src --new src --parts cifar10 shakespeare resnet50 \\
+        --cifar10 /tmp/cifar10 --text tinyshakespeare.txt --work /tmp/redesign --out results.json
+
+Parts:
+  cifar10   ``gpuaccel train --recipe cifar10-fast`` for ``--seeds`` seeds, old and new
+            alternating per seed: training time (first step to last, evaluations excluded) and
+            test accuracy from each run's summary
+  shakespeare
+            ``gpuaccel train --recipe shakespeare-char`` (the whole step as one CUDA graph) for
+            ``--seeds`` seeds: training time, tokens per second, time to validation loss 1.47
+  resnet50  ResNet-50, 224 px, bf16, torch.compile (mode default): the Trainer's training step
+            on one fixed in-memory batch of 256, timed with CUDA events (10 steps x 6 repeats
+            after the Trainer's warm-up), old and new alternating ``--repeats`` times
+  resnet50-graph
+            the same with --compile-mode reduce-overhead: the whole step as one CUDA graph
+  resnet50-eager
+            the same without compiling (eager kernels, the host launches each one)
+  stream    ``gpuaccel train --loader stream`` (nvJPEG) on a synthetic JPEG folder made by
+            imagenet_throughput.py's generator: images per second over the training time, old
+            and new alternating
+
+Each number is a ratio within this run: new / old on the same machine, minutes apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+
+def accuracy(summary: dict) -> float | None:
+    """The held-out accuracy of a summary of either age (``metrics`` now, ``test_accuracy`` before)."""
+    return summary.get("metrics", {}).get("accuracy", summary.get("test_accuracy"))
+
+
+def rate(summary: dict) -> float:
+    return summary.get("samples_per_second", summary.get("images_per_second"))
+
+def run_gpuaccel(src: str, args: list[str], env_extra: dict | None = None, timeout: int = 400) -> dict:
+    """``python -m gpuaccel ARGS --json`` with ``src`` first on the path; its JSON summary."""
+    env = {**os.environ, "PYTHONPATH": src, **(env_extra or {})}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gpuaccel", *args, "--json"], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return {"error": (done.stdout + done.stderr)[-1500:], "args": args}
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    summary["command_seconds"] = round(wall, 2)
+    return summary
+
+
+def cifar10(trees: dict, data: str, seeds: int, work: Path) -> dict:
+    rows = {name: [] for name in trees}
+    for seed in range(1, seeds + 1):
+        order = list(trees) if seed % 2 else list(trees)[::-1]  # alternate who goes first
+        for name in order:
+            run_dir = work / f"cifar-{name}-{seed}"
+            subprocess.run(["rm", "-rf", str(run_dir)])
+            s = run_gpuaccel(trees[name], ["train", "--recipe", "cifar10-fast", "--data", data, "--seed", str(seed),
+                                           "--run-dir", str(run_dir), "--quiet"])
+            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
+                "train_seconds": s["train_seconds"], "test_accuracy": accuracy(s),
+                "warmup_seconds": s["warmup_seconds"], "setup_seconds": s["setup_seconds"],
+                "wall_seconds": s["wall_seconds"], "command_seconds": s["command_seconds"],
+                "step_graph": s.get("step_graph")})}
+            rows[name].append(row)
+            print("cifar10", name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds", "test_accuracy"))
+                                      for name in rows}}
+
+
+def shakespeare(trees: dict, text: str, seeds: int, work: Path) -> dict:
+    rows = {name: [] for name in trees}
+    for seed in range(1, seeds + 1):
+        order = list(trees) if seed % 2 else list(trees)[::-1]
+        for name in order:
+            run_dir = work / f"shakespeare-{name}-{seed}"
+            subprocess.run(["rm", "-rf", str(run_dir)])
+            s = run_gpuaccel(trees[name], ["train", "--recipe", "shakespeare-char", "--data", text, "--seed",
+                                           str(seed), "--run-dir", str(run_dir), "--quiet"])
+            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
+                "train_seconds": s["train_seconds"], "tokens_per_second": s["tokens_per_second"],
+                "time_to_target": s["time_to_target"], "val_loss": s["metrics"].get("loss"),
+                "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
+            rows[name].append(row)
+            print("shakespeare", name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds", "tokens_per_second",
+                                                                 "time_to_target", "val_loss")) for name in rows}}
+
+
+def _stats(rows: list[dict], keys) -> dict:
+    out = {}
+    for key in keys:
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[key] = {"median": statistics.median(values), "mean": statistics.fmean(values),
+                        "min": min(values), "max": max(values), "n": len(values)}
+    return out
+
+
+RESNET50_CHILD = r"""
+import json, statistics, sys, time
+import numpy as np, torch
+from gpuaccel.bench.timing import cuda_times_ms
+from gpuaccel.data.dataset import ImageDataset
+from gpuaccel.train import TrainConfig, Trainer
+B, classes = 256, 100
+rng = np.random.default_rng(0)
+fake = ImageDataset("synthetic", rng.integers(0, 256, (B, 3, 224, 224), dtype=np.uint8), np.arange(B) % classes,
+                    rng.integers(0, 256, (16, 3, 224, 224), dtype=np.uint8), np.arange(16) % classes,
+                    [str(c) for c in range(classes)])
+eager = sys.argv[1] == "eager"
+config = TrainConfig(data="synthetic", model="resnet50", precision="bf16", compile=not eager,
+                     compile_mode="default" if eager else sys.argv[1],
+                     batch_size=B, lr=0.1, weight_decay=5e-5, monitor=False)
+start = time.perf_counter()
+trainer = Trainer(config, dataset=fake, quiet=True)
+x = torch.randn(B, 3, 224, 224, device="cuda").to(trainer.precision.input_dtype).contiguous(memory_format=torch.channels_last)
+y = torch.randint(0, classes, (B,), device="cuda")
+trainer.warm_up(evaluate=False)  # (compiles; with reduce-overhead records the step graph)
+for _ in range(3):
+    trainer.train_step(x, y)
+torch.cuda.synchronize()
+compile_seconds = time.perf_counter() - start
+steps = 10
+times = cuda_times_ms(lambda: [trainer.train_step(x, y) for _ in range(steps)], repeats=6, warmup=2)
+rates = [steps * B / (t / 1000) for t in times]
+print(json.dumps({"images_per_second": statistics.median(rates),
+                  "rates": rates, "compile_seconds": compile_seconds}))
+"""
+
+
+def resnet50(trees: dict, repeats: int, mode: str = "default") -> dict:
+    rows = {name: [] for name in trees}
+    for r in range(repeats):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            env = {**os.environ, "PYTHONPATH": trees[name]}
+            done = subprocess.run([sys.executable, "-c", RESNET50_CHILD, mode],
+                                  capture_output=True, text=True, env=env, timeout=500)
+            if done.returncode != 0:
+                row = {"error": (done.stdout + done.stderr)[-1500:]}
+            else:
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[name].append(row)
+            print("resnet50", mode, name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], ("images_per_second",)) for name in rows}}
+
+
+def stream(trees: dict, work: Path, repeats: int, epochs: int) -> dict:
+    folder = work / "imagenet" / "folder"
+    if not folder.exists():
+        subprocess.run([sys.executable, str(HERE.parent / "resnet50" / "imagenet_throughput.py"), "--work", str(work / "imagenet"),
+                        "--phases", "generate", "--images", "12800", "--val-images", "512", "--classes", "100",
+                        "--out", str(work / "generate.json")], check=True, timeout=400)
+    rows = {name: [] for name in trees}
+    for r in range(repeats):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            run_dir = work / f"stream-{name}-{r}"
+            subprocess.run(["rm", "-rf", str(run_dir)])
+            s = run_gpuaccel(trees[name], [
+                "train", "--data", str(folder), "--loader", "stream", "--model", "resnet50", "--image-size", "224",
+                "--precision", "bf16", "--compile", "--batch-size", "256", "--eval-batch-size", "256",
+                "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet"], timeout=500)
+            row = {"error": s["error"]} if "error" in s else {
+                "images_per_second": rate(s), "train_seconds": s["train_seconds"],
+                "warmup_seconds": s["warmup_seconds"], "jpeg_decoder": s.get("jpeg_decoder")}
+            rows[name].append(row)
+            print("stream", name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], ("images_per_second",)) for name in rows}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", required=True, help="the src/ directory of the code before")
+    ap.add_argument("--new", required=True, help="the src/ directory of the code after")
+    ap.add_argument("--parts", nargs="+", default=["cifar10", "resnet50", "stream"])
+    ap.add_argument("--cifar10", help="the CIFAR-10 JPEG folder (cifar10/train, cifar10/test)")
+    ap.add_argument("--text", help="tiny Shakespeare's .txt (shakespeare)")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--stream-epochs", type=int, default=2)
+    ap.add_argument("--work", default="/tmp/redesign")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    trees = {"old": str(Path(args.old).resolve()), "new": str(Path(args.new).resolve())}
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results.setdefault("meta", {}).update(
+        device=torch.cuda.get_device_name(0), torch=torch.__version__,
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=" ".join(sys.argv))
+    for part in args.parts:
+        if part == "cifar10":
+            results["cifar10"] = cifar10(trees, args.cifar10, args.seeds, work)
+        elif part == "shakespeare":
+            results["shakespeare"] = shakespeare(trees, args.text, args.seeds, work)
+        elif part == "resnet50":
+            results["resnet50"] = resnet50(trees, args.repeats)
+        elif part == "resnet50-graph":
+            results["resnet50-graph"] = resnet50(trees, args.repeats, "reduce-overhead")
+        elif part == "resnet50-eager":
+            results["resnet50-eager"] = resnet50(trees, args.repeats, "eager")
+        elif part == "stream":
+            results["stream"] = stream(trees, work, args.repeats, args.stream_epochs)
+        out.write_text(json.dumps(results, indent=1))
+    for part in args.parts:
+        summary = results[part]["summary"]
+        key = "train_seconds" if part in ("cifar10", "shakespeare") else "images_per_second"
+        old, new = (summary.get(n, {}).get(key, {}).get("median") for n in ("old", "new"))
+        if old and new:
+            print(f"{part}: {key} median old {old:.4g}, new {new:.4g}, new/old {new / old:.4f}")
+
+
+if __name__ == "__main__":
+    main()
