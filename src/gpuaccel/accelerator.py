@@ -42,6 +42,7 @@ from .parallel import DataParallel, Sharded, Strategy
 from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
+from .runtime.placement import ScaledOptimizer
 from .runtime.strategy import STRATEGIES
 
 
@@ -493,53 +494,6 @@ class _CaptureAtFirstCall:
     @property
     def captured(self) -> bool:
         return self.step is not None and self.step.captured
-
-
-class ScaledOptimizer(torch.optim.Optimizer):
-    """The user's optimizer under fp16: ``step`` goes through the loss scaler (it skips a step
-    whose gradients overflowed and adjusts the scale). Everything else is the optimizer's own,
-    and schedulers take it as the optimizer it wraps."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler):
-        # (not Optimizer.__init__: the groups, state and defaults are the wrapped optimizer's)
-        self.optimizer, self.scaler = optimizer, scaler
-        self._unscaled = False
-
-    def unscale(self) -> None:
-        """Divides the gradients by the loss scale, once per step (for clipping)."""
-        if not self._unscaled:
-            self.scaler.unscale_(self.optimizer)
-            self._unscaled = True
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    def step(self, closure=None):
-        self._unscaled = False
-        result = self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return result
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["optimizer"], name)
 
 
 def _compiled_like(compiled: nn.Module, module: nn.Module, mode: str) -> nn.Module:

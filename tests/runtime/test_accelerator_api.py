@@ -153,7 +153,7 @@ def test_compiling_before_or_after_prepare_trains_and_saves_plain_keys(tmp_path,
 
 
 def test_schedulers_take_an_optimizer_prepared_for_loss_scaling():
-    from gpuaccel.accelerator import ScaledOptimizer
+    from gpuaccel.runtime.placement import ScaledOptimizer
 
     net = _net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -2,7 +2,7 @@
 (a loop the user keeps) place, wrap, capture and feed a model through the same pieces.
 
 - :mod:`.placement`: the process group, the device, the precision, the memory layout and the
-  settings of CUDA's libraries.
+  settings of CUDA's libraries; under fp16, the optimizer stepped through the loss scaler.
 - :mod:`.strategy`: which parallel strategy (``gpuaccel.parallel``) a process trains with.
 - :mod:`.capture`: a whole training step as CUDA graphs (:class:`CapturedStep`), and the
   optimizers' capturable (fused) updates.

@@ -38,7 +38,7 @@ from ..models.structure import apply_structure
 from ..monitor.phases import PhaseClock
 from ..parallel import Strategy, apply_activation_checkpointing
 from ..runtime import CapturedStep, training_strategy
-from ..tasks import MetricTracker, Task, call_model, resolve_task
+from ..tasks import MetricTracker, Task, resolve_task
 from ..tasks.base import CustomTask, takes_labels, training_loss
 from ..tasks.base import leading_size
 from . import checkpoint
@@ -52,6 +52,7 @@ from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
 from .fit_context import TrainingClock, fit_context
 from . import evaluation
+from .checks import check_processes_agree, check_task, whole_step_obstacle
 from .summary import start_lines, summarise
 from .warmup import training_shapes, warm_up
 
@@ -95,7 +96,7 @@ class Trainer:
         self.model_args = {**self.inputs.model_args, **(config.model_args or {})}  # (recorded: rebuilds the model)
         self.structure = structure
         self.model = self._build_model(model, structure)
-        self._check_processes_agree()
+        check_processes_agree(self)
         self._place_model(strategy)
         self.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.deterministic,
@@ -167,23 +168,6 @@ class Trainer:
         # (HuggingFace's models), unless the user gave a loss_fn
         self._labels_in = takes_labels(model) and not isinstance(self.task, CustomTask)
         return model
-
-    def _check_processes_agree(self) -> None:
-        """Every process of a multi-process run was given the same data and builds the same
-        model: else each would train on its own data set (and evaluate on a mix), or DDP would
-        fail on parameters of different shapes. One broadcast of rank 0's digest, one all-reduce."""
-        if not self.dist.active:
-            return
-        mine = f"{self.inputs.content_digest()}:{self.parameter_count}"
-        first = self.dist.broadcast(mine)
-        if self.dist.any(mine != first, self.device):
-            whose = (f"this process (rank {self.dist.rank}) was given other "
-                     f"{'data' if mine.split(':')[0] != first.split(':')[0] else 'model'} than rank 0"
-                     if mine != first else "another process was given other data or model than this one (rank 0)")
-            raise GpuaccelError(f"the processes of this run disagree: {whose} (here: "
-                                f"{self.inputs.description.split(';')[0]}; a model of {self.parameter_count:,} "
-                                f"parameters); give every process the same --data (a path each machine sees alike) "
-                                f"and --model")
 
     def _place_model(self, strategy: Strategy | None) -> None:
         """The whole-step CUDA graph's decision (said once, in the run's first line), the parallel
@@ -429,7 +413,7 @@ class Trainer:
         first = next(batches, None)
         if first is None:  # (a run resumed at an epoch's end)
             return None
-        self._check_task(first)
+        check_task(self, first)
         if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
             self.phases.mark("run directory")
             self.warmup_seconds = self.warm_up(batch=first)
@@ -437,24 +421,6 @@ class Trainer:
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         return itertools.chain([first], batches)
-
-    def _check_task(self, batch) -> None:
-        """The task against the model's outputs on a few samples of the first batch and that
-        batch's targets, before anything trains: what the task cannot take is one error now,
-        not a traceback an epoch later (skipped where the forward pass is a collective)."""
-        inputs, targets = self.task.split(batch)
-        if not self.strategy.local_forward or not all(torch.is_tensor(t) for t in tree_flatten(targets)[0]):
-            return
-        was_training, autotune = self.model.training, torch.backends.cudnn.benchmark
-        self.model.eval()
-        torch.backends.cudnn.benchmark = False  # (no algorithm search for a shape training never sees)
-        try:
-            with torch.no_grad(), self.precision.autocast(self.device):
-                outputs = call_model(self.model, tree_map(lambda t: t[:2] if torch.is_tensor(t) else t, inputs))
-        finally:
-            self.model.train(was_training)
-            torch.backends.cudnn.benchmark = autotune
-        self.task.check_batch(outputs, targets)
 
     @property
     def torch_compile_graphs(self) -> bool:
@@ -529,17 +495,3 @@ class Trainer:
         self.run.write_summary(summary)
         self.dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written
         return summary
-
-
-def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) -> str | None:
-    """None when the whole training step is captured as one CUDA graph (runtime/capture.py),
-    else what prevents it. It needs --compile-mode reduce-overhead on a GPU and a step that is
-    the same kernels every time, on one device's whole model (gradient accumulation included:
-    its micro-batches are inside the one step)."""
-    if not (config.compile and config.compile_mode == "reduce-overhead") or device.type != "cuda":
-        return "it needs --compile --compile-mode reduce-overhead on a GPU"
-    obstacles = {"--no-step-graph": not config.step_graph, "--pipeline-stages": config.pipeline_stages > 1,
-                 "--shard": config.shard, "--sync-bn": config.sync_bn, "fp16 loss scaling": precision.loss_scaling,
-                 "--activation-checkpointing": config.activation_checkpointing}
-    found = [name for name, present in obstacles.items() if present]
-    return f"not with {', '.join(found)}" if found else None
