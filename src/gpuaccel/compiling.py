@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
+import sys
 from pathlib import Path
 
 from .caches import use_compile_cache
@@ -42,7 +45,34 @@ def compile_module(module, mode: str, tune_kernels: bool = False):
     import torch
 
     use_compile_cache()
+    import_cpp_extension_quietly()
     return torch.compile(module, dynamic=False, **compile_arguments(mode, tune_kernels))
+
+
+CUDA_HOME_NOTICE = "No CUDA runtime is found"
+
+
+class _WithoutCudaHomeNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(CUDA_HOME_NOTICE)
+
+
+def import_cpp_extension_quietly() -> None:
+    """Imports ``torch.utils.cpp_extension`` (Inductor does when it first compiles) without the
+    notice it gives when a CUDA build of PyTorch runs on a machine without a GPU ("No CUDA
+    runtime is found, using CUDA_HOME=..."): it tells a CPU user nothing they can act on.
+    PyTorch logs it (torch 2.13) or prints it (earlier); anything else printed is passed on."""
+    import torch
+
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_WithoutCudaHomeNotice())
+    if "torch.utils.cpp_extension" in sys.modules or torch.cuda.is_available():
+        return
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
+        import torch.utils.cpp_extension  # noqa: F401
+    for line in printed.getvalue().splitlines():
+        if not line.startswith(CUDA_HOME_NOTICE):
+            print(line, file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -164,3 +164,28 @@ def test_places_that_cannot_be_written_give_one_line_or_a_warning(tmp_path):
                     TORCHINDUCTOR_CACHE_DIR="")
     assert done.returncode == 0, done.stderr
     assert "the cache directory /proc/gpuaccel-cache cannot be written" in done.stderr
+
+
+def test_a_cuda_build_on_a_machine_without_a_gpu_says_nothing_of_cuda_home(monkeypatch, tmp_path, capsys, caplog):
+    """torch.utils.cpp_extension, imported when Inductor first compiles, tells a CUDA build of
+    PyTorch on a machine without a GPU "No CUDA runtime is found, using CUDA_HOME=...": nothing a
+    CPU user can act on. Simulated here: the module imported afresh as under a CUDA build."""
+    import logging
+    import sys
+
+    import torch
+
+    from gpuaccel.compiling import import_cpp_extension_quietly
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch.utils.cpp_extension", raising=False)
+    monkeypatch.delattr(torch.utils, "cpp_extension", raising=False)
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    monkeypatch.setattr(logger, "filters", list(logger.filters))
+    with caplog.at_level(logging.WARNING):
+        import_cpp_extension_quietly()
+    assert "torch.utils.cpp_extension" in sys.modules
+    assert "CUDA_HOME" not in capsys.readouterr().err  # (printed, as earlier versions of PyTorch do)
+    assert not [r for r in caplog.records if "CUDA_HOME" in r.getMessage()]  # (logged, as torch 2.13 does)
