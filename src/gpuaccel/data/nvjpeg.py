@@ -1,7 +1,7 @@
 """nvJPEG's batch decoder called directly: the streaming loader's GPU decoder on GPUs with
 JPEG engines (A100, H100, H200); images it cannot take, and GPUs without engines, go through
-torchvision's ``decode_jpeg``. (``kind="hybrid"``, nvJPEG's CUDA-kernel backend, is there for the
-tests and the decoder benchmark: it was measured slower than the engines.)
+torchvision's ``decode_jpeg``. (nvJPEG's CUDA-kernel backend was measured slower than the
+engines and is not used.)
 
 Why: ``torchvision.io.decode_jpeg(..., device="cuda")`` uses the same hardware decoder but
 synchronises its stream before and after every call and returns a tensor per image. Called
@@ -43,9 +43,8 @@ import numpy as np
 import torch
 
 
-# nvjpegBackend_t by kind: the JPEG engines, or Huffman decoding in CUDA
-# kernels that run on the caller's stream (whose priority they then take)
-_BACKENDS = {"direct": 3, "hybrid": 2}
+# nvjpegBackend_t by kind: the JPEG engines (hardware)
+_BACKENDS = {"direct": 3}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
 _MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT: nvjpegImage_t holds 4 channel pointers, then 4 pitches
 
@@ -172,8 +171,7 @@ _shared_lock = threading.Lock()
 
 class BatchDecoder:
     """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch,
-    on the JPEG engines (``kind`` "direct") or in CUDA kernels ("hybrid"). One per device and
-    kind is shared by every loader of the process (:meth:`open`, as torchvision keeps one);
+    on the JPEG engines (``kind`` "direct"). One per device is shared by every loader of the process (:meth:`open`, as torchvision keeps one);
     calls from several threads run side by side, each with a decoding state of its own."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
@@ -202,9 +200,8 @@ class BatchDecoder:
 
     @classmethod
     def open(cls, device: torch.device, kind: str = "direct") -> "BatchDecoder | None":
-        """The decoder of ``kind`` for ``device``: ``direct`` (the JPEG engines, found on an A100
-        or later) or ``hybrid`` (CUDA kernels); None where the device is not a GPU or no nvJPEG
-        library loads."""
+        """The decoder of ``kind`` for ``device``: ``direct``, the JPEG engines (found on an A100
+        or later); None where the device is not a GPU or no nvJPEG library loads."""
         if kind not in _BACKENDS:
             raise ValueError(f"kind must be one of {', '.join(_BACKENDS)}; got {kind!r}")
         if device.type != "cuda":
