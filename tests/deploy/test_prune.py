@@ -64,7 +64,7 @@ def test_structured_prune_cli_fine_tunes_and_leaves_a_usable_run(run_dir, tmp_pa
 
 def test_unstructured_prune_keeps_its_zeros_through_fine_tuning(run_dir, tmp_path, capsys):
     out = tmp_path / "sparse"
-    code, stdout, _ = run(capsys, "prune", str(run_dir), "--sparsity", "0.6", "--finetune-epochs", "1",
+    code, stdout, _ = run(capsys, "prune", str(run_dir), "--sparsity", "0.6", "--finetune-epochs", "0.5",
                           "--out", str(out), "--json")
     assert code == 0
     report = json.loads(stdout)
@@ -73,6 +73,7 @@ def test_unstructured_prune_keeps_its_zeros_through_fine_tuning(run_dir, tmp_pat
     zeros = sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
     assert 0.59 < zeros < 0.62
     assert report["after"]["parameters"] == report["before"]["parameters"]
+    assert report["finetune"]["epochs"] == 0.5  # (a fraction of an epoch is a number of epochs too)
 
 
 def test_prune_errors(run_dir, tmp_path, capsys):
