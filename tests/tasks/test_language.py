@@ -330,3 +330,16 @@ def test_a_language_model_resumes_on_its_text_and_refuses_changed_text(tmp_path,
     corpus_file.write_text(markov_text(6000, seed=1) + "more text")  # another corpus at the same path
     with pytest.raises(GpuaccelError, match="the data changed since .* began: its vocab size 12 is now 18"):
         Trainer.resume(tmp_path / "run", overrides={"epochs": 3}, quiet=True)
+
+
+def test_sentences_with_no_model_named_train_the_model_made_for_them(tmp_path, capsys):
+    """The default model is an image network; sentence data (as text, recordings, ratings and
+    scenes) trains its own kind's model instead of failing inside a convolution."""
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    rows = "sentence\tlabel\n" + "".join(f"{'a fine' if i % 2 else 'a dull'} film {i}\t{i % 2}\n" for i in range(40))
+    (folder / "train.tsv").write_text(rows)
+    (folder / "dev.tsv").write_text(rows)
+    assert main(["train", "--data", str(folder), "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--json",
+                 "--quiet", "--no-monitor"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "text_transformer"

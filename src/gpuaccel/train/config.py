@@ -24,6 +24,7 @@ from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from ..tasks import TASKS
 
 LOSS_ALIASES = ("val_loss", "test_loss", "eval_loss", "validation_loss")
+DEFAULT_MODEL = "lenet5"  # for images; other data kinds have their own (TrainingInputs.default_model)
 SECTIONS = ("data", "model", "runtime", "parallel", "optimizer", "loop", "logging")
 
 
@@ -110,10 +111,11 @@ class TrainConfig:
         None, "data", "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
         "at 24x24, then 2 at 28x28, then full size); each size compiles and captures its own step", metavar="SIZE:EPOCHS,...")
     # -- model: what is trained, for which task
-    model: str = setting(
-        "lenet5", "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
+    model: str | None = setting(
+        None, "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
         "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
-        "directory), or timm:NAME when timm is installed", metavar="NAME")
+        "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for "
+        "ratings, centernet for detection, unet for segmentation", metavar="NAME")
     model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
                                      cli=False)
     model_args: dict | None = setting(

@@ -51,6 +51,7 @@ class TrainingInputs:
     task: str | None = None  # the task the data implies (None: the user must say)
     tokenizer: dict | None = None  # text data: how text becomes tokens (recorded for generation)
     unit: str = "samples"  # what one sample is called in reports: images, windows, ...
+    default_model: str | None = None  # the model for data other than images when none is named
     tokens_per_sample: int | None = None  # text: throughput is also reported in tokens
     audio: dict | None = None  # recordings: the rate and length a model's input has (recorded for inference)
     ratings: dict | None = None  # ratings: each index's original user and item id (recorded for recommend)
@@ -183,7 +184,7 @@ def _corpus_inputs(corpus: TextCorpus, config: TrainConfig) -> TrainingInputs:
         name=corpus.name, description=corpus.describe(), train_samples=train_windows,
         test_samples=(len(corpus.val) - 1) // config.context,
         model_args={"vocab_size": corpus.vocab_size, "context_length": config.context}, identity=identity,
-        task="language_modelling", tokenizer=corpus.tokenizer.state(), unit="windows",
+        task="language_modelling", tokenizer=corpus.tokenizer.state(), unit="windows", default_model="gpt",
         tokens_per_sample=config.context, build=build)
 
 
@@ -206,7 +207,7 @@ def _sentence_inputs(data: LabelledText, config: TrainConfig) -> TrainingInputs:
         model_args={"vocab_size": data.tokenizer.vocab_size, "num_classes": data.num_classes,
                     "context_length": data.train_ids.shape[1]},
         identity=identity, classes=data.classes, task="classification", tokenizer=data.tokenizer.state(),
-        unit="sentences", build=build)
+        unit="sentences", default_model="text_transformer", build=build)
 
 
 def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
@@ -230,7 +231,7 @@ def _audio_inputs(data: AudioDataset, config: TrainConfig) -> TrainingInputs:
         name=data.name, description=data.describe(), train_samples=len(data.train_labels),
         test_samples=len(data.test_labels),
         model_args={"num_classes": data.num_classes, "sample_rate": data.sample_rate}, identity=identity,
-        classes=data.classes, task="classification", unit="recordings",
+        classes=data.classes, task="classification", unit="recordings", default_model="audio_tcnn",
         audio={"sample_rate": data.sample_rate, "clip_samples": data.clip_samples}, build=build)
 
 
@@ -252,7 +253,7 @@ def _ratings_inputs(data: Ratings, config: TrainConfig) -> TrainingInputs:
                     "rating_mean": round(float(data.train_ratings.mean()), 6), "rating_range": list(data.rating_range),
                     # (a model that takes them, e.g. neural_mf; an empty side is None)
                     **{f"{side}_features": data.side_features.get(side) or None for side in ("user", "item")}},
-        identity=identity, task="regression", unit="ratings",
+        identity=identity, task="regression", unit="ratings", default_model="matrix_factorization",
         ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build,
         init_sample=lambda loader: loader.tensors)  # every training rating: (users, items, ratings)
 
@@ -275,7 +276,7 @@ def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInpu
         name=data.name, description=data.describe(), train_samples=len(data.train_users) * (1 + config.negatives),
         test_samples=len(data.test_users),
         model_args={"num_users": data.num_users, "num_items": data.num_items, "rating_mean": 0.0, "rating_range": None},
-        identity=identity, task="ranking", unit="pairs",
+        identity=identity, task="ranking", unit="pairs", default_model="matrix_factorization",
         ratings={"user_ids": data.user_ids, "item_ids": data.item_ids}, build=build)
 
 
@@ -301,7 +302,8 @@ def _scene_inputs(data: SceneDataset, config: TrainConfig) -> TrainingInputs:
     return TrainingInputs(
         name=data.name, description=data.describe(), train_samples=len(data.train), test_samples=len(data.test),
         model_args={"num_classes": len(classes), "in_channels": data.in_channels, "image_size": data.image_size},
-        identity=identity, classes=classes, mean=mean, std=std, task=data.kind, unit="images", build=build)
+        identity=identity, classes=classes, mean=mean, std=std, task=data.kind, unit="images", build=build,
+        default_model="centernet" if detection else "unet")
 
 
 def augment_config(config: TrainConfig) -> AugmentConfig:

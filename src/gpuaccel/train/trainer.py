@@ -43,7 +43,7 @@ from ..tasks.base import CustomTask, takes_labels, training_loss
 from ..tasks.base import leading_size
 from . import checkpoint
 from .cadence import Cadence
-from .config import TrainConfig
+from .config import DEFAULT_MODEL, TrainConfig
 from .ema import WeightAverage
 from .inputs import USER_DATA, open_inputs
 from .optim import build_optimizer, build_scheduler
@@ -141,8 +141,10 @@ class Trainer:
         on resume, export and inference), or "object:Class" for a module passed in, which a
         resume must be given again."""
         config = self.config
+        if model is None and config.model is None:  # none named: the data's own (images: DEFAULT_MODEL)
+            config.model = self.inputs.default_model or (DEFAULT_MODEL if config.data != USER_DATA else None)
         if model is None:
-            if config.data == USER_DATA and ":" not in config.model:
+            if config.data == USER_DATA and ":" not in (config.model or ""):
                 raise GpuaccelError("with train_data= from Python, pass the model too (model=...), or name a "
                                     "package.module:factory as the config's model")
             if config.model.startswith("object:"):
