@@ -95,8 +95,14 @@ def test_a_csv_with_user_item_rating_columns_is_ratings_not_sentences(tmp_path):
     data = load_ratings(path, val_split=0.25)
     assert len(data.train_ratings) == 15 and len(data.test_ratings) == 5 and data.rating_range == (2.0, 5.0)
     (tmp_path / "bad.csv").write_text("user,item,rating\n1,2,five\n")
-    with pytest.raises(GpuaccelError, match="'five' is not a number"):
+    with pytest.raises(GpuaccelError, match="rating 1 is 'five', not a number"):
         load_ratings(tmp_path / "bad.csv")
+    (tmp_path / "short.csv").write_text("user,item,rating\n1,2,4\n1,3\n")  # a row that lost its last field
+    with pytest.raises(GpuaccelError, match="line 3 has 2 field"):
+        load_ratings(tmp_path / "short.csv")
+    (tmp_path / "noitem.csv").write_text("user,item,rating\n1,2,4\n1,,3\n")  # an empty id is no item
+    with pytest.raises(GpuaccelError, match="rating 2 has an empty item id"):
+        load_ratings(tmp_path / "noitem.csv")
     (tmp_path / "nan.csv").write_text("user,item,rating\n1,2,4\n1,3,nan\n")
     with pytest.raises(GpuaccelError, match="rating 2 is 'nan', not a finite number"):
         load_ratings(tmp_path / "nan.csv")

@@ -132,7 +132,13 @@ def read_triples(path: Path) -> tuple[list[str], list[str], np.ndarray, np.ndarr
                 raise GpuaccelError(f"{path}: no {' or '.join(missing)} column in its header ({', '.join(rows[0])}); "
                                     f"name them e.g. user, item, rating")
             time_column = _find(header, TIME_NAMES)
-            rows = [[r[i] for i in found] + ([r[time_column]] if time_column is not None else []) for r in rows[1:] if r]
+            needed = max(found) + 1
+            for line, r in enumerate(rows[1:], 2):
+                if r and len(r) < needed:
+                    raise GpuaccelError(f"{path}: line {line} has {len(r)} field(s); the header names {len(header)} "
+                                        f"({', '.join(rows[0])})")
+            rows = [[r[i] for i in found] + ([r[time_column]] if time_column is not None and time_column < len(r)
+                                             else []) for r in rows[1:] if r]
         else:
             separator = "::" if name.endswith(".dat") else "\t"
             with open(path, encoding="utf-8") as f:
@@ -144,11 +150,14 @@ def read_triples(path: Path) -> tuple[list[str], list[str], np.ndarray, np.ndarr
     for line, row in enumerate(rows, 1):
         if len(row) < 3:
             raise GpuaccelError(f"{path}: rating {line} has {len(row)} field(s); each needs user, item and rating")
+        if not row[0].strip() or not row[1].strip():
+            raise GpuaccelError(f"{path}: rating {line} has an empty {'user' if not row[0].strip() else 'item'} id; "
+                                f"remove or fix that row")
     try:
         ratings = np.array([float(r[2]) for r in rows], dtype=np.float32)
     except ValueError:
-        bad = next(r[2] for r in rows if not _is_number(r[2]))
-        raise GpuaccelError(f"{path}: rating {bad!r} is not a number") from None
+        line, bad = next((i, r[2]) for i, r in enumerate(rows, 1) if not _is_number(r[2]))
+        raise GpuaccelError(f"{path}: rating {line} is {bad!r}, not a number; remove or fix that row") from None
     finite = np.isfinite(ratings)
     if not finite.all():  # "nan" and "inf" parse as numbers; as targets they make every loss NaN
         line = int(np.argmin(finite)) + 1
