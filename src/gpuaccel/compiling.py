@@ -57,6 +57,9 @@ class _WithoutCudaHomeNotice(logging.Filter):
         return not str(record.msg).startswith(CUDA_HOME_NOTICE)
 
 
+_WITHOUT_CUDA_HOME_NOTICE = _WithoutCudaHomeNotice()  # (one instance: addFilter keeps it once)
+
+
 def import_cpp_extension_quietly() -> None:
     """Imports ``torch.utils.cpp_extension`` (Inductor does when it first compiles) without the
     notice it gives when a CUDA build of PyTorch runs on a machine without a GPU ("No CUDA
@@ -64,7 +67,7 @@ def import_cpp_extension_quietly() -> None:
     PyTorch logs it (torch 2.13) or prints it (earlier); anything else printed is passed on."""
     import torch
 
-    logging.getLogger("torch.utils.cpp_extension").addFilter(_WithoutCudaHomeNotice())
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_WITHOUT_CUDA_HOME_NOTICE)
     if "torch.utils.cpp_extension" in sys.modules or torch.cuda.is_available():
         return
     printed = io.StringIO()

@@ -42,7 +42,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-
 # nvjpegBackend_t by kind: the JPEG engines (hardware)
 _BACKENDS = {"direct": 3}
 _OUTPUT_RGB = 3  # nvjpegOutputFormat_t: three planes
@@ -171,8 +170,8 @@ _shared_lock = threading.Lock()
 
 class BatchDecoder:
     """Baseline JPEGs -> planar RGB uint8 on the GPU, one nvjpegDecodeBatched call per batch,
-    on the JPEG engines (``kind`` "direct"). One per device is shared by every loader of the process (:meth:`open`, as torchvision keeps one);
-    calls from several threads run side by side, each with a decoding state of its own."""
+    on the JPEG engines (``kind`` "direct"). One per device is shared by every loader of the
+    process (:meth:`open`, as torchvision keeps one); calls from several threads run side by side, each with a decoding state of its own."""
 
     def __init__(self, library: ctypes.CDLL, device: torch.device, kind: str = "direct"):
         self.device = device

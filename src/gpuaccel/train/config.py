@@ -114,8 +114,9 @@ class TrainConfig:
     model: str | None = setting(
         None, "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
         "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
-        "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for "
-        "ratings, centernet for detection, unet for segmentation", metavar="NAME")
+        "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for "
+        "text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for ratings, "
+        "centernet for detection, unet for segmentation", metavar="NAME")
     model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
                                      cli=False)
     model_args: dict | None = setting(
