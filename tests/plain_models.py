@@ -22,3 +22,25 @@ def tiny_resnet(num_classes: int = 10, in_channels: int = 1, image_size: int = 8
     from gpuaccel.models.resnet import BasicBlock, ResNet
 
     return ResNet(BasicBlock, (1, 1), num_classes, in_channels, image_size, width=8)
+
+
+def clicks(n: int = 4096, sizes=(50, 30, 20), seed: int = 0):
+    """Click data for DLRM: 13 dense features, one id per table in ``sizes``; the click depends on
+    table 0's id and dense feature 0. Returns (dense, sparse, labels)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(n, 13, generator=g)
+    sparse = torch.stack([torch.randint(0, s, (n,), generator=g) for s in sizes], 1)
+    liked = torch.rand(sizes[0], generator=g) < 0.5
+    return dense, sparse, (liked[sparse[:, 0]] ^ (dense[:, 0] > 1)).float()
+
+
+def click_task():
+    """Binary cross-entropy on the click logit, with accuracy."""
+    import torch.nn.functional as F
+
+    from gpuaccel.tasks import CustomTask
+
+    return CustomTask(lambda out, y: F.binary_cross_entropy_with_logits(out, y),
+                      metrics={"accuracy": lambda out, y: ((out > 0).float() == y).float().mean()})

@@ -6,14 +6,18 @@ in three parts, each written to its own JSON file under --out:
 
 recipe  cifar10-fast (strong scaling: the recipe keeps its global batch of 1536, each of N GPUs
         takes 1536 / N) for --seeds seeds on each GPU count: mean accuracy, training time and
-        warm-up against one GPU.
-weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples per step): per-GPU
-        throughput and efficiency = throughput(N) / (N x throughput(1)) for ResNet-50 at 224 px
-        (synthetic images), ResNet-18 on CIFAR-10 with the whole-step CUDA graph, the character
-        GPT (shakespeare-char), a GPT-2-small-sized model (12 layers, 12 heads, 768 wide, context
-        1024; character tokens, so 85 M parameters instead of GPT-2's 124 M, whose other 39 M are
-        its 50,257-token embedding), the same sharded (--shard, FSDP), and ResNet-50 as pipelines
-        of two stages (--pipeline-stages 2, from 2 GPUs; efficiency relative to 2 GPUs).
+        warm-up against one GPU. Then one GPU alone at each per-GPU batch 1536 / N for the same
+        244 steps: the time N GPUs would take if communication were free (the ceiling).
+weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples per step, and every
+        GPU count trains the same number of steps): per-GPU throughput and efficiency =
+        throughput(N) / (N x throughput(1)) for ResNet-50 at 224 px (synthetic images), ResNet-18
+        on CIFAR-10 with the whole-step CUDA graph, the character GPT (shakespeare-char), a
+        GPT-2-small-sized model (12 layers, 12 heads, 768 wide, context 1024, a 50,304-row token
+        embedding as GPT-2's padded one: 124 M parameters; it reads character tokens, so most
+        rows are never looked up, which changes no step's work), the same sharded (--shard,
+        FSDP), ResNet-50 as pipelines of two stages (--pipeline-stages 2, from 2 GPUs; efficiency
+        relative to 2 GPUs), and DLRM on Criteo-shaped synthetic ids (dlrm_trainer.py under
+        torch.distributed.run: tables replicated, their updates gathered inside the step graph).
 exit    a captured Accelerator step on 2 GPUs (tests/accelerator_loop.py acc-capture under
         torchrun) run --exit-runs times: every run must exit 0 within its time bound.
 
@@ -24,6 +28,7 @@ training time, warm-up, evaluation and checkpoints excluded.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,8 +57,19 @@ def train(gpus: int | None, run_dir: Path, args: list[str]) -> dict:
     process for 1 or None), and what its summary says."""
     gpus = gpus or 1
     launch = ["--gpus", str(gpus)] if gpus > 1 else []
-    cmd = [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir", str(run_dir), "--quiet", "--no-monitor",
-           *args]
+    return run_and_summarise(gpus, run_dir, [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir",
+                                             str(run_dir), "--quiet", "--no-monitor", *args])
+
+
+def train_script(gpus: int, run_dir: Path, script: Path, args: list[str]) -> dict:
+    """A training script that takes --run-dir, under torch.distributed.run with ``gpus`` processes."""
+    return run_and_summarise(gpus, run_dir, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                             f"--nproc-per-node={gpus}", str(script), "--run-dir", str(run_dir),
+                                             *args])
+
+
+def run_and_summarise(gpus: int, run_dir: Path, cmd: list[str]) -> dict:
+    shutil.rmtree(run_dir, ignore_errors=True)  # (a run directory that holds a run is refused)
     start = time.perf_counter()
     done = subprocess.run(cmd, check=False, capture_output=True, text=True,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -78,6 +94,12 @@ def recipe_part(args, work: Path) -> dict:
                                                          "--seed", str(seed)])
             rows.append({**row, "seed": seed})
             print("recipe", json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+    ceiling = []
+    for n in [n for n in args.gpus if n > 1]:  # one GPU at 1536 / n images a step, the same 244 steps
+        row = train(1, work / f"recipe-ceiling-{n}", ["--recipe", "cifar10-fast", "--data", args.cifar10,
+                                                      "--batch-size", str(1536 // n), "--epochs", str(7.6 / n)])
+        ceiling.append({**row, "as_if_gpus": n})
+        print("ceiling", json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
     table = {}
     for n in args.gpus:
         ok = [r for r in rows if r["gpus"] == n and "error" not in r]
@@ -91,29 +113,43 @@ def recipe_part(args, work: Path) -> dict:
         if one:
             t["train_time_vs_one_gpu"] = t["train_seconds_median"] / one["train_seconds_median"]
             t["warmup_vs_one_gpu"] = t["warmup_seconds_median"] / one["warmup_seconds_median"]
-    return {"recipe": "cifar10-fast", "scaling": "strong (global batch 1536 kept)", "table": table, "runs": rows}
+            t["step_ms"] = 1000 * t["train_seconds_median"] / one_steps(rows, n)
+    for c in ceiling:
+        if "error" not in c and one:
+            c["step_ms"] = 1000 * c["train_seconds"] / c["steps"]
+            c["ceiling_time_vs_one_gpu"] = c["step_ms"] / table[1]["step_ms"]
+    return {"recipe": "cifar10-fast", "scaling": "strong (global batch 1536 kept)", "table": table, "runs": rows,
+            "ceiling": ceiling}
+
+
+def one_steps(rows: list[dict], gpus: int) -> int:
+    return next(r["steps"] for r in rows if r["gpus"] == gpus and "error" not in r)
 
 
 def weak_workloads(args, work: Path) -> dict:
-    text, gpt2 = ["--data", args.text], ["--model", "gpt", "--model-args", "layers=12,heads=12,width=768,dropout=0",
-                                         "--tokenizer", "char", "--context", "1024", "--batch-size", "16",
-                                         "--optimizer", "adamw", "--lr", "6e-4", "--epochs", "6",
-                                         "--eval-every", "1000000", "--precision", "bf16"]
-    def resnet50():
-        return ["--data", f"npz:{synthetic_npz(work / 'synthetic-224.npz', 8192, 512)}", "--model", "resnet50",
-                "--batch-size", "128", "--epochs", "2", "--lr", "0.1", "--eval-every", "1000000",
+    """name -> (command arguments for n GPUs, epochs at the smallest GPU count): n GPUs read n
+    times the samples per step, so they train n times the epochs for the same steps."""
+    text = ["--data", args.text]
+    gpt2 = ["--model", "gpt", "--model-args", "layers=12,heads=12,width=768,dropout=0,vocab_size=50304",
+            "--tokenizer", "char", "--context", "1024", "--batch-size", "16", "--optimizer", "adamw", "--lr", "6e-4",
+            "--eval-every", "1000000", "--precision", "bf16"]
+    resnet50 = ["--model", "resnet50", "--batch-size", "128", "--lr", "0.1", "--eval-every", "1000000",
                 "--eval-batch-size", "256"]
+    resnet18 = ["--data", args.cifar10, "--model", "resnet18", "--batch-size", "512", "--eval-every", "1000000",
+                "--lr", "0.2", "--crop-padding", "4", "--flip", "random"]
 
-    resnet18 = ["--data", args.cifar10, "--model", "resnet18", "--batch-size", "512", "--epochs", "4",
-                "--eval-every", "1000000", "--lr", "0.2", "--crop-padding", "4", "--flip", "random"]
+    def images_224():
+        return ["--data", f"npz:{synthetic_npz(work / 'synthetic-224.npz', 8192, 512)}"]
+
     return {
-        "resnet50-224": lambda: resnet50(),
-        "resnet18-cifar-graph": lambda: resnet18 + ["--compile", "--compile-mode", "reduce-overhead"],
-        "shakespeare-char": lambda: ["--recipe", "shakespeare-char", *text, "--no-global-batch", "--epochs", "4",
-                                     "--eval-every", "1000000"],
-        "gpt2-small-char": lambda: [*text, *gpt2, "--compile"],
-        "gpt2-small-char-shard": lambda: [*text, *gpt2, "--shard", "--compile"],
-        "resnet50-224-pipeline2": lambda: [*resnet50(), "--pipeline-stages", "2"],
+        "resnet50-224": (lambda: [*images_224(), *resnet50], 2),
+        "resnet18-cifar-graph": (lambda: [*resnet18, "--compile", "--compile-mode", "reduce-overhead"], 4),
+        "shakespeare-char": (lambda: ["--recipe", "shakespeare-char", *text, "--no-global-batch",
+                                      "--eval-every", "1000000"], 8),
+        "gpt2-small": (lambda: [*text, *gpt2, "--compile"], 4),
+        "gpt2-small-shard": (lambda: [*text, *gpt2, "--shard", "--compile"], 4),
+        "resnet50-224-pipeline2": (lambda: [*images_224(), *resnet50, "--pipeline-stages", "2"], 2),
+        "dlrm": (None, None),  # benchmarks/scaling/dlrm_trainer.py: the same steps on every GPU count
     }
 
 
@@ -125,7 +161,12 @@ def weak_part(args, work: Path, out: Path) -> dict:
         counts = [n for n in args.gpus if n >= 2] if "pipeline" in name else args.gpus
         rows = []
         for n in counts:
-            row = train(n, work / f"{name}-{n}", make())
+            if name == "dlrm":
+                row = train_script(n, work / f"{name}-{n}", Path(__file__).with_name("dlrm_trainer.py"),
+                                   ["--batch", "32768", "--steps", "400"])
+            else:
+                arguments, epochs = make
+                row = train(n, work / f"{name}-{n}", [*arguments(), "--epochs", str(epochs * n / counts[0])])
             rows.append(row)
             print(name, json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
         unit = "tokens_per_second" if "gpt" in name or "shakespeare" in name else "samples_per_second"

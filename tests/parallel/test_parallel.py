@@ -91,6 +91,43 @@ def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
 
 
+@pytest.mark.parametrize("kind", ["ddp", "graph"])
+def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind):
+    """Each process gathers every process's table rows and gradients (DDP leaves the tables
+    alone), so the replicas take the update one process with the whole batch takes."""
+    from dlrm_worker import train
+
+    single, double = tmp_path / "one", tmp_path / "two"
+    train(str(single), 64)
+    torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
+    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
+    assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
+
+
+def test_sharded_and_pipelined_strategies_refuse_tables_updated_in_the_backward_pass():
+    from gpuaccel.parallel.base import refuse_backward_updates
+
+    model = create_model("dlrm", table_sizes=[5, 3], dim=4, bottom=[8], top=[8], required=())
+    with pytest.raises(GpuaccelError, match="tables.weight, which its module updates inside the backward pass"):
+        refuse_backward_updates(model, "FSDP (--shard)")
+    refuse_backward_updates(create_model("resnet18"), "FSDP (--shard)")  # nothing of the kind: accepted
+
+
+def test_a_run_directory_refused_on_rank_0_stops_every_process_with_one_line(tmp_path):
+    """Rank 0 alone looks at the run directory; its refusal reaches the others, which would
+    otherwise wait for rank 0 in a collective (with NCCL, until the process group's timeout)."""
+    train_one_process(tmp_path / "taken", model=MODEL, batch_size=64, epochs=1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "gpuaccel", "train", *COMMON, "--run-dir", str(tmp_path / "taken")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count("gpuaccel: error: ") == 2 and output.count("already holds a run") == 2, output[-3000:]
+    assert "]: Traceback" not in output, output[-3000:]  # (a worker's; torchrun's own reports the exit status)
+
+
 def _workers_of(agent_pid: int) -> list[int]:
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

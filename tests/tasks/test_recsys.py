@@ -295,25 +295,17 @@ def test_fused_tables_take_row_wise_adagrad_steps_with_duplicates_summed():
 
 
 def test_a_dlrm_learns_clicks_through_the_trainer_with_its_tables_left_to_itself(tmp_path):
-    import torch.nn.functional as F
+    from plain_models import click_task, clicks
 
     import gpuaccel
-    from gpuaccel.tasks import CustomTask
     from gpuaccel.train.optim import build_optimizer
 
-    g = torch.Generator().manual_seed(0)
-    n, sizes = 4096, [50, 30, 20]
-    dense = torch.randn(n, 13, generator=g)
-    sparse = torch.stack([torch.randint(0, s, (n,), generator=g) for s in sizes], 1)
-    liked = torch.rand(50, generator=g) < 0.5  # the click depends on table 0's id and one dense feature
-    labels = (liked[sparse[:, 0]] ^ (dense[:, 0] > 1)).float()
-    model = create_model("dlrm", table_sizes=sizes, dim=8, bottom=[16], top=[32], table_lr=0.1, required=())
+    dense, sparse, labels = clicks()
+    model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], table_lr=0.1, required=())
     config = gpuaccel.TrainConfig(batch_size=256, epochs=20, optimizer="adamw", lr=3e-3, weight_decay=0.0,
                                   device="cpu", monitor=False, run_dir=str(tmp_path / "run"))
-    bce = CustomTask(lambda out, y: F.binary_cross_entropy_with_logits(out, y),
-                     metrics={"accuracy": lambda out, y: ((out > 0).float() == y).float().mean()})
     trainer = gpuaccel.Trainer(config, model=model, train_data=(dense[:3584], sparse[:3584], labels[:3584]),
-                               eval_data=(dense[3584:], sparse[3584:], labels[3584:]), task=bce, quiet=True)
+                               eval_data=(dense[3584:], sparse[3584:], labels[3584:]), task=click_task(), quiet=True)
     table = trainer.model.tables.weight
     assert all(table is not p for group in build_optimizer(trainer.model, config, torch.device("cpu")).param_groups
                for p in group["params"])

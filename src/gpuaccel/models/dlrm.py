@@ -16,6 +16,13 @@ alone (``updated_in_backward``). Duplicated ids in a batch sum their gradients f
 table-sized fp32 buffer of which each step touches only the used rows (it doubles the tables'
 memory; a sort-based sum would not, at the cost of a sort). Every
 step is a fixed sequence of kernels (no data-dependent sizes), so the step graph can capture it.
+
+Under data parallel every process holds the whole tables (``parallel/data_parallel.py`` sets
+``process_group``): before the update, each process gathers every process's rows and
+gradients, so all replicas take the same step, the one a single process with the whole batch
+would take. That moves world x batch x tables x dim gradient values per step (in the dtype the
+model computes in: bf16 under autocast), which is cheap for tables of MovieLens size and the price of replication for Criteo-sized batches; sharding the
+tables across GPUs (TorchRec's model parallel) is not built.
 """
 
 from __future__ import annotations
@@ -23,24 +30,29 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from .layers import eager_forward
 from .registry import register_model
 
 
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name); 2.11 has only that
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class _FusedLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, module):
+    def forward(ctx, ids, weight, module, dtype):
         ctx.save_for_backward(ids)
         ctx.module = module
-        return weight[ids]
+        return weight[ids].to(dtype)  # cast here: the gradient comes back in ``dtype`` (half the bytes to gather)
 
     @staticmethod
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
         ctx.module.apply_gradient(ids.reshape(-1), grad.reshape(-1, grad.shape[-1]))
-        return None, None, None
+        return None, None, None, None
 
 
 @eager_forward  # an update inside the backward pass is not for inductor; the step graph captures it
@@ -58,16 +70,19 @@ class FusedEmbeddingTables(nn.Module):
                 self.weight[start:start + rows].uniform_(-1 / math.sqrt(rows), 1 / math.sqrt(rows))
         self.register_buffer("accumulator", torch.zeros(total))  # row-wise Adagrad's sum of mean squared gradients
         self._summed: torch.Tensor | None = None  # per-row gradient sums: allocated once, zero between steps
+        self.process_group = None  # data parallel: the processes whose batches' updates every replica takes
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """(N, T) ids, one per table -> (N, T, dim) rows."""
-        rows = ids + self.offsets
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(N, T) ids, one per table -> (N, T, dim) rows, in ``dtype`` (default: the tables')."""
+        rows, dtype = ids + self.offsets, dtype or self.weight.dtype
         if self.training and torch.is_grad_enabled():
-            return _FusedLookup.apply(rows, self.weight, self)
-        return self.weight[rows]
+            return _FusedLookup.apply(rows, self.weight, self, dtype)
+        return self.weight[rows].to(dtype)
 
     @torch.no_grad()
     def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.process_group is not None:
+            rows, grad = self._gathered(rows, grad)
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
         self._summed.index_add_(0, rows, grad.float())  # duplicates add up here
@@ -78,6 +93,17 @@ class FusedEmbeddingTables(nn.Module):
         step = summed * (self.lr / (accumulated.sqrt() + self.eps)).unsqueeze(1)
         self.weight.index_put_((rows,), self.weight[rows] - step.to(self.weight.dtype))
         self._summed.index_fill_(0, rows, 0.0)
+
+    def _gathered(self, rows: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every process's rows and gradients (fixed sizes: each process has the same batch). Each
+        gradient is of its process's mean loss; over the whole batch that is 1 / world of it."""
+        world = dist.get_world_size(self.process_group)
+        all_rows = rows.new_empty(world * rows.numel())
+        _all_gather(all_rows, rows.contiguous(), group=self.process_group)
+        grad = grad.contiguous()
+        all_grad = grad.new_empty(world * grad.shape[0], grad.shape[1])
+        _all_gather(all_grad, grad, group=self.process_group)
+        return all_rows, all_grad.float().div_(world)
 
 
 def _mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
@@ -101,7 +127,7 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         x = self.bottom(dense)
-        vectors = torch.cat([x.unsqueeze(1), self.tables(sparse).to(x.dtype)], 1)  # (N, T + 1, dim)
+        vectors = torch.cat([x.unsqueeze(1), self.tables(sparse, x.dtype)], 1)  # (N, T + 1, dim)
         products = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         return self.top(torch.cat([x, products], 1))[:, 0]
 

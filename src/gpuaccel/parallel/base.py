@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from ..errors import GpuaccelError
+
 
 class Strategy:
     name = "one device"
@@ -107,3 +109,11 @@ class Strategy:
 
 class SingleDevice(Strategy):
     """One process on one device: nothing to combine or gather."""
+
+
+def refuse_backward_updates(model: nn.Module, strategy: str) -> None:
+    """Sharded and pipelined models cannot hold parameters updated inside the backward pass."""
+    for name, p in model.named_parameters():
+        if getattr(p, "updated_in_backward", False):
+            raise GpuaccelError(f"{strategy} cannot train {name}, which its module updates inside the backward pass "
+                                "(train it with data parallel: leave out --shard and --pipeline-stages)")

@@ -13,6 +13,9 @@ Settings, and why:
   only used for evaluation, and rank 0's are the ones saved), which saves a broadcast
   before every forward pass. ``--sync-bn`` converts batch norm to SyncBatchNorm, which
   normalises with statistics over the global batch (GPUs only).
+- Parameters a model updates itself inside its backward pass (``updated_in_backward``, e.g.
+  models/dlrm.py's embedding tables) have no gradient for DDP to average: DDP leaves them
+  alone, and their module gathers every process's updates itself (``process_group``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
         if device.type != "cuda":
             raise GpuaccelError("--sync-bn needs GPUs: SyncBatchNorm does not run on the CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, share_backward_updates(model))
     with warnings.catch_warnings():
         # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, whose False still syncs the
         # buffers once at the start; the per-process statistics described above need the old flag
@@ -45,6 +49,25 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
                                       bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
                                       broadcast_buffers=False)
     return model, ddp
+
+
+def share_backward_updates(model: nn.Module) -> list[str]:
+    """Each module that updates a parameter inside its backward pass (``updated_in_backward``)
+    gets the process group, so that it takes every process's update, and rank 0's parameters
+    and buffers. Returns the names of those parameters and buffers (what DDP must ignore)."""
+    names = []
+    for prefix, module in model.named_modules():
+        own = [name for name, p in module.named_parameters(recurse=False) if getattr(p, "updated_in_backward", False)]
+        if not own:
+            continue
+        if not hasattr(module, "process_group"):
+            raise GpuaccelError(f"{type(module).__name__} updates its parameters inside the backward pass and has no "
+                                "process_group to share those updates over, so it cannot train on several processes")
+        module.process_group = dist.group.WORLD
+        broadcast_state(module)
+        names += [f"{prefix}.{name}" if prefix else name for name, _ in
+                  [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]]
+    return names
 
 
 def broadcast_state(module: nn.Module, src: int = 0) -> None:

@@ -95,6 +95,25 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def on_main(self, make):
+        """``make()`` on rank 0 (None elsewhere). A user error it raises is raised on every rank:
+        rank 0 stopping alone would leave the others waiting in their next collective, which
+        NCCL gives up only at the process group's timeout."""
+        error = None
+        if self.is_main:
+            try:
+                made = make()
+            except GpuaccelError as exc:
+                if not self.active:
+                    raise
+                made, error = None, str(exc)
+        else:
+            made = None
+        error = self.broadcast(error)
+        if error:
+            raise GpuaccelError(error)
+        return made
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import GpuaccelError
-from .base import Strategy
+from .base import Strategy, refuse_backward_updates
 from .checkpointing import _outermost_blocks
 
 
@@ -157,6 +157,7 @@ class Sharded(Strategy):
         self.places_parameters = offload  # the shards stay in pinned host memory
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
+        refuse_backward_updates(model, "FSDP (--shard)")
         self.model = apply_fsdp(model, self.device, offload=self.offload)
         return self.model
 

@@ -7,7 +7,7 @@ replayed graph skips."""
 from __future__ import annotations
 
 from .base import Strategy
-from .data_parallel import average_gradients, broadcast_state
+from .data_parallel import average_gradients, broadcast_state, share_backward_updates
 
 
 class GraphDataParallel(Strategy):
@@ -16,6 +16,7 @@ class GraphDataParallel(Strategy):
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         broadcast_state(model)
+        share_backward_updates(model)
         self.model = model
         return model
 

@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GpuaccelError
-from .base import Strategy
+from .base import Strategy, refuse_backward_updates
 from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -384,6 +384,7 @@ class PipelineParallel(Strategy):
         return max(1, self.world_size // self.stages)
 
     def wrap(self, model, *, first_inputs=None, loss_fn=F.cross_entropy):
+        refuse_backward_updates(model, "--pipeline-stages")
         example = first_inputs()
         self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), input_dtype=example.dtype,
                                  loss_fn=loss_fn, **self.options)

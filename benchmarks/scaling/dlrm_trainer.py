@@ -1,0 +1,60 @@
+"""DLRM through `gpuaccel.Trainer` on one process of a data-parallel run (or alone): synthetic
+click records shaped like Criteo's (13 dense features, 26 ids drawn with a heavy head from
+MLPerf's table sizes capped at --max-rows), --batch records per process per step, --steps
+steps whatever the number of processes (weak scaling), the whole step as one CUDA graph with
+the table updates of every process gathered inside it (models/dlrm.py). Rank 0 prints the
+run's summary as one JSON line.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \\
+        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recsys_throughput"))
+from recsys_throughput import CRITEO_SIZES, synthetic_batches  # noqa: E402
+
+import gpuaccel  # noqa: E402
+from gpuaccel.models import create_model  # noqa: E402
+from gpuaccel.tasks import CustomTask  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--batch", type=int, default=16384, help="records per process per step")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--max-rows", type=int, default=2_000_000)
+    args = ap.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sizes = [min(n, args.max_rows) for n in CRITEO_SIZES]
+    epoch_steps = 50  # records for 50 steps of every process, seen steps / 50 times
+    records = synthetic_batches(sizes, args.batch * world, epoch_steps, "cpu")
+    train = tuple(torch.cat([b[k] for b in records]) for k in range(3))
+    held = synthetic_batches(sizes, args.batch, 1, "cpu", seed=1)[0]
+    config = gpuaccel.TrainConfig(
+        batch_size=args.batch, eval_batch_size=args.batch, epochs=args.steps / epoch_steps, optimizer="adamw",
+        lr=1e-3, weight_decay=0.0, schedule="constant", warmup_epochs=0.0, compile=True,
+        compile_mode="reduce-overhead", eval_every=10 ** 9, monitor=False, checkpoint_seconds=10 ** 9,
+        checkpoint_epochs=0, run_dir=args.run_dir)
+    torch.manual_seed(0)
+    model = create_model("dlrm", table_sizes=sizes, required=())
+    task = CustomTask(lambda out, y: F.binary_cross_entropy_with_logits(out.float(), y))
+    trainer = gpuaccel.Trainer(config, model=model, train_data=train, eval_data=held, task=task, quiet=True)
+    summary = trainer.fit()
+    if trainer.dist.rank == 0:
+        print("SUMMARY " + json.dumps(summary), flush=True)
+    trainer.dist.close()
+
+
+if __name__ == "__main__":
+    main()
