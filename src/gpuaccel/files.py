@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -141,13 +142,32 @@ def write_json(path, data) -> None:
     atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
 
 
+@contextlib.contextmanager
+def scratch_directory(beside):
+    """A directory for a command's intermediate files (an ONNX export to quantise, ONNX
+    Runtime's prepared model), made beside the file ``beside`` names and removed at the end. A
+    killed process leaves it, named ``.<name>.<random>.tmp`` like :func:`replaced_atomically`'s
+    files, for :func:`remove_stale_temporaries` to remove; in the system's temporary directory
+    it would stay until a reboot."""
+    beside = Path(beside)
+    path = Path(tempfile.mkdtemp(dir=beside.parent, prefix=f".{beside.name}.", suffix=TEMPORARY_SUFFIX))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_stale_temporaries(directory) -> list[Path]:
-    """Deletes the temporary files a killed process left behind in ``directory`` (an atomic
-    write interrupted before its rename). Call it only while holding the directory's lock."""
+    """Deletes the temporary files and scratch directories a killed process left behind in
+    ``directory`` (an atomic write interrupted before its rename). Call it only while holding
+    the directory's lock."""
     removed = []
     for tmp in Path(directory).glob(f".*{TEMPORARY_SUFFIX}"):
         try:
-            tmp.unlink()
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp)
+            else:
+                tmp.unlink()
             removed.append(tmp)
         except FileNotFoundError:
             pass
@@ -216,6 +236,7 @@ def run_directory_lock(directory):
         yield
         return
     with RunLock(directory):
+        remove_stale_temporaries(directory)
         yield
 
 

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,6 +323,36 @@ def test_an_export_or_quantisation_that_dies_mid_write_leaves_the_previous_artef
     assert main(["quantize", str(out), "--int8", "--calib", "64", "--out", str(int8)]) == 130
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing half-written, nothing left over
     assert main(["infer", str(int8), "digits", "--out", str(tmp_path / "p.csv")]) == 0
+
+
+def test_quantisation_keeps_its_intermediate_files_beside_its_output_where_a_later_lock_removes_them(
+        run_dir, tmp_path, monkeypatch, capsys):
+    """The fp32 export and ONNX Runtime's prepared model live in a hidden scratch directory beside
+    the output, not in the system's temporary directory, where a killed quantisation would leave
+    tens of MB until a reboot; the next command that takes the run's lock removes a leftover one."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime.quantization as ortq
+
+    from gpuaccel.files import remove_stale_temporaries, run_directory_lock
+
+    real, seen = ortq.quantize_static, []
+
+    def quantize_static(model, path, *args, **kw):
+        seen.append(Path(model))
+        return real(model, path, *args, **kw)
+
+    monkeypatch.setattr(ortq, "quantize_static", quantize_static)
+    assert main(["quantize", str(run_dir), "--int8", "--calib", "64", "--json"]) == 0
+    capsys.readouterr()
+    scratch = seen[0].parent
+    assert scratch.parent == run_dir and scratch.name.startswith(".model.int8.onnx.") and scratch.name.endswith(".tmp")
+    assert not scratch.exists()  # removed when quantisation ended
+    left = run_dir / ".model.int8.onnx.killed.tmp"  # what SIGKILL would leave
+    (left / "sub").mkdir(parents=True)
+    (left / "prepared.onnx").write_bytes(b"x" * 1000)
+    with run_directory_lock(run_dir):
+        pass
+    assert not left.exists() and remove_stale_temporaries(run_dir) == []
 
 
 def test_an_export_to_a_place_that_cannot_be_written_names_the_place_not_the_format(run_dir, capsys):

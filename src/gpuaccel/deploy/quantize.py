@@ -11,13 +11,12 @@ kept as they were (casts at the edges), so the artefact is used exactly like the
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import GpuaccelError
-from ..files import replaced_atomically, run_directory_lock, write_json
+from ..files import replaced_atomically, run_directory_lock, scratch_directory, write_json
 
 
 # What int8 quantises, by what a model takes (None: every operator ONNX Runtime can). Text: the
@@ -59,8 +58,8 @@ def quantize_int8(fp32_model: Path, out: Path, calibration: np.ndarray, *, per_c
                 return None
             return {input_name: prepare(calibration[start:start + batch_size])}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "prepared.onnx"
+    with scratch_directory(out) as scratch:
+        prepared = scratch / "prepared.onnx"
         quant_pre_process(str(fp32_model), str(prepared), skip_symbolic_shape=True)
         with replaced_atomically(out) as tmp:  # a killed quantisation leaves the old file
             quantize_static(str(prepared), str(tmp), Batches(), quant_format=QuantFormat.QDQ,
@@ -147,21 +146,20 @@ def quantize_model(source, kind: str, *, calibration_samples: int = 512, per_cha
         run = Path(meta["source"])
     # the data first: a run without calibration data stops before any work is done
     held = held_out(run, data, "no data to calibrate and evaluate with")
-    with tempfile.TemporaryDirectory() as tmp:
+    out = Path(out) if out else held.checkpoint.with_name(f"model.{kind}.onnx")
+    with run_directory_lock(out.parent), scratch_directory(out) as scratch:
         fp32 = source if source.suffix == ".onnx" else Path(
-            export_run(run, "onnx", Path(tmp) / "model.onnx", data=data, verify_count=256)[0]["artifact"])
-        out = Path(out) if out else held.checkpoint.with_name(f"model.{kind}.onnx")
+            export_run(run, "onnx", scratch / "model.onnx", data=data, verify_count=256)[0]["artifact"])
         extra = {}
-        with run_directory_lock(out.parent):
-            if kind == "int8":
-                calibration = calibration_sample(held.train, calibration_samples)
-                quantize_int8(fp32, out, calibration, per_channel=per_channel, prepare=held.prepare,
-                              op_types=INT8_OPS[held.unit])
-                extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
-            else:
-                convert_fp16(fp32, out)
-            write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()),
-                                            "format": f"onnx-{kind}", **extra})
+        if kind == "int8":
+            calibration = calibration_sample(held.train, calibration_samples)
+            quantize_int8(fp32, out, calibration, per_channel=per_channel, prepare=held.prepare,
+                          op_types=INT8_OPS[held.unit])
+            extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
+        else:
+            convert_fp16(fp32, out)
+        write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()),
+                                        "format": f"onnx-{kind}", **extra})
         device = evaluation_device(kind, device, runtime)
         return {"artifact": str(out), "device": device, "runtime": runtime, "unit": held.unit, **extra,
                 **compare({"fp32": fp32, kind: out}, held, device, runtime)}
