@@ -15,8 +15,8 @@ weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples p
         GPT-2-small-sized model (12 layers, 12 heads, 768 wide, context 1024, a 50,304-row token
         embedding as GPT-2's padded one: 124 M parameters; it reads character tokens, so most
         rows are never looked up, which changes no step's work), the same sharded (--shard,
-        FSDP), ResNet-50 as pipelines of two stages (--pipeline-stages 2, from 2 GPUs; efficiency
-        relative to 2 GPUs), and DLRM on Criteo-shaped synthetic ids (dlrm_trainer.py under
+        FSDP), ResNet-50 and the same GPT as pipelines of two stages (--pipeline-stages 2, from 2
+        GPUs; efficiency relative to 2 GPUs), and DLRM on Criteo-shaped synthetic ids (dlrm_trainer.py under
         torch.distributed.run: tables replicated, their updates gathered inside the step graph).
 exit    a captured Accelerator step on 2 GPUs (tests/accelerator_loop.py acc-capture under
         torchrun) run --exit-runs times: every run must exit 0 within its time bound.
@@ -149,6 +149,7 @@ def weak_workloads(args, work: Path) -> dict:
         "gpt2-small": (lambda: [*text, *gpt2, "--compile"], 4),
         "gpt2-small-shard": (lambda: [*text, *gpt2, "--shard", "--compile"], 4),
         "resnet50-224-pipeline2": (lambda: [*images_224(), *resnet50, "--pipeline-stages", "2"], 2),
+        "gpt2-small-pipeline2": (lambda: [*text, *gpt2, "--pipeline-stages", "2"], 4),
         "dlrm": (None, None),  # benchmarks/scaling/dlrm_trainer.py: the same steps on every GPU count
     }
 

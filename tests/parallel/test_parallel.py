@@ -364,6 +364,22 @@ def test_pipeline_stages_match_accumulating_the_same_micro_batches_and_resume(tm
     assert [len(stage["state"]) for stage in state["optimizer"]] == [2, 8]
 
 
+def test_a_gpt_split_into_two_pipeline_stages_trains_like_one_process(tmp_path):
+    """Each attention layer holds its own rotary tables, so only the residual stream crosses the
+    stage boundary (before, the tables crossed it too and the split was refused)."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i % 17}: the quick brown fox jumps over the lazy dog.\n" for i in range(384)))
+    single, piped = tmp_path / "single", tmp_path / "piped"  # (576 windows: 36 whole steps of 16)
+    gpt = dict(model="gpt", model_args={"layers": 2, "heads": 2, "width": 32, "dropout": 0.0}, context=32)
+    train_one_process(single, data=str(text), **gpt, batch_size=8, grad_accum=2, epochs=1, schedule="constant",
+                      warmup_epochs=0)
+    torchrun("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
+             "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size", "16",
+             "--microbatches", "2", "--epochs", "1", "--schedule", "constant", "--warmup-epochs", "0",
+             "--lr", "0.05", "--run-dir", str(piped))
+    assert_same_training(single, piped, processes=2, global_batch=16, atol=1e-5)
+
+
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):
     """4 processes = 2 data-parallel replicas x 2 stages (GPipe, split where asked)."""
     single, piped = tmp_path / "single", tmp_path / "piped"

@@ -60,15 +60,24 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
-class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, dropout: float):
+class Attention(RotaryTables):
+    """Causal self-attention with rotary positions. Each layer holds its own rotary tables
+    (12 layers x context 1024 x 64 dims: 3 MB), so a block takes only the residual stream and
+    a pipeline stage boundary carries one activation."""
+
+    def __init__(self, width: int, heads: int, dropout: float, context_length: int):
         super().__init__()
         self.heads, self.dropout = heads, dropout
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
+        cos, sin = rotary_tables(context_length, width // heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, cache: KVCache | None = None, layer: int = 0):
         b, t, c = x.shape
+        start = cache.position if cache is not None else 0
+        cos, sin = self.cos[start:start + t], self.sin[start:start + t]
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         causal = True
@@ -95,19 +104,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, dropout: float):
+    def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, dropout: float,
+                 context_length: int):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
-        self.attention = Attention(width, heads, dropout)
+        self.attention = Attention(width, heads, dropout, context_length)
         self.mlp = MLP(width, mlp_ratio, activation)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, cos, sin, cache=None, layer=0):
-        x = x + self.dropout(self.attention(self.norm1(x), cos, sin, cache, layer))
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.dropout(self.attention(self.norm1(x), cache, layer))
         return x + self.dropout(self.mlp(self.norm2(x)))
 
 
-class GPT(RotaryTables):
+class GPT(nn.Module):
     def __init__(self, vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6,
                  width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0):
         super().__init__()
@@ -118,13 +128,11 @@ class GPT(RotaryTables):
         self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
         self.embedding = nn.Embedding(vocab_size, width)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length)
+                                    for _ in range(layers))
         self.norm = nn.RMSNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.embedding.weight  # tied: one matrix reads and writes tokens
-        cos, sin = rotary_tables(context_length, width // heads)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
         self._init_weights(layers)
 
     def _init_weights(self, layers: int) -> None:
@@ -140,10 +148,9 @@ class GPT(RotaryTables):
         start = cache.position if cache is not None else 0
         if start + t > self.context_length:
             raise GpuaccelError(f"gpt: {start + t} positions exceed the context length {self.context_length}")
-        cos, sin = self.cos[start:start + t], self.sin[start:start + t]
         x = self.dropout(self.embedding(idx))
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, i)
+            x = block(x, cache, i)
         if cache is not None:
             cache.position += t
         return self.head(self.norm(x))

@@ -214,6 +214,7 @@ class Pipeline:
         self.eval_batch_size = -(-eval_batch_size // microbatches) * microbatches
         eval_traced = trace(False, self.eval_batch_size // microbatches)
         model.train()
+        _share_tied_parameters(model, [train_traced, eval_traced])
         _move_in_place(train_traced, device, channels_last)
         self.module = train_traced  # this stage's parameters, named as in the plain model
         mine = _units_of(units, self.split_points, self.stage_index)
@@ -240,6 +241,7 @@ class Pipeline:
                                    microbatches)
         self.device = device
         self.stage_group = stage_group
+        self.tied, self.tied_group = self._tie_across_stages(model, mesh)
 
     def describe(self) -> str:
         return (f"pipeline of {self.stages} stages split before {', '.join(self.split_points)}, "
@@ -259,11 +261,49 @@ class Pipeline:
             self._train.step(target=labels, losses=losses)
         else:
             self._train.step()
+        if self.tied_group is not None:  # a weight shared by several stages
+            self._sum_tied_gradients()
         if self.replica_group is not None:
             self._average_gradients()
         if not self.is_last:
             return torch.zeros((), device=self.device)
         return torch.stack([x.detach().float() for x in losses]).mean()
+
+    def _tie_across_stages(self, model: nn.Module, mesh) -> tuple[list, object]:
+        """A parameter the plain model uses under several names (GPT's token embedding and output
+        layer) is used by several stages, each process updating its own. The copies start equal
+        and stay equal if each takes the sum of all the stages' gradients. Returns, per such
+        parameter, its shape and this stage's copy (in a list: empty where this stage does not
+        use it), and the group of this pipeline's stages that hold one (None where fewer than
+        two do)."""
+        aliases: dict[int, tuple[torch.Size, list[str]]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), (p.shape, []))[1].append(name)
+        mine = dict(self.module.named_parameters(remove_duplicate=False))
+        tied = [(shape, list({id(mine[n]): mine[n] for n in names if n in mine}.values()))
+                for shape, names in aliases.values() if len(names) > 1]
+        holders = [None] * self.stages
+        dist.all_gather_object(holders, any(copies for _, copies in tied), group=mesh["stage"].get_group())
+        stages = [s for s, holds in enumerate(holders) if holds]
+        if len(stages) < 2:
+            return [], None
+        group = None
+        for replica in range(self.replicas):  # every process creates every group, in one order
+            made = dist.new_group([replica * self.stages + s for s in stages])
+            if replica == self.replica_index and self.stage_index in stages:
+                group = made
+        return tied, group
+
+    def _sum_tied_gradients(self) -> None:
+        for shape, copies in self.tied:  # one all-reduce per shared parameter, on every holding stage
+            used = [p.grad for p in copies if p.grad is not None]
+            total = torch.stack(used).sum(0) if used else torch.zeros(shape, device=self.device)
+            dist.all_reduce(total, group=self.tied_group)
+            for p in copies:
+                if p.grad is None:
+                    p.grad = total.clone()
+                else:
+                    p.grad.copy_(total)
 
     def _average_gradients(self) -> None:
         """Averages this stage's gradients over the replicas in one all-reduce. (Not
@@ -329,6 +369,22 @@ def _check_chain(pipe, points: list[str]) -> None:
                                 f"boundaries instead")
 
 
+def _share_tied_parameters(model: nn.Module, traced: list[nn.Module]) -> None:
+    """Tracing gives a parameter the model uses under several names (a tied embedding and output
+    layer) a copy per stage module, where the optimizer (built on the model) would never see
+    it: each traced module gets the model's own parameter back under every such name."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    shared = {name: model.get_parameter(aliases[0]) for aliases in names.values() if len(aliases) > 1
+              for name in aliases}
+    for module in traced:
+        for name, _ in list(module.named_parameters(remove_duplicate=False)):
+            if name in shared:
+                owner, _, leaf = name.rpartition(".")
+                setattr(module.get_submodule(owner), leaf, shared[name])
+
+
 def _remove_split_markers(model: nn.Module, spec: dict) -> None:
     """``pipeline()`` marks each split module by replacing its ``forward`` on the instance; a
     second trace would wrap the wrapper (endless recursion), so the marks are removed."""
@@ -385,6 +441,9 @@ class PipelineParallel(Strategy):
 
     def wrap(self, model, *, first_inputs=None, loss_fn=F.cross_entropy):
         refuse_backward_updates(model, "--pipeline-stages")
+        # a traced stage keeps the model's non-persistent buffers (e.g. rotary tables) as state:
+        # checkpoints hold what the plain model's state_dict holds, no more
+        self.saved_keys = set(model.state_dict())
         example = first_inputs()
         self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), input_dtype=example.dtype,
                                  loss_fn=loss_fn, **self.options)
@@ -415,11 +474,13 @@ class PipelineParallel(Strategy):
         parts = self.pipeline.gather_to_first(mine)
         if parts is None:
             return {}, None
-        model_state = {key: value for stage_state, _ in parts for key, value in stage_state.items()}
+        model_state = {key: value for stage_state, _ in parts for key, value in stage_state.items()
+                       if key in self.saved_keys}
         return model_state, [stage_optimizer for _, stage_optimizer in parts] if optimizer is not None else None
 
     def load_state(self, optimizer, model_state, optimizer_state):
-        self.model.load_state_dict({key: model_state[key] for key in self.model.state_dict()})  # this stage's part
+        part = {key: model_state[key] for key in self.model.state_dict() if key in self.saved_keys}  # this stage's
+        self.model.load_state_dict(part, strict=False)  # (what it leaves out: non-persistent buffers)
         optimizer.load_state_dict(optimizer_state[self.pipeline.stage_index])
 
     def describe(self) -> str:
