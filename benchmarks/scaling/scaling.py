@@ -132,7 +132,7 @@ def weak_workloads(args, work: Path) -> dict:
     text = ["--data", args.text]
     gpt2 = ["--model", "gpt", "--model-args", "layers=12,heads=12,width=768,dropout=0,vocab_size=50304",
             "--tokenizer", "char", "--context", "1024", "--batch-size", "16", "--optimizer", "adamw", "--lr", "6e-4",
-            "--eval-every", "1000000", "--precision", "bf16"]
+            "--eval-every", "1000000", "--eval-batch-size", "64", "--precision", "bf16"]
     resnet50 = ["--model", "resnet50", "--batch-size", "128", "--lr", "0.1", "--eval-every", "1000000",
                 "--eval-batch-size", "256"]
     resnet18 = ["--data", args.cifar10, "--model", "resnet18", "--batch-size", "512", "--eval-every", "1000000",

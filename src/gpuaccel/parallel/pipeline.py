@@ -31,6 +31,7 @@ activation checkpointing finds the blocks to wrap in them.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -194,8 +195,10 @@ class Pipeline:
             model.train(train)
             spec = {name: SplitPoint.BEGINNING for name in self.split_points}
             try:
-                pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
-                                split_spec=spec)
+                with warnings.catch_warnings():  # torch 2.13's pipelining calls a pytree test it deprecates
+                    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+                    pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
+                                    split_spec=spec)
             except Exception as exc:  # export failures are long; the first line says what
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise GpuaccelError(f"could not split {type(model).__name__} into pipeline stages "
