@@ -279,12 +279,11 @@ class Pipeline:
         parameter, its shape and this stage's copy (in a list: empty where this stage does not
         use it), and the group of this pipeline's stages that hold one (None where fewer than
         two do)."""
-        aliases: dict[int, tuple[torch.Size, list[str]]] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            aliases.setdefault(id(p), (p.shape, []))[1].append(name)
         mine = dict(self.module.named_parameters(remove_duplicate=False))
-        tied = [(shape, list({id(mine[n]): mine[n] for n in names if n in mine}.values()))
-                for shape, names in aliases.values() if len(names) > 1]
+        tied = []
+        for names in _tied_names(model):
+            copies = {id(mine[n]): mine[n] for n in names if n in mine}  # (one object since _share_tied_parameters)
+            tied.append((model.get_parameter(names[0]).shape, list(copies.values())))
         holders = [None] * self.stages
         dist.all_gather_object(holders, any(copies for _, copies in tied), group=mesh["stage"].get_group())
         stages = [s for s, holds in enumerate(holders) if holds]
@@ -372,15 +371,19 @@ def _check_chain(pipe, points: list[str]) -> None:
                                 f"boundaries instead")
 
 
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter the model holds under more than one name."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [aliases for aliases in names.values() if len(aliases) > 1]
+
+
 def _share_tied_parameters(model: nn.Module, traced: list[nn.Module]) -> None:
     """Tracing gives a parameter the model uses under several names (a tied embedding and output
     layer) a copy per stage module, where the optimizer (built on the model) would never see
     it: each traced module gets the model's own parameter back under every such name."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    shared = {name: model.get_parameter(aliases[0]) for aliases in names.values() if len(aliases) > 1
-              for name in aliases}
+    shared = {name: model.get_parameter(names[0]) for names in _tied_names(model) for name in names}
     for module in traced:
         for name, _ in list(module.named_parameters(remove_duplicate=False)):
             if name in shared:
