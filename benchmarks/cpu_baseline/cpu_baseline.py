@@ -10,8 +10,9 @@ workload's model trained three ways on this machine's CPU, alternated in one pro
 
 Same model, batch and optimizer in every way; the data are random tensors of each workload's
 shapes (speed does not depend on their values). Each way runs ``--steps`` steps after
-``--warmup`` steps, ``--rounds`` times in turn; the table gives the median samples per second
-and each way's ratio to plain.
+``--warmup`` steps, ``--rounds`` times in turn; the table gives the median samples per second,
+each way's ratio to plain of those medians, and the median of the per-round ratios (the ways
+of a round ran back to back, so the machine's drift over the rounds cancels in those).
 
     python benchmarks/cpu_baseline/cpu_baseline.py --out benchmarks/cpu_baseline/results/cpu_baseline.json
 
@@ -174,6 +175,11 @@ def main() -> None:
         for way in args.ways:
             if way != "plain" and "plain" in rates:
                 row[f"{way}_vs_plain"] = round(statistics.median(rates[way]) / statistics.median(rates["plain"]), 3)
+                # each round's ratio: the ways of one round ran back to back, so drift of the shared
+                # machine over the rounds (several per cent here) cancels in them
+                paired = [a / b for a, b in zip(rates[way], rates["plain"])]
+                row[f"{way}_vs_plain_per_round"] = [round(x, 3) for x in paired]
+                row[f"{way}_vs_plain_paired_median"] = round(statistics.median(paired), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
