@@ -448,3 +448,23 @@ def test_a_non_finite_held_out_loss_is_a_warning_not_silence(tmp_path):
                                          r"\d.*the evaluation data hold NaN or infinite values"):
         Trainer(config, model=torch.nn.Linear(4, 2), train_data=(x, y), eval_data=(held, y[:16]),
                 task="classification", quiet=True).fit()
+
+
+@pytest.mark.parametrize("data, model, fails_at", [
+    ("digits", "gpt", "missing 1 required positional argument: 'vocab_size'"),  # building it
+    ("text", "resnet18", "unexpected keyword argument 'vocab_size'"),
+    ("ratings", "dlrm", "must have the same dtype"),  # its first forward pass
+    ("text", "dlrm", "missing 1 required positional argument: 'sparse'"),
+])
+def test_a_built_in_model_named_for_data_it_cannot_read_is_one_line_naming_the_datas_own(tmp_path, capsys, data,
+                                                                                          model, fails_at):
+    from conftest import assert_user_error
+
+    paths = {"digits": "digits", "text": tmp_path / "story.txt", "ratings": tmp_path / "ratings.csv"}
+    paths["text"].write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    paths["ratings"].write_text("user,item,rating\n" + "".join(f"{u},{i},{1 + (u * i) % 5}\n"
+                                                              for u in range(20) for i in range(15)))
+    own = {"digits": "lenet5", "text": "gpt", "ratings": "matrix_factorization"}[data]
+    assert_user_error(capsys, ["train", "--data", str(paths[data]), "--model", model, "--device", "cpu", "--epochs",
+                               "0.01", "--no-monitor", "--quiet", "--run-dir", str(tmp_path / "run")],
+                      f"model {model} cannot read the", fails_at, f"the model made for them is {own}")

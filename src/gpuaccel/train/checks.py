@@ -1,6 +1,6 @@
 """Checks before anything trains: that every process of a run was given the same data and
-model, that the task can take the model's outputs, and whether the whole step can be one CUDA
-graph. Each fails as one ``GpuaccelError`` (or returns why), not as a traceback later."""
+model, that a built-in model reads the data, that the task can take the model's outputs, and
+whether the whole step can be one CUDA graph. Each fails as one ``GpuaccelError`` (or returns why), not as a traceback later."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import GpuaccelError
+from ..models.registry import create_model, list_models
 from ..tasks import call_model
-from .config import TrainConfig
+from .config import DEFAULT_MODEL, TrainConfig
 
 
 def check_processes_agree(trainer) -> None:
@@ -43,6 +44,10 @@ def check_task(trainer, batch) -> None:
     try:
         with torch.no_grad(), trainer.precision.autocast(trainer.device):
             outputs = call_model(trainer.model, tree_map(lambda t: t[:2] if torch.is_tensor(t) else t, inputs))
+    except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+        if trainer.config.model not in list_models():  # a user's own model: its traceback is theirs to read
+            raise
+        raise model_data_mismatch(trainer.config.model, trainer.inputs, exc) from None
     finally:
         trainer.model.train(was_training)
         torch.backends.cudnn.benchmark = autotune
@@ -61,3 +66,25 @@ def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) ->
                  "--activation-checkpointing": config.activation_checkpointing}
     found = [name for name, present in obstacles.items() if present]
     return f"not with {', '.join(found)}" if found else None
+
+
+def create_for_data(name: str, inputs, model_args: dict, required: tuple) -> torch.nn.Module:
+    """``create_model`` with the arguments the data offer; a built-in model that cannot take
+    them (the data do not give what it needs, or give more) is :func:`model_data_mismatch`."""
+    try:
+        return create_model(name, **model_args, required=required)
+    except TypeError as exc:
+        if name not in list_models():
+            raise
+        raise model_data_mismatch(name, inputs, exc) from None
+
+
+def model_data_mismatch(model: str, inputs, exc: Exception) -> GpuaccelError:
+    """A built-in model named for data it does not read (gpt for images, dlrm for ratings): one
+    line naming both, and the model made for the data, instead of a traceback from inside the
+    model (raised where it is built or at its first forward pass)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    own = inputs.default_model or DEFAULT_MODEL
+    return GpuaccelError(f"model {model} cannot read the {inputs.unit} of {inputs.name} ({first}); the model made for "
+                         f"them is {own}, which training uses when no model is named ('gpuaccel models' lists the "
+                         f"others)")

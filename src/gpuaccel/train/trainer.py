@@ -32,7 +32,6 @@ from ..compiling import compile_module, compile_workers_unless_cached
 from ..data import resolved_spec
 from ..device import device_name, synchronize
 from ..errors import GpuaccelError
-from ..models import create_model
 from ..models.registry import add_search_dir, model_source_dir
 from ..models.structure import apply_structure
 from ..monitor.phases import PhaseClock
@@ -52,7 +51,7 @@ from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
 from .fit_context import TrainingClock, fit_context
 from . import evaluation
-from .checks import check_processes_agree, check_task, whole_step_obstacle
+from .checks import check_processes_agree, check_task, create_for_data, whole_step_obstacle
 from .summary import start_lines, summarise
 from .warmup import training_shapes, warm_up
 
@@ -151,7 +150,7 @@ class Trainer:
                 raise GpuaccelError(f"this run trained a model passed as an object ({config.model[7:]}); pass "
                                     f"the same model again (model=...)")
             add_search_dir(config.model_path)
-            model = create_model(config.model, **self.model_args, required=tuple(config.model_args or ()))
+            model = create_for_data(config.model, self.inputs, self.model_args, tuple(config.model_args or ()))
             if config.model_path is None:
                 config.model_path = model_source_dir(config.model)
             if structure:
