@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ..errors import GpuaccelError
 from ..monitor.gpu import read_samples
-from ..files import write_json
-from ..files import MetricsFile
+from ..files import MetricsFile, atomic_write, write_json
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
@@ -60,7 +59,7 @@ def write_report(run_dir) -> Path:
             f"<body>{body}<p class=\"meta\">written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by "
             f"gpuaccel report</p></body></html>\n")
     out = run_dir / "report.html"
-    out.write_text(page, encoding="utf-8")
+    atomic_write(out, lambda f: f.write(page.encode("utf-8")))  # a kill leaves the previous report whole
     return out
 
 

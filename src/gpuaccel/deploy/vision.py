@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import GpuaccelError, choice_error
-from ..files import make_directory
+from ..files import atomic_write, make_directory
 from .artifact import TrainedModel, load_trained
 from .export import FORMATS, export
 from .runners import FORMAT_SUFFIX, Runner, load_runner
@@ -153,7 +153,7 @@ def write_masks(directory: Path, names, maps: list[np.ndarray]) -> list[Path]:
     written = []
     for name, index in zip(names, maps):
         path = directory / (Path(name).stem + ".png")
-        Image.fromarray(index).save(path)
+        atomic_write(path, lambda f, index=index: Image.fromarray(index).save(f, format="PNG"))
         written.append(path)
     return written
 
@@ -187,7 +187,7 @@ def draw_overlays(directory: Path, inputs: SceneInputs, classes: list[str], kept
                 colour = PALETTE[int(cls) % len(PALETTE)]
                 draw.rectangle([x0, y0, x1, y1], outline=colour, width=2)
                 draw.text((x0 + 2, max(0, y0 - 11)), f"{classes[int(cls)]} {score:.2f}", fill=colour)
-        picture.save(directory / (Path(name).stem + ".png"))
+        atomic_write(directory / (Path(name).stem + ".png"), lambda f, p=picture: p.save(f, format="PNG"))
 
 
 # --- export ---------------------------------------------------------------------------------------

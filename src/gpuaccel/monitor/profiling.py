@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GpuaccelError
+from ..files import atomic_write, replaced_atomically
 
 
 class StepProfiler:
@@ -28,8 +29,10 @@ class StepProfiler:
         self._profile.start()
 
     def _write(self, prof) -> None:
-        prof.export_chrome_trace(str(self.out / "trace.json"))
-        (self.out / "ops.txt").write_text(prof.key_averages().table(sort_by=self.sort_by, row_limit=30))
+        with replaced_atomically(self.out / "trace.json") as tmp:  # a kill leaves no torn trace
+            prof.export_chrome_trace(str(tmp))
+        table = prof.key_averages().table(sort_by=self.sort_by, row_limit=30)
+        atomic_write(self.out / "ops.txt", lambda f: f.write(table.encode()))
         self.done = True
 
     def step(self) -> None:
