@@ -19,7 +19,10 @@ import numpy as np
 
 from ..caches import cache_root
 
-CACHE_VERSION = 2  # 2: JPEGs decoded upright by their EXIF orientation
+# Raised whenever what a reader decodes or refuses changes, so that no entry decoded by an
+# earlier reader is served: 2: JPEGs decoded upright by their EXIF orientation; 3: ratings rows
+# validated (a short row, an empty user or item id, a rating that is not a number or not finite)
+CACHE_VERSION = 3
 
 
 def default_cache_dir() -> Path:
