@@ -6,7 +6,7 @@ backward pass, so each process gathers every process's rows and gradients (model
 import sys
 
 import torch
-from plain_models import click_task, clicks
+from plain_models import click_task, clicks, end_worker
 
 from gpuaccel import TrainConfig, Trainer, create_model
 from gpuaccel.parallel import Distributed, GraphDataParallel
@@ -31,3 +31,4 @@ if __name__ == "__main__":
     # "graph": the strategy the trainer picks on GPUs for a captured step (run eagerly here); else DDP
     chosen = GraphDataParallel(torch.device("cpu"), dist.rank, dist.world_size) if kind == "graph" else None
     train(run_dir, batch, dist.rank, chosen).dist.close()
+    end_worker()

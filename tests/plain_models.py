@@ -1,7 +1,21 @@
-"""A model without batch norm or dropout for the data-parallel tests: its gradient over a
-batch split across processes is exactly the gradient over the whole batch."""
+"""Models and data for the multi-process tests, and how their worker scripts end. plain_cnn
+has no batch norm or dropout: its gradient over a batch split across processes is exactly the
+gradient over the whole batch."""
+
+import os
+import sys
 
 import torch.nn as nn
+
+
+def end_worker(code: int = 0) -> None:
+    """Ends one of torchrun's worker processes without finalising the interpreter, as
+    ``gpuaccel train`` does (cli/train.py): gloo's threads can abort a finalising interpreter
+    ("terminate called without an active exception", pytorch/pytorch#179291), which torchrun
+    reports as a failed run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def plain_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:

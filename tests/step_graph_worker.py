@@ -7,6 +7,7 @@ instead of DDP.
 import sys
 
 import torch
+from plain_models import end_worker
 
 from gpuaccel import TrainConfig, Trainer
 from gpuaccel.parallel import Distributed, GraphDataParallel
@@ -20,3 +21,4 @@ trainer = Trainer(TrainConfig(device="cpu", model="plain_models:plain_cnn", lr=0
                   strategy=GraphDataParallel(torch.device("cpu"), dist.rank, dist.world_size), quiet=True)
 trainer.fit()
 trainer.dist.close()
+end_worker()
