@@ -21,8 +21,9 @@ Under data parallel every process holds the whole tables (``parallel/data_parall
 ``process_group``): before the update, each process gathers every process's rows and
 gradients, so all replicas take the same step, the one a single process with the whole batch
 would take. That moves world x batch x tables x dim gradient values per step (in the dtype the
-model computes in: bf16 under autocast), which is cheap for tables of MovieLens size and the price of replication for Criteo-sized batches; sharding the
-tables across GPUs (TorchRec's model parallel) is not built.
+model computes in: bf16 under autocast): cheap for batches of MovieLens size, the price of
+replication for Criteo-sized ones. Sharding the tables across GPUs (TorchRec's model parallel)
+is not built.
 """
 
 from __future__ import annotations

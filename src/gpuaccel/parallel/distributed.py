@@ -95,24 +95,24 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def on_main(self, make):
-        """``make()`` on rank 0 (None elsewhere). A user error it raises is raised on every rank:
-        rank 0 stopping alone would leave the others waiting in their next collective, which
-        NCCL gives up only at the process group's timeout."""
-        error = None
+    def on_main(self, make, share=lambda made: None):
+        """``make()`` on rank 0: returns what it made (None elsewhere) and rank 0's
+        ``share(made)`` on every rank, in one broadcast. A user error ``make`` raises is raised
+        on every rank: rank 0 stopping alone would leave the others waiting in their next
+        collective, which NCCL gives up only at the process group's timeout."""
+        made, outcome = None, None
         if self.is_main:
             try:
                 made = make()
+                outcome = ("made", share(made))
             except GpuaccelError as exc:
                 if not self.active:
                     raise
-                made, error = None, str(exc)
-        else:
-            made = None
-        error = self.broadcast(error)
-        if error:
-            raise GpuaccelError(error)
-        return made
+                outcome = ("error", str(exc))
+        kind, value = self.broadcast(outcome)
+        if kind == "error":
+            raise GpuaccelError(value)
+        return made, value
 
     def barrier(self) -> None:
         if self.active:

@@ -276,16 +276,12 @@ class Pipeline:
         """A parameter the plain model uses under several names (GPT's token embedding and output
         layer) is used by several stages, each process updating its own. The copies start equal
         and stay equal if each takes the sum of all the stages' gradients. Returns, per such
-        parameter, its shape and this stage's copy (in a list: empty where this stage does not
-        use it), and the group of this pipeline's stages that hold one (None where fewer than
-        two do)."""
+        parameter, it and whether this stage holds it, and the group of this pipeline's stages
+        that hold one (None where fewer than two do)."""
         mine = dict(self.module.named_parameters(remove_duplicate=False))
-        tied = []
-        for names in _tied_names(model):
-            copies = {id(mine[n]): mine[n] for n in names if n in mine}  # (one object since _share_tied_parameters)
-            tied.append((model.get_parameter(names[0]).shape, list(copies.values())))
+        tied = [(model.get_parameter(names[0]), any(n in mine for n in names)) for names in _tied_names(model)]
         holders = [None] * self.stages
-        dist.all_gather_object(holders, any(copies for _, copies in tied), group=mesh["stage"].get_group())
+        dist.all_gather_object(holders, any(held for _, held in tied), group=mesh["stage"].get_group())
         stages = [s for s, holds in enumerate(holders) if holds]
         if len(stages) < 2:
             return [], None
@@ -297,15 +293,11 @@ class Pipeline:
         return tied, group
 
     def _sum_tied_gradients(self) -> None:
-        for shape, copies in self.tied:  # one all-reduce per shared parameter, on every holding stage
-            used = [p.grad for p in copies if p.grad is not None]
-            total = torch.stack(used).sum(0) if used else torch.zeros(shape, device=self.device)
-            dist.all_reduce(total, group=self.tied_group)
-            for p in copies:
-                if p.grad is None:
-                    p.grad = total.clone()
-                else:
-                    p.grad.copy_(total)
+        for p, held in self.tied:  # one all-reduce per shared parameter, on every holding stage
+            grad = p.grad if held and p.grad is not None else torch.zeros(p.shape, device=self.device)
+            dist.all_reduce(grad, group=self.tied_group)
+            if held:
+                p.grad = grad
 
     def _average_gradients(self) -> None:
         """Averages this stage's gradients over the replicas in one all-reduce. (Not

@@ -1,6 +1,7 @@
 """Checks before anything trains: that every process of a run was given the same data and
 model, that a built-in model reads the data, that the task can take the model's outputs, and
-whether the whole step can be one CUDA graph. Each fails as one ``GpuaccelError`` (or returns why), not as a traceback later."""
+whether the whole step can be one CUDA graph. Each fails as one ``GpuaccelError`` (or returns
+why), not as a traceback later."""
 
 from __future__ import annotations
 

@@ -398,10 +398,10 @@ class Trainer:
     def _open_run(self) -> None:
         """The run directory (made by rank 0 and named to the others), locked for this run."""
         if self.run is None:
-            made = self.dist.on_main(lambda: RunDirectory.create(self.config.run_dir, self.inputs.name,
-                                                                 self.config.model, writer=True))
-            path = Path(self.dist.broadcast(str(made.path) if made else None))
-            self.run = made or RunDirectory(path, writer=False)
+            made, path = self.dist.on_main(lambda: RunDirectory.create(self.config.run_dir, self.inputs.name,
+                                                                       self.config.model, writer=True),
+                                           share=lambda run: str(run.path))
+            self.run = made or RunDirectory(Path(path), writer=False)
             self.run.write_config(self.config.to_dict())
         self.run.lock()  # (a resumed trainer holds it already)
 
