@@ -251,7 +251,7 @@ def test_stats_report_the_share_of_time_spent_waiting_for_batches():
     resident = acc.prepare(DataLoader(TensorDataset(torch.randn(64, 1024)), batch_size=16))
     weight = torch.randn(1024, 1024) / 32
     for (x,) in resident:
-        for _ in range(20):
+        for _ in range(100):  # (20 left the fetch of the next batch at up to 21% of a busy 2-core machine's time)
             x = torch.tanh(x @ weight)  # the time is the step's: the batch is already there
     assert acc.stats()["data_wait_share"] < 0.2
     assert acc.stats() == {"seconds": 0.0, "data_wait_share": 0.0, "gpu_util": None, "gpu_mem_used_mib": None,
