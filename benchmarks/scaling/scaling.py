@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]  # (the repository)
+RUN_TIMEOUT = 600.0  # seconds one training command may take (--run-timeout)
 
 
 def synthetic_npz(path: Path, train: int, test: int, size: int = 224) -> Path:
@@ -69,16 +71,32 @@ def train_script(gpus: int, run_dir: Path, script: Path, args: list[str]) -> dic
 
 
 def run_and_summarise(gpus: int, run_dir: Path, cmd: list[str]) -> dict:
+    """Runs ``cmd`` (in its own process group) and reads the run's summary. A run past
+    RUN_TIMEOUT seconds gets SIGABRT, on which every Python process of it prints its stacks
+    (PYTHONFAULTHANDLER). A failed run's output is kept in ``run_dir``/output.log."""
     shutil.rmtree(run_dir, ignore_errors=True)  # (a run directory that holds a run is refused)
     start = time.perf_counter()
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                         "PYTHONFAULTHANDLER": "1"})
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            output, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
     wall = time.perf_counter() - start
     row = {"gpus": gpus, "command": " ".join(cmd[2:]), "command_wall_seconds": round(wall, 1)}
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("gpuaccel: error:")]
-        return {**row, "error": errors[-1] if errors else (done.stdout + done.stderr)[-1500:],
-                "exit_status": done.returncode}
+    if proc.returncode != 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = run_dir / "output.log"
+        log.write_text(output)
+        errors = [line for line in output.splitlines() if line.startswith("gpuaccel: error:")]
+        return {**row, "error": errors[-1] if errors else output[-1500:], "exit_status": proc.returncode,
+                "timed_out": wall >= RUN_TIMEOUT, "log": str(log)}
     s = json.loads((run_dir / "summary.json").read_text())
     return {**row, "samples_per_second": s["samples_per_second"], "tokens_per_second": s.get("tokens_per_second"),
             "train_seconds": s["train_seconds"], "warmup_seconds": s["warmup_seconds"], "metrics": s["metrics"],
@@ -207,6 +225,7 @@ def header() -> dict:
 
 
 def main():
+    global RUN_TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--parts", nargs="+", default=["recipe", "weak", "exit"], choices=["recipe", "weak", "exit"])
@@ -216,9 +235,12 @@ def main():
     ap.add_argument("--only", nargs="*", help="weak: these workloads only")
     ap.add_argument("--exit-runs", type=int, default=10)
     ap.add_argument("--exit-bound", type=float, default=120, help="seconds a run of the exit part may take")
+    ap.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT,
+                    help="seconds one training command may take; then its stacks go to a log beside its run directory")
     ap.add_argument("--work", default="/tmp/scaling")
     ap.add_argument("--out", required=True, help="a folder: recipe.json, weak.json, exit.json")
     args = ap.parse_args()
+    RUN_TIMEOUT = args.run_timeout
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
