@@ -70,23 +70,50 @@ def train_script(gpus: int, run_dir: Path, script: Path, args: list[str]) -> dic
                                              *args])
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux /proc). torch.distributed.run starts each
+    worker in a session of its own, so a signal to the launcher's process group misses them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def signal_processes(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def run_and_summarise(gpus: int, run_dir: Path, cmd: list[str]) -> dict:
-    """Runs ``cmd`` (in its own process group) and reads the run's summary. A run past
-    RUN_TIMEOUT seconds gets SIGABRT, on which every Python process of it prints its stacks
-    (PYTHONFAULTHANDLER). A failed run's output is kept in ``run_dir``/output.log."""
+    """Runs ``cmd`` and reads the run's summary. A run past RUN_TIMEOUT seconds gets SIGABRT in
+    every process, on which each Python process prints its stacks (PYTHONFAULTHANDLER), then
+    SIGKILL. A failed run's output is kept in ``run_dir``/output.log."""
     shutil.rmtree(run_dir, ignore_errors=True)  # (a run directory that holds a run is refused)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                         "PYTHONFAULTHANDLER": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)
+        tree = process_tree(proc.pid)  # (before the launcher dies and its workers lose their parent)
+        signal_processes(tree[1:], signal.SIGABRT)  # the workers first: the launcher would stop them
+        time.sleep(5)
+        signal_processes(tree[:1], signal.SIGABRT)
         try:
             output, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_processes(tree, signal.SIGKILL)
             output, _ = proc.communicate()
     wall = time.perf_counter() - start
     row = {"gpus": gpus, "command": " ".join(cmd[2:]), "command_wall_seconds": round(wall, 1)}
@@ -166,9 +193,9 @@ def weak_workloads(args, work: Path) -> dict:
                                       "--eval-every", "1000000"], 8),
         "gpt2-small": (lambda: [*text, *gpt2, "--compile"], 4),
         "gpt2-small-shard": (lambda: [*text, *gpt2, "--shard", "--compile"], 4),
+        "dlrm": (None, None),  # benchmarks/scaling/dlrm_trainer.py: the same steps on every GPU count
         "resnet50-224-pipeline2": (lambda: [*images_224(), *resnet50, "--pipeline-stages", "2"], 2),
         "gpt2-small-pipeline2": (lambda: [*text, *gpt2, "--pipeline-stages", "2"], 4),
-        "dlrm": (None, None),  # benchmarks/scaling/dlrm_trainer.py: the same steps on every GPU count
     }
 
 
