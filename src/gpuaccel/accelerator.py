@@ -73,7 +73,8 @@ class Accelerator:
         self._layout = torch.contiguous_format  # of image batches: channels_last once a model is
         self._optimizers: list[torch.optim.Optimizer] = []
         self._scaled: list[ScaledOptimizer] = []  # (fp16: the prepared optimizers, stepped through the scaler)
-        self._captured_steps: list[CapturedStep] = []
+        # (weakly: a step the script no longer holds, say one defined anew each epoch, is freed with its graphs)
+        self._captured_steps: weakref.WeakSet[CapturedStep] = weakref.WeakSet()
         self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
         self._syncing = True  # False inside no_sync(): backward keeps the gradients local
         self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders and timed()
@@ -245,7 +246,7 @@ class Accelerator:
             return step
         if self.dist.active:
             self._without_ddp_hooks()
-        self._captured_steps.append(step)
+        self._captured_steps.add(step)
         return step
 
     def _shards(self) -> bool:
@@ -339,7 +340,7 @@ class Accelerator:
         if not self.dist.active or not torch.distributed.is_initialized():
             return
         self.dist.barrier()
-        for step in self._captured_steps:  # a graph holding an NCCL all-reduce must go before its group
+        for step in list(self._captured_steps):  # a graph holding an NCCL all-reduce must go before its group
             step.release()
         for strategy in list(self._strategies.values()):
             if isinstance(strategy, DataParallel) and strategy.ddp is not None:

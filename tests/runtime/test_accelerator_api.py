@@ -4,7 +4,9 @@ prepare, residency that keeps a seeded script's random stream, and timing a scri
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 import torch
@@ -199,6 +201,27 @@ def test_capture_as_a_decorator_runs_the_step_uncaptured_off_a_gpu():
 
     assert step.__name__ == "step" and not step.captured
     assert step(torch.randn(4, 6), torch.tensor([0, 1, 2, 0])).dim() == 0
+
+
+def test_a_captured_step_the_script_no_longer_holds_is_freed(monkeypatch):
+    """A step defined inside the function that runs an epoch is captured anew each epoch; the
+    accelerator must not keep the old ones (on a GPU: their graphs and memory pools) alive."""
+    monkeypatch.setattr(gpuaccel.Accelerator, "_capture_obstacle", lambda self: None)  # (as on a GPU)
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    net = acc.prepare(_net())
+    steps = []
+
+    def epoch():
+        @acc.capture
+        def step(x):
+            return net(x).sum()
+        step(torch.randn(2, 6))
+        steps.append(weakref.ref(step))
+
+    for _ in range(3):
+        epoch()
+    gc.collect()
+    assert len(steps) == 3 and all(ref() is None for ref in steps)
 
 
 def test_a_tensor_dataset_is_resident_and_served_in_its_samplers_order():
