@@ -43,24 +43,35 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(dist.destroy_process_group)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False,
+               compute_dtype: torch.dtype | None = None) -> nn.Module:
     """Shards ``model`` in place over all processes of the default group; returns it.
 
     ``offload``: the sharded parameters, their gradients and the optimizer state stay in
     pinned host memory; each unit's parameters are copied to the GPU for its forward and
     backward pass, gradients go back to the host, and the optimizer step runs on the CPU.
-    GPU memory then holds about one unit's parameters plus the activations."""
+    GPU memory then holds about one unit's parameters plus the activations.
+
+    ``compute_dtype`` (bf16 under mixed precision): each unit's parameters are cast to it
+    before they are all-gathered, so the all-gathers move half the bytes and autocast finds
+    them cast already; gradients are reduce-scattered in fp32 into the fp32 shards. The
+    shards, the optimizer and checkpoints stay fp32. Not for a model with batch norm, whose
+    kernels want its weights in the dtype of its running statistics (fp32): autocast alone."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if offload and device.type != "cuda":
         raise GpuaccelError("--offload cpu moves parameters out of GPU memory; this run is on the CPU already")
     ensure_process_group(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        compute_dtype = None
+    options = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
+                   mp_policy=MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+                   if compute_dtype is not None else MixedPrecisionPolicy())
     for block in list(_outermost_blocks(model)):
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
 
 
@@ -151,14 +162,15 @@ class Sharded(Strategy):
     fused_optimizer = False  # sharded parameters are DTensors
     local_forward = False  # (a collective across the processes)
 
-    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False):
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False,
+                 compute_dtype: torch.dtype | None = None):
         super().__init__(device, rank, world_size)
-        self.offload = offload
+        self.offload, self.compute_dtype = offload, compute_dtype
         self.places_parameters = offload  # the shards stay in pinned host memory
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         refuse_backward_updates(model, "FSDP (--shard)")
-        self.model = apply_fsdp(model, self.device, offload=self.offload)
+        self.model = apply_fsdp(model, self.device, offload=self.offload, compute_dtype=self.compute_dtype)
         return self.model
 
     def gradient_sync(self, sync: bool):

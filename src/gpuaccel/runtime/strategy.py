@@ -24,7 +24,7 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
         if placement.precision.loss_scaling:
             raise GpuaccelError("FSDP (--shard) trains in bf16 or fp32; fp16 loss scaling is not supported with it "
                                 "(use --precision bf16 or fp32)")
-        return Sharded(**where, offload=offload)
+        return Sharded(**where, offload=offload, compute_dtype=placement.precision.autocast_dtype)
     if dist.active and captured_step:
         return GraphDataParallel(**where)
     if dist.active:  # (ddp in one process: nothing to combine)
