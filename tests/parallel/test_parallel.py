@@ -91,17 +91,23 @@ def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["ddp", "graph"])
+@pytest.mark.parametrize("kind", ["ddp", "graph", "ddp-replicated"])
 def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind):
-    """Each process gathers every process's table rows and gradients (DDP leaves the tables
-    alone), so the replicas take the update one process with the whole batch takes."""
+    """Tables sharded by columns (each process looks up and updates its columns of every
+    process's rows) or replicated (each process gathers every process's rows and gradients);
+    either way the update is the one a process with the whole batch takes, and model.pt holds
+    the whole tables."""
     from dlrm_worker import train
 
     single, double = tmp_path / "one", tmp_path / "two"
     train(str(single), 64)
-    torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
+    done = torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
+    summary = json.loads((double / "summary.json").read_text())
+    assert ("sharded by columns" in summary["strategy"]) == (kind != "ddp-replicated"), summary["strategy"]
+    reference = json.loads((single / "summary.json").read_text())["metrics"]
+    assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
 
 
 def test_sharded_and_pipelined_strategies_refuse_tables_updated_in_the_backward_pass():

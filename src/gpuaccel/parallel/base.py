@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import GpuaccelError
@@ -99,9 +100,11 @@ class Strategy:
         self.model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
 
-    def finish_evaluation(self, batches: int, run_blank: Callable[[], None]) -> None:
-        """After this process's evaluation batches (strategies whose forward pass is a
-        collective make every process run as many)."""
+    def blank_evaluation_passes(self, batches: int) -> int:
+        """How many forward passes on a blank sample this process runs after its ``batches``
+        evaluation batches: where the forward pass is a collective, every process must run as
+        many as the one with the most. Asked before the first batch."""
+        return 0
 
     def describe(self) -> str:
         return ""
@@ -109,6 +112,14 @@ class Strategy:
 
 class SingleDevice(Strategy):
     """One process on one device: nothing to combine or gather."""
+
+
+def shortfall_of_batches(device: torch.device, batches: int) -> int:
+    """How many fewer evaluation batches this process has than the process with the most (a
+    collective)."""
+    most = torch.tensor([float(batches)], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item()) - batches
 
 
 def refuse_backward_updates(model: nn.Module, strategy: str) -> None:

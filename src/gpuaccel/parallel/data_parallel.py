@@ -29,18 +29,19 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import GpuaccelError
-from .base import Strategy
+from .base import Strategy, shortfall_of_batches
 
 
 def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 25.0,
-              sync_batchnorm: bool = False) -> tuple[nn.Module, DistributedDataParallel]:
+              sync_batchnorm: bool = False, shard_tables: bool = False) -> tuple[nn.Module, DistributedDataParallel]:
     """Returns (the model, possibly with SyncBatchNorm layers, its DDP wrapper). Train
     through the wrapper; save and evaluate the model itself."""
     if sync_batchnorm:
         if device.type != "cuda":
             raise GpuaccelError("--sync-bn needs GPUs: SyncBatchNorm does not run on the CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, share_backward_updates(model))
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, share_backward_updates(model, shard_tables=shard_tables))
     with warnings.catch_warnings():
         # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, whose False still syncs the
         # buffers once at the start; the per-process statistics described above need the old flag
@@ -51,10 +52,12 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
     return model, ddp
 
 
-def share_backward_updates(model: nn.Module) -> list[str]:
+def share_backward_updates(model: nn.Module, *, shard_tables: bool = False) -> list[str]:
     """Each module that updates a parameter inside its backward pass (``updated_in_backward``)
-    gets the process group, so that it takes every process's update, and rank 0's parameters
-    and buffers. Returns the names of those parameters and buffers (what DDP must ignore)."""
+    gets rank 0's parameters and buffers, and then either keeps its columns of them
+    (``shard_tables``, where the module can: ``shard_columns``) or the process group, so
+    that it takes every process's update. Returns the names of those parameters and buffers
+    (what DDP must ignore)."""
     names = []
     for prefix, module in model.named_modules():
         own = [name for name, p in module.named_parameters(recurse=False) if getattr(p, "updated_in_backward", False)]
@@ -63,11 +66,19 @@ def share_backward_updates(model: nn.Module) -> list[str]:
         if not hasattr(module, "process_group"):
             raise GpuaccelError(f"{type(module).__name__} updates its parameters inside the backward pass and has no "
                                 "process_group to share those updates over, so it cannot train on several processes")
-        module.process_group = dist.group.WORLD
         broadcast_state(module)
+        if not (shard_tables and hasattr(module, "shard_columns") and module.shard_columns(dist.group.WORLD)):
+            module.process_group = dist.group.WORLD
         names += [f"{prefix}.{name}" if prefix else name for name, _ in
                   [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]]
     return names
+
+
+def holds_sharded_tables(model: nn.Module) -> bool:
+    """Whether a module of ``model`` keeps only its columns of its tables: its forward pass and
+    its state_dict() are then collectives."""
+    return any(getattr(module, "column_group", None) is not None for module in model.modules())
+
 
 
 def broadcast_state(module: nn.Module, src: int = 0) -> None:
@@ -94,16 +105,18 @@ class DataParallel(Strategy):
     averages the gradients in buckets while the backward pass runs."""
 
     name = "data parallel (DDP)"
+    tables_sharded = False  # (set by wrap)
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, bucket_cap_mb: float = 25.0,
-                 sync_batchnorm: bool = False):
+                 sync_batchnorm: bool = False, shard_tables: bool = False):
         super().__init__(device, rank, world_size)
-        self.bucket_cap_mb, self.sync_batchnorm = bucket_cap_mb, sync_batchnorm
+        self.bucket_cap_mb, self.sync_batchnorm, self.shard_tables = bucket_cap_mb, sync_batchnorm, shard_tables
         self.ddp: DistributedDataParallel | None = None
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         self.model, self.ddp = apply_ddp(model, self.device, bucket_cap_mb=self.bucket_cap_mb,
-                                         sync_batchnorm=self.sync_batchnorm)
+                                         sync_batchnorm=self.sync_batchnorm, shard_tables=self.shard_tables)
+        collective_if_sharded(self)
         return self.model
 
     @property
@@ -113,5 +126,16 @@ class DataParallel(Strategy):
     def gradient_sync(self, sync: bool):
         return contextlib.nullcontext() if sync else self.ddp.no_sync()
 
+    def blank_evaluation_passes(self, batches):
+        return shortfall_of_batches(self.device, batches) if self.tables_sharded else 0
+
     def describe(self) -> str:
-        return f"{self.world_size} processes, DDP"
+        return f"{self.world_size} processes, DDP" + (", tables sharded by columns" if self.tables_sharded else "")
+
+
+def collective_if_sharded(strategy: Strategy) -> None:
+    """A data-parallel strategy whose model holds sharded tables gathers checkpoints from every
+    process and runs forward passes on all of them together."""
+    strategy.tables_sharded = holds_sharded_tables(strategy.model)
+    if strategy.tables_sharded:
+        strategy.collective_state, strategy.local_forward = True, False

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import GpuaccelError
-from .base import Strategy, refuse_backward_updates
+from .base import Strategy, refuse_backward_updates, shortfall_of_batches
 from .checkpointing import _outermost_blocks
 
 
@@ -183,15 +183,8 @@ class Sharded(Strategy):
     def load_state(self, optimizer, model_state, optimizer_state):
         load_full_state(self.model, optimizer, model_state, optimizer_state)
 
-    def finish_evaluation(self, batches, run_blank):
-        """A sharded model's forward pass is a collective: a process whose evaluation shard has
-        fewer batches runs as many more on a blank sample as the longest shard has."""
-        if self.world_size < 2:
-            return
-        most = torch.tensor([float(batches)], device=self.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        for _ in range(int(most.item()) - batches):
-            run_blank()
+    def blank_evaluation_passes(self, batches):
+        return shortfall_of_batches(self.device, batches) if self.world_size > 1 else 0  # (forward: a collective)
 
     def describe(self) -> str:
         return f"{self.world_size} process(es), FSDP" + (" with CPU offload" if self.offload else "")

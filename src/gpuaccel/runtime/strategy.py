@@ -12,10 +12,13 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 
 def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: bool = False,
-                    bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False) -> Strategy:
+                    bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False,
+                    shard_tables: bool = False) -> Strategy:
     """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
     shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
-    averages the gradients inside it instead of through DDP's hooks."""
+    averages the gradients inside it instead of through DDP's hooks. ``shard_tables``: data
+    parallel shards embedding tables updated in the backward pass by columns (models/dlrm.py;
+    their forward pass and state_dict() become collectives), else replicates them."""
     if name not in STRATEGIES:
         raise choice_error("strategy", name, STRATEGIES)
     dist = placement.dist
@@ -26,9 +29,10 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
                                 "(use --precision bf16 or fp32)")
         return Sharded(**where, offload=offload, compute_dtype=placement.precision.autocast_dtype)
     if dist.active and captured_step:
-        return GraphDataParallel(**where)
+        return GraphDataParallel(**where, shard_tables=shard_tables)
     if dist.active:  # (ddp in one process: nothing to combine)
-        return DataParallel(**where, bucket_cap_mb=bucket_cap_mb, sync_batchnorm=sync_batchnorm)
+        return DataParallel(**where, bucket_cap_mb=bucket_cap_mb, sync_batchnorm=sync_batchnorm,
+                            shard_tables=shard_tables)
     return SingleDevice(**where)
 
 
@@ -50,4 +54,4 @@ def training_strategy(config, placement: Placement, *, captured_step: bool, chan
             autocast=lambda: precision.autocast(device))
     return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
                            bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
-                           offload=config.offload == "cpu")
+                           offload=config.offload == "cpu", shard_tables=True)

@@ -35,6 +35,7 @@ def evaluate(trainer, each_shape: bool = False) -> dict:
     trainer.model.eval()
     tracker = trainer.metric_tracker
     seen: dict[tuple, int] = {}
+    blanks = trainer.strategy.blank_evaluation_passes(len(trainer.eval_loader))
     for batch in trainer.eval_loader.batches():
         inputs, targets = trainer.task.split(batch)
         if each_shape and not trainer.dist.active:
@@ -46,7 +47,8 @@ def evaluate(trainer, each_shape: bool = False) -> dict:
             outputs = trainer.task.eval_outputs(lambda x: _call(trainer, net, x), inputs)
         if trainer.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
             tracker.update(outputs, targets)
-    trainer.strategy.finish_evaluation(len(trainer.eval_loader), lambda: _blank_pass(trainer, net))
+    for _ in range(blanks):  # (where the forward pass is a collective: as many as the process with the most)
+        _blank_pass(trainer, net)
     trainer.model.train(was_training)
     return tracker.compute(trainer.dist.all_reduce_sum)  # every rank has a shard
 

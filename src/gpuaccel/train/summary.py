@@ -58,7 +58,7 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(trainer.device) / 2**30, 2)
         if trainer.device.type == "cuda" else None,
         "jpeg_decoder": trainer.jpeg_decoder,
-        "processes": trainer.dist.world_size,
+        "processes": trainer.dist.world_size, "strategy": trainer.strategy.describe() or None,
         "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.grad_accum,
         "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
