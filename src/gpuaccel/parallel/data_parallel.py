@@ -80,7 +80,6 @@ def holds_sharded_tables(model: nn.Module) -> bool:
     return any(getattr(module, "column_group", None) is not None for module in model.modules())
 
 
-
 def broadcast_state(module: nn.Module, src: int = 0) -> None:
     """Gives every process rank ``src``'s parameters and buffers (what DDP does when it wraps a
     model), for data parallel without the DDP wrapper."""
@@ -100,12 +99,29 @@ def average_gradients(grads: list[torch.Tensor]) -> None:
         grad.copy_(part.view_as(grad))
 
 
-class DataParallel(Strategy):
+class TablesShardedMixin:
+    """What a data-parallel strategy changes where its model holds tables sharded by columns:
+    checkpoints gathered from every process, forward passes run on all of them together."""
+
+    tables_sharded = False
+
+    def _note_sharded_tables(self) -> None:  # (after wrap)
+        self.tables_sharded = holds_sharded_tables(self.model)
+        if self.tables_sharded:
+            self.collective_state, self.local_forward = True, False
+
+    def blank_evaluation_passes(self, batches):
+        return shortfall_of_batches(self.device, batches) if self.tables_sharded else 0
+
+    def _tables_note(self) -> str:
+        return ", tables sharded by columns" if self.tables_sharded else ""
+
+
+class DataParallel(TablesShardedMixin, Strategy):
     """Each process trains a replica on its shard of every batch; DistributedDataParallel
     averages the gradients in buckets while the backward pass runs."""
 
     name = "data parallel (DDP)"
-    tables_sharded = False  # (set by wrap)
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, bucket_cap_mb: float = 25.0,
                  sync_batchnorm: bool = False, shard_tables: bool = False):
@@ -116,7 +132,7 @@ class DataParallel(Strategy):
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         self.model, self.ddp = apply_ddp(model, self.device, bucket_cap_mb=self.bucket_cap_mb,
                                          sync_batchnorm=self.sync_batchnorm, shard_tables=self.shard_tables)
-        collective_if_sharded(self)
+        self._note_sharded_tables()
         return self.model
 
     @property
@@ -126,16 +142,5 @@ class DataParallel(Strategy):
     def gradient_sync(self, sync: bool):
         return contextlib.nullcontext() if sync else self.ddp.no_sync()
 
-    def blank_evaluation_passes(self, batches):
-        return shortfall_of_batches(self.device, batches) if self.tables_sharded else 0
-
     def describe(self) -> str:
-        return f"{self.world_size} processes, DDP" + (", tables sharded by columns" if self.tables_sharded else "")
-
-
-def collective_if_sharded(strategy: Strategy) -> None:
-    """A data-parallel strategy whose model holds sharded tables gathers checkpoints from every
-    process and runs forward passes on all of them together."""
-    strategy.tables_sharded = holds_sharded_tables(strategy.model)
-    if strategy.tables_sharded:
-        strategy.collective_state, strategy.local_forward = True, False
+        return f"{self.world_size} processes, DDP" + self._tables_note()

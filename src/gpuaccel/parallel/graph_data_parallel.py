@@ -6,14 +6,13 @@ replayed graph skips."""
 
 from __future__ import annotations
 
-from .base import Strategy, shortfall_of_batches
-from .data_parallel import average_gradients, broadcast_state, collective_if_sharded, share_backward_updates
+from .base import Strategy
+from .data_parallel import TablesShardedMixin, average_gradients, broadcast_state, share_backward_updates
 
 
-class GraphDataParallel(Strategy):
+class GraphDataParallel(TablesShardedMixin, Strategy):
     name = "data parallel (all-reduce inside the step graph)"
     reduce_gradients = staticmethod(average_gradients)
-    tables_sharded = False  # (set by wrap)
 
     def __init__(self, device, rank: int = 0, world_size: int = 1, *, shard_tables: bool = False):
         super().__init__(device, rank, world_size)
@@ -23,12 +22,8 @@ class GraphDataParallel(Strategy):
         broadcast_state(model)
         share_backward_updates(model, shard_tables=self.shard_tables)
         self.model = model
-        collective_if_sharded(self)
+        self._note_sharded_tables()
         return model
 
-    def blank_evaluation_passes(self, batches):
-        return shortfall_of_batches(self.device, batches) if self.tables_sharded else 0
-
     def describe(self) -> str:
-        return (f"{self.world_size} processes, the gradient all-reduce inside the step graph"
-                + (", tables sharded by columns" if self.tables_sharded else ""))
+        return f"{self.world_size} processes, the gradient all-reduce inside the step graph" + self._tables_note()
