@@ -2,25 +2,25 @@
 backward pass, sharded by columns across the processes or replicated on each, which then
 gathers every process's rows and gradients (models/dlrm.py).
 
-    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated
+    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema
 """
 import sys
 
 import torch
 from plain_models import click_task, clicks, end_worker
 
-from gpuaccel import TrainConfig, Trainer, create_model
+from gpuaccel import GpuaccelError, TrainConfig, Trainer, create_model
 from gpuaccel.parallel import DataParallel, Distributed, GraphDataParallel
 
 
-def train(run_dir: str, batch: int, rank: int = 0, strategy=None) -> Trainer:
+def train(run_dir: str, batch: int, rank: int = 0, strategy=None, **settings) -> Trainer:
     torch.manual_seed(rank)  # different tables on each process: the start must give every one rank 0's
     model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], table_lr=0.1, required=())
     dense, sparse, labels = clicks()
     # 511 held-out samples in batches of 255: one process evaluates 256 (a batch of 255 and one of
     # 1), the other 255 (one batch): sharded tables pad the batches and run a blank pass
     config = TrainConfig(batch_size=batch, epochs=2, optimizer="adamw", lr=3e-3, weight_decay=0.0, device="cpu",
-                         monitor=False, run_dir=run_dir, eval_batch_size=255)
+                         monitor=False, run_dir=run_dir, eval_batch_size=255, **settings)
     trainer = Trainer(config, model=model, train_data=(dense[:3584], sparse[:3584], labels[:3584]),
                       eval_data=(dense[3584:4095], sparse[3584:4095], labels[3584:4095]), task=click_task(),
                       strategy=strategy, quiet=True)
@@ -32,9 +32,11 @@ if __name__ == "__main__":
     run_dir, batch, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     dist = Distributed.from_env()
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
-    # captured step (run eagerly here); "ddp-replicated": the Accelerator's way
+    # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused
     where = dict(device=torch.device("cpu"), rank=dist.rank, world_size=dist.world_size)
-    chosen = {"ddp": None, "graph": GraphDataParallel(**where, shard_tables=True),
-              "ddp-replicated": DataParallel(**where)}[kind]
-    train(run_dir, batch, dist.rank, chosen).dist.close()
+    chosen = {"graph": GraphDataParallel(**where, shard_tables=True), "ddp-replicated": DataParallel(**where)}
+    try:
+        train(run_dir, batch, dist.rank, chosen.get(kind), **({"ema": 0.99} if kind == "ema" else {})).dist.close()
+    except GpuaccelError as error:
+        print(f"rank {dist.rank} refused: {error}", flush=True)
     end_worker()

@@ -110,6 +110,13 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
 
 
+def test_a_weight_average_of_tables_sharded_by_columns_is_refused_on_every_process(tmp_path):
+    done = torchrun(str(tmp_path / "run"), "32", "ema", program=(str(TESTS / "dlrm_worker.py"),))
+    assert sorted(line.split(":")[0] for line in done.stdout.splitlines() if "refused" in line) == \
+        ["rank 0 refused", "rank 1 refused"]
+    assert "ema cannot average embedding tables sharded across processes" in done.stdout
+
+
 def test_sharded_and_pipelined_strategies_refuse_tables_updated_in_the_backward_pass():
     from gpuaccel.parallel.base import refuse_backward_updates
 
