@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -418,6 +419,19 @@ def test_a_gpt_split_into_two_pipeline_stages_trains_like_one_process(tmp_path):
              "--microbatches", "2", "--epochs", "1", "--schedule", "constant", "--warmup-epochs", "0",
              "--lr", "0.05", "--run-dir", str(piped))
     assert_same_training(single, piped, processes=2, global_batch=16, atol=1e-5)
+
+
+def test_a_gpt_in_pipeline_stages_trains_in_bf16(tmp_path):
+    """The stages are traced under the run's autocast: traced in fp32, the rotary embedding's
+    x.float() became a check that x is fp32, which its bf16 activations failed (torch 2.13: an
+    error at the first step)."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i % 17}: the quick brown fox jumps over the lazy dog.\n" for i in range(96)))
+    torchrun("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
+             "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size", "16",
+             "--precision", "bf16", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["steps"] > 0 and math.isfinite(summary["metrics"]["loss"])
 
 
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):

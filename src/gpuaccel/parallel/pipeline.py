@@ -30,6 +30,8 @@ activation checkpointing finds the blocks to wrap in them.
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import warnings
 
@@ -162,7 +164,8 @@ class Pipeline:
                  split_points: list[str] | None, device: torch.device, input_shape: tuple[int, ...],
                  input_dtype: torch.dtype = torch.float32,
                  batch_size: int, eval_batch_size: int, channels_last: bool, loss_fn=F.cross_entropy,
-                 compile_options: dict | None = None, activation_checkpointing: bool = False):
+                 compile_options: dict | None = None, activation_checkpointing: bool = False,
+                 autocast=contextlib.nullcontext):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
@@ -197,8 +200,10 @@ class Pipeline:
             try:
                 with warnings.catch_warnings():  # torch 2.13's pipelining calls a pytree test it deprecates
                     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-                    pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
-                                    split_spec=spec)
+                    with autocast():  # traced as it runs: export turns a cast that is a no-op in fp32
+                        # (x.float()) into a check of x's dtype, which bf16 activations would fail
+                        pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
+                                        split_spec=spec)
             except Exception as exc:  # export failures are long; the first line says what
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise GpuaccelError(f"could not split {type(model).__name__} into pipeline stages "
@@ -444,7 +449,7 @@ class PipelineParallel(Strategy):
         self.saved_keys = set(model.state_dict())
         example = first_inputs()
         self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), input_dtype=example.dtype,
-                                 loss_fn=loss_fn, **self.options)
+                                 loss_fn=loss_fn, autocast=self.autocast, **self.options)
         self.model = self.pipeline.module  # this stage's parameters, named as in the plain model
         self.counts_metrics = self.pipeline.is_last  # where the outputs and losses are
         return self.model
