@@ -1,5 +1,5 @@
 """Several GPUs of one machine through `gpuaccel train --gpus N` (torch.distributed.run, NCCL),
-in three parts, each written to its own JSON file under --out:
+in four parts, each written to its own JSON file under --out:
 
     python benchmarks/scaling/scaling.py --gpus 1 2 4 --parts recipe weak exit --out DIR \\
         --cifar10 /tmp/data/cifar10 --text tinyshakespeare.txt
@@ -20,6 +20,9 @@ weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples p
         torch.distributed.run: tables sharded by columns, their all-to-alls inside the step graph).
 exit    a captured Accelerator step on 2 GPUs (tests/accelerator_loop.py acc-capture under
         torchrun) run --exit-runs times: every run must exit 0 within its time bound.
+restart ResNet-18 on CIFAR-10 on 2 GPUs with --max-restarts 1 and one worker killed after a
+        mid-run checkpoint: it must resume, and end having seen the samples of the same run
+        never interrupted (which also runs).
 
 Throughput is the summary's samples/s (tokens/s for the language models): samples over
 training time, warm-up, evaluation and checkpoints excluded.
@@ -246,6 +249,52 @@ def exit_part(args, work: Path) -> dict:
             "runs": runs, "all_exited_cleanly": all(r["exit_status"] == 0 for r in runs)}
 
 
+def restart_part(args, work: Path) -> dict:
+    """ResNet-18 on CIFAR-10 on 2 GPUs with --max-restarts 1: one worker is killed (SIGKILL)
+    after a mid-run checkpoint; the launcher restarts the group, which resumes. Compared with
+    the same run never interrupted: restarts, samples seen, evaluations, final metrics."""
+    common = ["--data", args.cifar10, "--model", "resnet18", "--batch-size", "256", "--epochs", "6",
+              "--checkpoint-every", "40", "--eval-batch-size", "1000"]
+    straight = train(2, work / "restart-straight", common)
+    run_dir = work / "restart-killed"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "gpuaccel", "train", "--gpus", "2", "--max-restarts", "1", "--run-dir", str(run_dir),
+           "--quiet", "--no-monitor", *common]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed, deadline = None, time.time() + RUN_TIMEOUT
+    while killed is None and launcher.poll() is None and time.time() < deadline:
+        state = run_dir / "checkpoint.json"
+        if state.exists() and json.loads(state.read_text() or "{}").get("global_step", 0) >= 40:
+            workers = [pid for pid in process_tree(launcher.pid) if _is_worker(pid)]
+            if workers:
+                killed = max(workers)
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    try:
+        output, _ = launcher.communicate(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        signal_processes(process_tree(launcher.pid), signal.SIGKILL)
+        output, _ = launcher.communicate()
+    row = {"command": " ".join(cmd[2:]), "exit_status": launcher.returncode, "killed_worker": killed is not None}
+    if launcher.returncode != 0 or not (run_dir / "summary.json").exists():
+        return {"straight": straight, "killed": {**row, "output_tail": output[-2000:]}, "resumed_like_straight": False}
+    s = json.loads((run_dir / "summary.json").read_text())
+    epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    row.update(restarts=s["restarts"], samples_seen=s["samples_seen"], stopped_by=s["stopped_by"],
+               metrics=s["metrics"], evaluated_epochs=epochs)
+    same = "error" not in straight and s["restarts"] == 1 and s["samples_seen"] == json.loads(
+        (work / "restart-straight" / "summary.json").read_text())["samples_seen"] and s["stopped_by"] == "epochs"
+    return {"straight": straight, "killed": row, "resumed_like_straight": same}
+
+
+def _is_worker(pid: int) -> bool:
+    """A process torch.distributed.run started for a rank (it has LOCAL_RANK in its environment)."""
+    try:
+        return b"LOCAL_RANK=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def header() -> dict:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count()}
@@ -255,7 +304,8 @@ def main():
     global RUN_TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--parts", nargs="+", default=["recipe", "weak", "exit"], choices=["recipe", "weak", "exit"])
+    ap.add_argument("--parts", nargs="+", default=["recipe", "weak", "exit", "restart"],
+                    choices=["recipe", "weak", "exit", "restart"])
     ap.add_argument("--cifar10", help="the CIFAR-10 folder (recipe, weak)")
     ap.add_argument("--text", help="tiny Shakespeare (weak)")
     ap.add_argument("--seeds", type=int, default=3)
@@ -265,7 +315,7 @@ def main():
     ap.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT,
                     help="seconds one training command may take; then its stacks go to a log beside its run directory")
     ap.add_argument("--work", default="/tmp/scaling")
-    ap.add_argument("--out", required=True, help="a folder: recipe.json, weak.json, exit.json")
+    ap.add_argument("--out", required=True, help="a folder: recipe.json, weak.json, exit.json, restart.json")
     args = ap.parse_args()
     RUN_TIMEOUT = args.run_timeout
     work, out = Path(args.work), Path(args.out)
@@ -275,7 +325,7 @@ def main():
         if part == "weak":
             result = weak_part(args, work, out / "weak.json")
         else:
-            result = recipe_part(args, work) if part == "recipe" else exit_part(args, work)
+            result = {"recipe": recipe_part, "exit": exit_part, "restart": restart_part}[part](args, work)
         (out / f"{part}.json").write_text(json.dumps({**header(), "command": " ".join(sys.argv), **result},
                                                      indent=2) + "\n")
 
