@@ -137,7 +137,7 @@ def run_and_summarise(gpus: int, run_dir: Path, cmd: list[str]) -> dict:
 def recipe_part(args, work: Path) -> dict:
     rows = []
     for seed in range(args.seeds):
-        for n in args.gpus:  # alternated, so drift over the lease spreads over every count
+        for n in args.gpus:  # alternated, so drift over the run spreads over every count
             row = train(n, work / f"recipe-{n}-{seed}", ["--recipe", "cifar10-fast", "--data", args.cifar10,
                                                          "--seed", str(seed)])
             rows.append({**row, "seed": seed})
