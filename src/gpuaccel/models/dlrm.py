@@ -32,10 +32,10 @@ either way every process takes the step one process with the whole batch would t
   the gradients back the same way, and each process updates its columns of every looked-up
   row. Row-wise Adagrad's per-row mean square needs the whole row: one all-reduce of one
   value per looked-up row. Per process: 1 / world of the replicated way's update work and of
-  the tables' memory; by count of the values moved, as many bytes on 2 processes, about half on 4. Every size is fixed (the
-  step graph captures it); evaluation, whose batches may differ between processes, pads
-  them to the largest. ``state_dict()`` gathers the whole tables (a collective: every process
-  calls it), and loading a whole table keeps this process's columns.
+  the tables' memory; by count of the values moved, as many bytes on 2 processes, about half
+  on 4. Every size is fixed (the step graph captures it); evaluation, whose batches may differ
+  between processes, pads them to the largest. ``state_dict()`` gathers the whole tables (a
+  collective: every process calls it), and loading a whole table keeps this process's columns.
 """
 
 from __future__ import annotations

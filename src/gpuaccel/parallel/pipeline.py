@@ -31,7 +31,6 @@ activation checkpointing finds the blocks to wrap in them.
 from __future__ import annotations
 
 import contextlib
-
 import copy
 import warnings
 
