@@ -246,14 +246,17 @@ def unet(root: Path, seconds: float) -> dict:
 
 # --- gpuaccel -----------------------------------------------------------------------------------
 
-def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: str) -> dict:
+def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: str, epochs: float | None) -> dict:
     from gpuaccel.train.config import TrainConfig
     from gpuaccel.train.recipes import load_recipe
     from gpuaccel.train.trainer import Trainer
 
     results = []
     for seed in seeds:
-        config = TrainConfig(**{**load_recipe(recipe), "data": str(root), "seed": seed,
+        settings = load_recipe(recipe)
+        if epochs is not None:  # the same recipe trained shorter (its schedule follows the epochs)
+            settings["epochs"] = epochs
+        config = TrainConfig(**{**settings, "data": str(root), "seed": seed,
                                 "run_dir": str(runs / f"{recipe}-{seed}"), "monitor": False})
         trainer = Trainer(config, quiet=True)
         summary = trainer.fit()
@@ -261,7 +264,7 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
                         "warmup_seconds": round(trainer.warmup_seconds, 2), **summary["metrics"],
                         "samples_per_second": summary.get("samples_per_second"), "run_dir": str(trainer.run_dir)})
         print(results[-1], flush=True)
-    return {"recipe": recipe, "runs": results,
+    return {"recipe": recipe, "epochs": config.epochs, "runs": results,
             "mean": {k: round(statistics.mean(r[k] for r in results), 5) for k in (metric, "train_seconds")}}
 
 
@@ -313,6 +316,7 @@ def main():
     p.add_argument("--parts", nargs="+", default=["frcnn", "unet", "detect", "segment"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--anchor-seconds", type=float, default=150)
+    p.add_argument("--recipe-epochs", type=float, help="train the recipes for this many epochs (default: the recipe's)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     runs = Path(os.environ.get("TMPDIR", "/tmp")) / "vision-runs"
@@ -325,9 +329,9 @@ def main():
         elif part == "unet":
             result = unet(a.data, a.anchor_seconds)
         elif part == "detect":
-            result = recipe_runs("scenes-detect", a.data, a.seeds, runs, "map")
+            result = recipe_runs("scenes-detect", a.data, a.seeds, runs, "map", a.recipe_epochs)
         elif part == "segment":
-            result = recipe_runs("scenes-segment", a.data, a.seeds, runs, "miou")
+            result = recipe_runs("scenes-segment", a.data, a.seeds, runs, "miou", a.recipe_epochs)
         elif part == "infer":
             result = inference(runs)
         else:
