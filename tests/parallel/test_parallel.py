@@ -423,9 +423,9 @@ def test_a_gpt_split_into_two_pipeline_stages_trains_like_one_process(tmp_path):
 
 
 def test_a_gpt_in_pipeline_stages_trains_in_bf16(tmp_path):
-    """The stages are traced under the run's autocast: traced in fp32, the rotary embedding's
-    x.float() became a check that x is fp32, which its bf16 activations failed (torch 2.13: an
-    error at the first step)."""
+    """The stages are traced under the run's autocast dtype: traced in fp32, the rotary
+    embedding's x.float() became a check that x is fp32, which its bf16 activations failed
+    (torch 2.13: an error at the first step)."""
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i % 17}: the quick brown fox jumps over the lazy dog.\n" for i in range(96)))
     torchrun("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
@@ -433,6 +433,18 @@ def test_a_gpt_in_pipeline_stages_trains_in_bf16(tmp_path):
              "--precision", "bf16", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["precision"] == "bf16" and summary["steps"] > 0 and math.isfinite(summary["metrics"]["loss"])
+
+
+def test_stages_are_traced_under_an_autocast_of_the_device_holding_the_weights():
+    """On GPUs the model is traced while its weights are still on the CPU, where the run's CUDA
+    autocast does nothing: the trace takes the run's dtype on the weights' own device."""
+    from gpuaccel.parallel.pipeline import tracing_precision
+
+    model = torch.nn.Linear(4, 4)
+    with tracing_precision(model, torch.bfloat16):
+        assert model(torch.zeros(2, 4)).dtype == torch.bfloat16
+    with tracing_precision(model, None):
+        assert model(torch.zeros(2, 4)).dtype == torch.float32
 
 
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):

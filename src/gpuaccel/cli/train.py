@@ -98,9 +98,11 @@ def _train(args) -> int:
         trainer = Trainer.resume(resume, overrides=options, quiet=args.quiet or args.json)
     else:
         trainer = Trainer(TrainConfig(**options), quiet=args.quiet or args.json)
+    finished = False
     try:
         summary = trainer.fit()
         trainer.dist.barrier()  # no rank tears the process group down while another still uses it
+        finished = True
     except torch.OutOfMemoryError as exc:
         detail = str(exc).split(". ")[0]
         raise GpuaccelError(f"out of GPU memory ({detail}); try a smaller --batch-size, --activation-checkpointing, "
@@ -110,7 +112,10 @@ def _train(args) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        Distributed.from_env().close()
+        # a rank that failed leaves the others inside a collective: tearing the group down would
+        # wait for them (NCCL) before its error is printed; its exit makes the launcher stop them
+        if finished:
+            Distributed.from_env().close()
     if not Distributed.from_env().is_main:
         return 0  # one summary per run, from rank 0
     if args.json:

@@ -164,7 +164,7 @@ class Pipeline:
                  input_dtype: torch.dtype = torch.float32,
                  batch_size: int, eval_batch_size: int, channels_last: bool, loss_fn=F.cross_entropy,
                  compile_options: dict | None = None, activation_checkpointing: bool = False,
-                 autocast=contextlib.nullcontext):
+                 autocast_dtype: torch.dtype | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
@@ -199,8 +199,7 @@ class Pipeline:
             try:
                 with warnings.catch_warnings():  # torch 2.13's pipelining calls a pytree test it deprecates
                     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-                    with autocast():  # traced as it runs: export turns a cast that is a no-op in fp32
-                        # (x.float()) into a check of x's dtype, which bf16 activations would fail
+                    with tracing_precision(model, autocast_dtype):
                         pipe = pipeline(model, mb_args=(torch.zeros(micro_batch, *input_shape, dtype=input_dtype),),
                                         split_spec=spec)
             except Exception as exc:  # export failures are long; the first line says what
@@ -353,6 +352,17 @@ class Pipeline:
         return by_stage
 
 
+def tracing_precision(model: nn.Module, autocast_dtype: torch.dtype | None):
+    """The run's autocast dtype on the device the weights are on while the model is traced (the
+    CPU, where the run's autocast is the GPU's, which CPU tensors ignore). Traced in fp32, a cast
+    that is a no-op there (the rotary embedding's ``x.float()``) becomes export's check that x is
+    fp32, which the run's bf16 activations fail."""
+    if autocast_dtype is None:
+        return contextlib.nullcontext()
+    weights = next(model.parameters(), None)
+    return torch.autocast(weights.device.type if weights is not None else "cpu", dtype=autocast_dtype)
+
+
 def _check_chain(pipe, points: list[str]) -> None:
     """Each stage must take exactly what the stage before it returns (one activation, or the
     same tuple): a tensor that skips a stage, or a model input used past the first stage,
@@ -424,13 +434,14 @@ class PipelineParallel(Strategy):
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, stages: int, microbatches: int,
                  schedule: str, split_points: list[str] | None, batch_size: int, eval_batch_size: int,
-                 channels_last: bool, compile_options: dict | None, activation_checkpointing: bool, autocast):
+                 channels_last: bool, compile_options: dict | None, activation_checkpointing: bool, autocast,
+                 autocast_dtype: torch.dtype | None):
         super().__init__(device, rank, world_size)
         self.stages, self.autocast = stages, autocast
         self.options = dict(stages=stages, microbatches=microbatches, schedule=schedule, split_points=split_points,
                             device=device, batch_size=batch_size, eval_batch_size=eval_batch_size,
                             channels_last=channels_last, compile_options=compile_options,
-                            activation_checkpointing=activation_checkpointing)
+                            activation_checkpointing=activation_checkpointing, autocast_dtype=autocast_dtype)
         self.pipeline: Pipeline | None = None
 
     @property
@@ -448,7 +459,7 @@ class PipelineParallel(Strategy):
         self.saved_keys = set(model.state_dict())
         example = first_inputs()
         self.pipeline = Pipeline(model, input_shape=tuple(example.shape[1:]), input_dtype=example.dtype,
-                                 loss_fn=loss_fn, autocast=self.autocast, **self.options)
+                                 loss_fn=loss_fn, **self.options)
         self.model = self.pipeline.module  # this stage's parameters, named as in the plain model
         self.counts_metrics = self.pipeline.is_last  # where the outputs and losses are
         return self.model

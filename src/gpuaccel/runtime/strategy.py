@@ -51,7 +51,7 @@ def training_strategy(config, placement: Placement, *, captured_step: bool, chan
             channels_last=channels_last,
             compile_options=compile_arguments(config.compile_mode, config.tune_kernels) if config.compile else None,
             activation_checkpointing=config.activation_checkpointing,
-            autocast=lambda: precision.autocast(device))
+            autocast=lambda: precision.autocast(device), autocast_dtype=precision.autocast_dtype)
     return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
                            bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
                            offload=config.offload == "cpu", shard_tables=True)
