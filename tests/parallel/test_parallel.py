@@ -336,33 +336,6 @@ def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(t
     assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
 
 
-_MIXED_PRECISION_PROBE = """
-import torch, torch.nn as nn
-from gpuaccel.parallel.fsdp import apply_fsdp
-for norm in (nn.LayerNorm(16), nn.BatchNorm1d(16)):
-    model = nn.Sequential(nn.Linear(8, 16), norm, nn.Linear(16, 4))
-    seen = []
-    model[0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
-    apply_fsdp(model, torch.device("cpu"), compute_dtype=torch.bfloat16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(torch.randn(5, 8)).float().square().mean().backward()
-    print(type(norm).__name__, seen[0], sorted({str(p.dtype) for p in model.parameters()}),
-          sorted({str(p.grad.dtype) for p in model.parameters()}))
-"""
-
-
-def test_sharded_bf16_gathers_the_weights_in_bf16_and_keeps_fp32_shards_and_gradients():
-    """FSDP under bf16 casts each unit's weights before its all-gather (half the bytes); the
-    shards and gradients stay fp32. Batch norm wants fp32 weights: its models use autocast alone.
-    (In a subprocess: the probe creates a process group of one.)"""
-    done = subprocess.run([sys.executable, "-c", _MIXED_PRECISION_PROBE], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [
-        "LayerNorm torch.bfloat16 ['torch.float32'] ['torch.float32']",
-        "BatchNorm1d torch.float32 ['torch.float32'] ['torch.float32']"]
-
-
 def test_shard_errors(capsys, monkeypatch):
     assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--ema", "0.9"], "--ema", "--shard")
     import gpuaccel.parallel.fsdp as fsdp

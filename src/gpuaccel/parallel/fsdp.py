@@ -43,8 +43,7 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(dist.destroy_process_group)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False,
-               compute_dtype: torch.dtype | None = None) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False) -> nn.Module:
     """Shards ``model`` in place over all processes of the default group; returns it.
 
     ``offload``: the sharded parameters, their gradients and the optimizer state stay in
@@ -52,26 +51,20 @@ def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False,
     backward pass, gradients go back to the host, and the optimizer step runs on the CPU.
     GPU memory then holds about one unit's parameters plus the activations.
 
-    ``compute_dtype`` (bf16 under mixed precision): each unit's parameters are cast to it
-    before they are all-gathered, so the all-gathers move half the bytes and autocast finds
-    them cast already; gradients are reduce-scattered in fp32 into the fp32 shards. The
-    shards, the optimizer and checkpoints stay fp32. Not for a model with batch norm, whose
-    kernels want its weights in the dtype of its running statistics (fp32): autocast alone."""
+    Weights are all-gathered in fp32 and autocast casts them: gathering them in bf16 (FSDP2's
+    MixedPrecisionPolicy) halves the bytes but measured about 20% fewer tokens/s on 1, 2 and 4
+    H200s for the 124 M GPT (benchmarks/scaling/results/h200x4/fsdp_bf16_gathers.json)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if offload and device.type != "cuda":
         raise GpuaccelError("--offload cpu moves parameters out of GPU memory; this run is on the CPU already")
     ensure_process_group(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        compute_dtype = None
-    options = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
-                   mp_policy=MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-                   if compute_dtype is not None else MixedPrecisionPolicy())
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     for block in list(_outermost_blocks(model)):
-        fully_shard(block, **options)
-    fully_shard(model, **options)
+        fully_shard(block, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
 
 
@@ -162,15 +155,14 @@ class Sharded(Strategy):
     fused_optimizer = False  # sharded parameters are DTensors
     local_forward = False  # (a collective across the processes)
 
-    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False,
-                 compute_dtype: torch.dtype | None = None):
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False):
         super().__init__(device, rank, world_size)
-        self.offload, self.compute_dtype = offload, compute_dtype
+        self.offload = offload
         self.places_parameters = offload  # the shards stay in pinned host memory
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         refuse_backward_updates(model, "FSDP (--shard)")
-        self.model = apply_fsdp(model, self.device, offload=self.offload, compute_dtype=self.compute_dtype)
+        self.model = apply_fsdp(model, self.device, offload=self.offload)
         return self.model
 
     def gradient_sync(self, sync: bool):

@@ -27,7 +27,7 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
         if placement.precision.loss_scaling:
             raise GpuaccelError("FSDP (--shard) trains in bf16 or fp32; fp16 loss scaling is not supported with it "
                                 "(use --precision bf16 or fp32)")
-        return Sharded(**where, offload=offload, compute_dtype=placement.precision.autocast_dtype)
+        return Sharded(**where, offload=offload)
     if dist.active and captured_step:
         return GraphDataParallel(**where, shard_tables=shard_tables)
     if dist.active:  # (ddp in one process: nothing to combine)
