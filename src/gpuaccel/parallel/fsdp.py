@@ -52,8 +52,9 @@ def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False) ->
     GPU memory then holds about one unit's parameters plus the activations.
 
     Weights are all-gathered in fp32 and autocast casts them: gathering them in bf16 (FSDP2's
-    MixedPrecisionPolicy) halves the bytes but measured about 20% fewer tokens/s on 1, 2 and 4
-    H200s for the 124 M GPT (benchmarks/scaling/results/h200x4/fsdp_bf16_gathers.json)."""
+    MixedPrecisionPolicy) halves the bytes, yet the 124 M GPT trained at 0.75-0.83x the tokens/s
+    per GPU on 1, 2 and 4 H200s (against fp32 gathers on another host of the same kind: not
+    paired; benchmarks/scaling/results/h200x4/fsdp_bf16_gathers.json)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
