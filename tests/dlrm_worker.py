@@ -1,8 +1,8 @@
 """One process of a data-parallel DLRM run: its embedding tables update themselves inside the
-backward pass, sharded by columns across the processes or replicated on each, which then
+backward pass, sharded across the processes (whole tables) or replicated on each, which then
 gathers every process's rows and gradients (models/dlrm.py).
 
-    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema
+    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema|state
 """
 import sys
 
@@ -28,9 +28,29 @@ def train(run_dir: str, batch: int, rank: int = 0, strategy=None, **settings) ->
     return trainer
 
 
+def state_round_trip(run_dir: str) -> None:
+    """Sharded tables: state_dict() gives the whole tables, and loading whole tables keeps this
+    process's; RUN_DIR/state.pt gets the state read back after loading known values."""
+    from gpuaccel.parallel.data_parallel import share_backward_updates
+
+    torch.distributed.init_process_group("gloo")
+    model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], required=())
+    share_backward_updates(model, shard_tables=True)
+    whole = model.tables.state_dict()
+    assert whole["weight"].shape == (100, 8) and whole["accumulator"].shape == (100,), whole["weight"].shape
+    known = {"weight": torch.arange(800.0).view(100, 8), "accumulator": torch.arange(100.0)}
+    model.tables.load_state_dict(known)
+    back = model.tables.state_dict()
+    if torch.distributed.get_rank() == 0:
+        torch.save({k: back[k] for k in known}, f"{run_dir}/state.pt")
+
+
 if __name__ == "__main__":
     run_dir, batch, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     dist = Distributed.from_env()
+    if kind == "state":
+        state_round_trip(run_dir)
+        end_worker()
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused
     where = dict(device=torch.device("cpu"), rank=dist.rank, world_size=dist.world_size)

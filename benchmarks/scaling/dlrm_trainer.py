@@ -2,7 +2,7 @@
 click records shaped like Criteo's (13 dense features, 26 ids drawn with a heavy head from
 MLPerf's table sizes capped at --max-rows), --batch records per process per step, --steps
 steps whatever the number of processes (weak scaling), the whole step as one CUDA graph with
-the tables sharded by columns across the processes, their all-to-alls inside it
+the tables sharded across the processes (whole tables each), their all-to-alls inside it
 (models/dlrm.py). Rank 0 prints the
 run's summary as one JSON line.
 

@@ -17,7 +17,7 @@ weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples p
         rows are never looked up, which changes no step's work), the same sharded (--shard,
         FSDP), ResNet-50 and the same GPT as pipelines of two stages (--pipeline-stages 2, from 2
         GPUs; efficiency relative to 2 GPUs), and DLRM on Criteo-shaped synthetic ids (dlrm_trainer.py under
-        torch.distributed.run: tables sharded by columns, their all-to-alls inside the step graph).
+        torch.distributed.run: tables sharded across the processes, their all-to-alls inside the step graph).
 exit    a captured Accelerator step on 2 GPUs (tests/accelerator_loop.py acc-capture under
         torchrun) run --exit-runs times: every run must exit 0 within its time bound.
 restart ResNet-18 on CIFAR-10 on 2 GPUs with --max-restarts 1 and one worker killed after a

@@ -95,10 +95,10 @@ def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp
 
 @pytest.mark.parametrize("kind", ["ddp", "graph", "ddp-replicated"])
 def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind):
-    """Tables sharded by columns (each process looks up and updates its columns of every
-    process's rows) or replicated (each process gathers every process's rows and gradients);
-    either way the update is the one a process with the whole batch takes, and model.pt holds
-    the whole tables."""
+    """Tables sharded across the processes (3 tables on 2 processes: one slot without a table;
+    each process looks up and updates its tables' rows for every process's ids) or replicated
+    (each process gathers every process's rows and gradients); either way the update is the one
+    a process with the whole batch takes, and model.pt holds the whole tables."""
     from dlrm_worker import train
 
     single, double = tmp_path / "one", tmp_path / "two"
@@ -107,12 +107,32 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
     summary = json.loads((double / "summary.json").read_text())
-    assert ("sharded by columns" in summary["strategy"]) == (kind != "ddp-replicated"), summary["strategy"]
+    assert ("tables sharded across the processes" in summary["strategy"]) == (kind != "ddp-replicated"), summary["strategy"]
     reference = json.loads((single / "summary.json").read_text())["metrics"]
     assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
 
 
-def test_a_weight_average_of_tables_sharded_by_columns_is_refused_on_every_process(tmp_path):
+def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path):
+    """3 tables on 4 processes: one process holds no table (its slot looks up the spare row)."""
+    from dlrm_worker import train
+
+    single, four = tmp_path / "one", tmp_path / "four"
+    train(str(single), 64)
+    torchrun(str(four), "16", "graph", nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
+    assert_same_training(single, four, processes=4, global_batch=64, atol=2e-5)
+    reference = json.loads((single / "summary.json").read_text())["metrics"]
+    assert json.loads((four / "summary.json").read_text())["metrics"] == pytest.approx(reference, rel=1e-4)
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_sharded_tables_save_whole_and_load_whole_tables_as_their_share(tmp_path, processes):
+    torchrun(str(tmp_path), "0", "state", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
+    back = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert torch.equal(back["weight"], torch.arange(800.0).view(100, 8))
+    assert torch.equal(back["accumulator"], torch.arange(100.0))
+
+
+def test_a_weight_average_of_sharded_tables_is_refused_on_every_process(tmp_path):
     done = torchrun(str(tmp_path / "run"), "32", "ema", program=(str(TESTS / "dlrm_worker.py"),))
     # (the two processes share the output: their lines may interleave)
     assert sorted(re.findall(r"rank (\d) refused", done.stdout)) == ["0", "1"], done.stdout

@@ -24,18 +24,18 @@ either way every process takes the step one process with the whole batch would t
   tables and, before the update, gathers every process's rows and gradients. That moves
   world x batch x tables x dim values per step and applies all of them on every process:
   cheap at MovieLens sizes, the price of replication at Criteo's.
-- column-sharded (``shard_columns``; Trainer's way, where the width divides by the process
-  count): each process holds dim / world columns of every row (TorchRec's column-wise
-  sharding). The forward pass gathers every process's ids (world x batch x tables ids),
-  looks up its columns of all of them and sends each process its own samples' part (one
-  all-to-all of batch x tables x dim values, in the compute dtype); the backward pass sends
-  the gradients back the same way, and each process updates its columns of every looked-up
-  row. Row-wise Adagrad's per-row mean square needs the whole row: one all-reduce of one
-  value per looked-up row. Per process: 1 / world of the replicated way's update work and of
-  the tables' memory; by count of the values moved, as many bytes on 2 processes, about half
-  on 4. Every size is fixed (the step graph captures it); evaluation, whose batches may differ
-  between processes, pads them to the largest. ``state_dict()`` gathers the whole tables (a
-  collective: every process calls it), and loading a whole table keeps this process's columns.
+- sharded by tables (``shard_tables``; Trainer's way): each process holds whole tables, about
+  1 / world of them (TorchRec's table-wise sharding), in ceil(tables / world) slots per process
+  (a slot left over looks up a spare row). The forward pass sends each table's ids to the
+  process holding it (one all-to-all of batch x slots ids), that process looks up the rows of
+  every process's ids for its tables, and a second all-to-all returns them (batch x tables x
+  dim values, in the compute dtype); the backward pass sends the gradients back the same way and
+  each process updates its own tables' rows, whole, so row-wise Adagrad needs no collective.
+  Per process: the rows of one batch's ids to look up and update, whatever the world size, and
+  1 / world of the tables' memory. Every size is fixed (the step graph captures it);
+  evaluation, whose batches may differ between processes, pads them to the largest.
+  ``state_dict()`` gathers the whole tables (a collective: every process calls it), and loading
+  whole tables keeps this process's.
 """
 
 from __future__ import annotations
@@ -69,23 +69,22 @@ class _FusedLookup(torch.autograd.Function):
 
 
 class _ShardedLookup(torch.autograd.Function):
-    """Column-sharded tables: every process's ids in, this process's samples' whole rows out."""
+    """Tables sharded across the processes: this process's ids in, their rows out."""
 
     @staticmethod
-    def forward(ctx, rows, weight, module, dtype):
-        everyone = module._all_rows(rows)
-        ctx.save_for_backward(everyone)
+    def forward(ctx, ids, weight, module, dtype):
+        rows = module._owner_rows(ids)
+        ctx.save_for_backward(rows)
         ctx.module = module
-        return module._exchanged_rows(weight, everyone, rows.shape, dtype)
+        return module._returned(weight[rows].to(dtype))
 
     @staticmethod
     def backward(ctx, grad):
-        (everyone,) = ctx.saved_tensors
+        (rows,) = ctx.saved_tensors
         module = ctx.module
-        world, width = module.column_world, module.weight.shape[1]
-        # (samples, world, width) -> block j: this process's samples' gradient for process j's columns
-        mine = module._all_to_all(grad.reshape(-1, world, width).transpose(0, 1))
-        module.apply_gradient(everyone, mine.reshape(-1, width))
+        mine = module._exchange(module._by_slot(grad))  # every process's gradients for this process's rows
+        # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
+        module.apply_gradient(rows.reshape(-1), mine.reshape(-1, grad.shape[-1]).float().div_(module.shard_world))
         return None, None, None, None
 
 
@@ -105,66 +104,92 @@ class FusedEmbeddingTables(nn.Module):
         self.register_buffer("accumulator", torch.zeros(total))  # row-wise Adagrad's sum of mean squared gradients
         self._summed: torch.Tensor | None = None  # per-row gradient sums: allocated once, zero between steps
         self.process_group = None  # replicated data parallel: the processes whose updates every replica takes
-        self.column_group, self.column_world = None, 1  # column-sharded: the processes holding the other columns
+        self.shard_group, self.shard_world = None, 1  # sharded by tables: the processes holding the others
         self.register_state_dict_post_hook(_whole_tables)
-        self.register_load_state_dict_pre_hook(_own_columns)
+        self.register_load_state_dict_pre_hook(_own_tables)
 
     def forward(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """(N, T) ids, one per table -> (N, T, dim) rows, in ``dtype`` (default: the tables')."""
-        rows, dtype = ids + self.offsets, dtype or self.weight.dtype
+        dtype = dtype or self.weight.dtype
         training = self.training and torch.is_grad_enabled()
-        if self.column_group is not None:
+        if self.shard_group is not None:
             if training:  # (every process's batch has the same size)
-                return _ShardedLookup.apply(rows, self.weight, self, dtype)
-            return self._evaluation_rows(rows, dtype)
+                return _ShardedLookup.apply(ids, self.weight, self, dtype)
+            return self._evaluation_rows(ids, dtype)
+        rows = ids + self.offsets
         if training:
             return _FusedLookup.apply(rows, self.weight, self, dtype)
         return self.weight[rows].to(dtype)
 
-    # ------------------------------------------------------------------ column sharding
+    # ------------------------------------------------------------------ sharding by tables
 
-    def shard_columns(self, group) -> bool:
-        """Keeps this process's dim / world columns of every row (the tables must be the same on
-        every process already); False, and nothing changes, where dim does not divide."""
+    def shard_tables(self, group) -> bool:
+        """Keeps this process's tables (the same on every process already), largest first to the
+        process holding the fewest rows, ceil(tables / world) slots each; False with one process."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        dim = self.weight.shape[1]
-        if world < 2 or dim % world:
+        if world < 2:
             return False
-        width = dim // world
-        self.weight = nn.Parameter(self.weight.detach()[:, rank * width:(rank + 1) * width].clone())
+        tables, slots = len(self.sizes), -(-len(self.sizes) // world)
+        owned, held = [[] for _ in range(world)], [0] * world
+        for t in sorted(range(tables), key=lambda t: -self.sizes[t]):
+            p = min((p for p in range(world) if len(owned[p]) < slots), key=lambda p: held[p])
+            owned[p].append(t)
+            held[p] += self.sizes[t]
+        table_of_slot = [t for p in range(world) for t in owned[p] + [-1] * (slots - len(owned[p]))]
+        mine, offsets = owned[rank], self.offsets.tolist()
+        keep = torch.cat([torch.arange(offsets[t], offsets[t] + self.sizes[t]) for t in mine] or
+                         [torch.zeros(0, dtype=torch.long)])
+        spare = keep.numel()  # one more row, zero: what a slot without a table looks up
+        device = self.weight.device
+        self.weight = nn.Parameter(torch.cat([self.weight.detach()[keep.to(device)],
+                                              self.weight.new_zeros(1, self.weight.shape[1])]))
         self.weight.updated_in_backward = True
-        self.column_group, self.column_world, self._summed = group, world, None
+        self.accumulator = torch.cat([self.accumulator[keep.to(device)], self.accumulator.new_zeros(1)])
+        starts = [sum(self.sizes[u] for u in mine[:i]) for i in range(len(mine))]
+        local = [starts[i] if i < len(mine) else spare for i in range(slots)]
+        self.register_buffer("_local_offsets", torch.tensor(local, device=device), persistent=False)
+        table_index = torch.tensor([max(t, 0) for t in table_of_slot], device=device)
+        self.register_buffer("_slot_table", table_index, persistent=False)  # each slot's table (0 for a blank)
+        self.register_buffer("_slot_used", torch.tensor([t >= 0 for t in table_of_slot], device=device),
+                             persistent=False)
+        position = torch.tensor([table_of_slot.index(t) for t in range(tables)], device=device)
+        self.register_buffer("_table_slot", position, persistent=False)  # each table's slot
+        self.owned, self.slots = owned, slots
+        self.shard_group, self.shard_world, self._summed = group, world, None
         return True
 
-    def _all_to_all(self, blocks: torch.Tensor) -> torch.Tensor:
-        """(world, n, width) blocks, block j to process j -> block i from process i."""
+    def _exchange(self, blocks: torch.Tensor) -> torch.Tensor:
+        """(world, ...) blocks, block j to process j -> block i from process i."""
         blocks = blocks.contiguous()
         received = torch.empty_like(blocks)
-        dist.all_to_all_single(received, blocks, group=self.column_group)
+        dist.all_to_all_single(received, blocks, group=self.shard_group)
         return received
 
-    def _all_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        everyone = rows.new_empty(self.column_world * rows.numel())
-        _all_gather(everyone, rows.reshape(-1).contiguous(), group=self.column_group)
-        return everyone
+    def _by_slot(self, per_table: torch.Tensor) -> torch.Tensor:
+        """(N, tables, ...) -> (world, N, slots, ...): block j holds what goes to process j."""
+        n, rest = per_table.shape[0], per_table.shape[2:]
+        slotted = per_table[:, self._slot_table] * self._slot_used.view(1, -1, *[1] * len(rest))
+        return slotted.view(n, self.shard_world, self.slots, *rest).transpose(0, 1)
 
-    def _exchanged_rows(self, weight, everyone, shape, dtype) -> torch.Tensor:
-        """This process's columns of every process's rows, exchanged for every process's
-        columns of this process's rows: (*shape, dim)."""
-        world = self.column_world
-        received = self._all_to_all(weight[everyone].to(dtype).view(world, -1, weight.shape[1]))
-        return received.transpose(0, 1).reshape(*shape, world * weight.shape[1])  # columns in process order
+    def _owner_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """This process's rows of every process's ids for its tables: (world, N, slots)."""
+        return self._exchange(self._by_slot(ids)) + self._local_offsets
 
-    def _evaluation_rows(self, rows: torch.Tensor, dtype) -> torch.Tensor:
+    def _returned(self, looked_up: torch.Tensor) -> torch.Tensor:
+        """(world, N, slots, dim) rows from this process's tables -> (N, tables, dim) of this
+        process's samples from every process's tables."""
+        received = self._exchange(looked_up)
+        n, dim = received.shape[1], received.shape[-1]
+        return received.transpose(0, 1).reshape(n, -1, dim)[:, self._table_slot]
+
+    def _evaluation_rows(self, ids: torch.Tensor, dtype) -> torch.Tensor:
         """As in training, each process's batch padded to the largest (evaluation's batches may
         differ in size between processes; this costs a host synchronisation)."""
-        count = torch.tensor([rows.shape[0]], device=rows.device)
-        counts = count.new_empty(self.column_world)
-        _all_gather(counts, count, group=self.column_group)
-        largest = int(counts.max())
-        padded = torch.cat([rows, rows.new_zeros(largest - rows.shape[0], *rows.shape[1:])])
-        out = self._exchanged_rows(self.weight, self._all_rows(padded), padded.shape, dtype)
-        return out[:rows.shape[0]]
+        count = torch.tensor([ids.shape[0]], device=ids.device)
+        counts = count.new_empty(self.shard_world)
+        _all_gather(counts, count, group=self.shard_group)
+        padded = torch.cat([ids, ids.new_zeros(int(counts.max()) - ids.shape[0], *ids.shape[1:])])
+        return self._returned(self.weight[self._owner_rows(padded)].to(dtype))[:ids.shape[0]]
 
     # ------------------------------------------------------------------ the update
 
@@ -172,26 +197,16 @@ class FusedEmbeddingTables(nn.Module):
     def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
         if self.process_group is not None:
             rows, grad = self._gathered(rows, grad)
-        elif self.column_group is not None:  # every process's rows; its mean loss is 1 / world of the whole batch's
-            grad = grad.float().div_(self.column_world)
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
         self._summed.index_add_(0, rows, grad.float())  # duplicates add up here
         summed = self._summed[rows]  # every occurrence of a row reads the same sum ...
-        accumulated = self.accumulator[rows] + self._mean_square(summed)
+        accumulated = self.accumulator[rows] + summed.square().mean(1)
         # ... so every write of a duplicated row writes the same value: the update happens once
         self.accumulator.index_put_((rows,), accumulated)
         step = summed * (self.lr / (accumulated.sqrt() + self.eps)).unsqueeze(1)
         self.weight.index_put_((rows,), self.weight[rows] - step.to(self.weight.dtype))
         self._summed.index_fill_(0, rows, 0.0)
-
-    def _mean_square(self, summed: torch.Tensor) -> torch.Tensor:
-        """Each row's mean squared gradient over the whole row (all processes' columns)."""
-        if self.column_group is None:
-            return summed.square().mean(1)
-        total = summed.square().sum(1)
-        dist.all_reduce(total, group=self.column_group)
-        return total.div_(summed.shape[1] * self.column_world)
 
     def _gathered(self, rows: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every process's rows and gradients (fixed sizes: each process has the same batch). Each
@@ -206,22 +221,40 @@ class FusedEmbeddingTables(nn.Module):
 
 
 def _whole_tables(module: FusedEmbeddingTables, state: dict, prefix: str, metadata) -> None:
-    """state_dict(): column-sharded tables gathered whole (a collective)."""
-    if module.column_group is None:
+    """state_dict(): tables sharded across the processes gathered whole (a collective)."""
+    if module.shard_group is None:
         return
-    shard = state[prefix + "weight"].detach().contiguous()
-    shards = shard.new_empty(module.column_world * shard.shape[0], shard.shape[1])
-    _all_gather(shards, shard, group=module.column_group)
-    state[prefix + "weight"] = shards.view(module.column_world, *shard.shape).transpose(0, 1).flatten(1)
+    for name in ("weight", "accumulator"):
+        mine = state[prefix + name].detach()
+        counts = torch.tensor([mine.shape[0]], device=mine.device)
+        every_count = counts.new_empty(module.shard_world)
+        _all_gather(every_count, counts, group=module.shard_group)
+        longest = int(every_count.max())
+        padded = torch.cat([mine, mine.new_zeros(longest - mine.shape[0], *mine.shape[1:])]).contiguous()
+        everyone = padded.new_empty(module.shard_world * longest, *mine.shape[1:])
+        _all_gather(everyone, padded, group=module.shard_group)
+        everyone = everyone.view(module.shard_world, longest, *mine.shape[1:])
+        whole = mine.new_empty(sum(module.sizes), *mine.shape[1:])
+        offsets = module.offsets.tolist()
+        for p, tables in enumerate(module.owned):
+            start = 0
+            for t in tables:
+                whole[offsets[t]:offsets[t] + module.sizes[t]] = everyone[p, start:start + module.sizes[t]]
+                start += module.sizes[t]
+        state[prefix + name] = whole
 
 
-def _own_columns(module: FusedEmbeddingTables, state: dict, prefix: str, *args) -> None:
-    """load_state_dict(): this process's columns of whole tables."""
-    weight = state.get(prefix + "weight")
-    if module.column_group is not None and weight is not None and weight.shape[1] != module.weight.shape[1]:
-        width = module.weight.shape[1]
-        rank = dist.get_rank(module.column_group)
-        state[prefix + "weight"] = weight[:, rank * width:(rank + 1) * width]
+def _own_tables(module: FusedEmbeddingTables, state: dict, prefix: str, *args) -> None:
+    """load_state_dict(): this process's tables of whole ones (and the spare row)."""
+    if module.shard_group is None:
+        return
+    offsets, rank = module.offsets.tolist(), dist.get_rank(module.shard_group)
+    for name in ("weight", "accumulator"):
+        whole = state.get(prefix + name)
+        if whole is None or whole.shape[0] != sum(module.sizes):
+            continue
+        parts = [whole[offsets[t]:offsets[t] + module.sizes[t]] for t in module.owned[rank]]
+        state[prefix + name] = torch.cat([*parts, whole.new_zeros(1, *whole.shape[1:])])
 
 
 def _mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:

@@ -54,8 +54,8 @@ def apply_ddp(model: nn.Module, device: torch.device, *, bucket_cap_mb: float = 
 
 def share_backward_updates(model: nn.Module, *, shard_tables: bool = False) -> list[str]:
     """Each module that updates a parameter inside its backward pass (``updated_in_backward``)
-    gets rank 0's parameters and buffers, and then either keeps its columns of them
-    (``shard_tables``, where the module can: ``shard_columns``) or the process group, so
+    gets rank 0's parameters and buffers, and then either keeps its share of them
+    (``shard_tables``, where the module can: its ``shard_tables``) or the process group, so
     that it takes every process's update. Returns the names of those parameters and buffers
     (what DDP must ignore)."""
     names = []
@@ -67,7 +67,7 @@ def share_backward_updates(model: nn.Module, *, shard_tables: bool = False) -> l
             raise GpuaccelError(f"{type(module).__name__} updates its parameters inside the backward pass and has no "
                                 "process_group to share those updates over, so it cannot train on several processes")
         broadcast_state(module)
-        if not (shard_tables and hasattr(module, "shard_columns") and module.shard_columns(dist.group.WORLD)):
+        if not (shard_tables and hasattr(module, "shard_tables") and module.shard_tables(dist.group.WORLD)):
             module.process_group = dist.group.WORLD
         names += [f"{prefix}.{name}" if prefix else name for name, _ in
                   [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]]
@@ -75,9 +75,9 @@ def share_backward_updates(model: nn.Module, *, shard_tables: bool = False) -> l
 
 
 def holds_sharded_tables(model: nn.Module) -> bool:
-    """Whether a module of ``model`` keeps only its columns of its tables: its forward pass and
+    """Whether a module of ``model`` keeps only its share of its tables: its forward pass and
     its state_dict() are then collectives."""
-    return any(getattr(module, "column_group", None) is not None for module in model.modules())
+    return any(getattr(module, "shard_group", None) is not None for module in model.modules())
 
 
 def broadcast_state(module: nn.Module, src: int = 0) -> None:
@@ -100,7 +100,7 @@ def average_gradients(grads: list[torch.Tensor]) -> None:
 
 
 class TablesShardedMixin:
-    """What a data-parallel strategy changes where its model holds tables sharded by columns:
+    """What a data-parallel strategy changes where its model holds tables sharded across the processes:
     checkpoints gathered from every process, forward passes run on all of them together."""
 
     tables_sharded = False
@@ -114,7 +114,7 @@ class TablesShardedMixin:
         return shortfall_of_batches(self.device, batches) if self.tables_sharded else 0
 
     def _tables_note(self) -> str:
-        return ", tables sharded by columns" if self.tables_sharded else ""
+        return ", tables sharded across the processes" if self.tables_sharded else ""
 
 
 class DataParallel(TablesShardedMixin, Strategy):

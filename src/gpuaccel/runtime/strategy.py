@@ -17,7 +17,7 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
     """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
     shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
     averages the gradients inside it instead of through DDP's hooks. ``shard_tables``: data
-    parallel shards embedding tables updated in the backward pass by columns (models/dlrm.py;
+    parallel shards embedding tables updated in the backward pass across the processes (models/dlrm.py;
     their forward pass and state_dict() become collectives), else replicates them."""
     if name not in STRATEGIES:
         raise choice_error("strategy", name, STRATEGIES)

@@ -212,8 +212,8 @@ class Trainer:
         self.collective_state = self.strategy.collective_state  # checkpoints gathered from every process
         self.counts_metrics = self.strategy.counts_metrics  # where losses are computed
         if self.config.ema and getattr(self.strategy, "tables_sharded", False):
-            raise GpuaccelError("--ema cannot average embedding tables sharded across processes (each holds its "
-                                "columns); leave out --ema, or train in one process")
+            raise GpuaccelError("--ema cannot average embedding tables sharded across processes (each holds "
+                                "some of them); leave out --ema, or train in one process")
         self.ema = WeightAverage(self.model, self.config.ema) if self.config.ema else None
         self.forward = self.strategy.training_forward(self._compiled)
         compile_for_eval = self._compiled if self.config.compile_eval else (lambda module: module)
