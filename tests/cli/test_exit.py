@@ -114,3 +114,19 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == 1
+
+
+def test_a_signal_during_a_checkpoint_write_is_handled_after_the_write():
+    """The test above sends its signal once a checkpoint exists; with one written every 5 steps,
+    it can land inside the next torch.save, whose zip writer then failed on closing (exit 1)."""
+    from gpuaccel.train.fit_context import signals_held
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handler"))
+    try:
+        with signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            seen.append("written")
+        assert seen == ["written", "handler"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -155,6 +155,27 @@ def install_sigterm():
 
 
 @contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM wait until the block ends (a checkpoint being written): an exception
+    raised inside torch.save leaves its zip writer to fail on closing, and that error would
+    replace the stop. A signal that came is raised again after, to its own handler."""
+    came = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: came.append(signum))
+                    for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals do not reach it anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # (None: not set from Python)
+        for s in dict.fromkeys(came):
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
 def fit_context(trainer, progress: Progress, clock: "TrainingClock"):
     """Around the loop: SIGTERM stops like Ctrl-C (a checkpoint, then KeyboardInterrupt), the
     long-lived objects frozen for the collector, the meters running; all put back after."""

@@ -49,7 +49,7 @@ from .optim import build_optimizer, build_scheduler
 from .progress import Progress
 from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
-from .fit_context import TrainingClock, fit_context
+from .fit_context import TrainingClock, fit_context, signals_held
 from . import evaluation
 from .checks import check_processes_agree, check_task, create_for_data, whole_step_obstacle
 from .summary import start_lines, summarise
@@ -450,9 +450,10 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Writes checkpoint.pt (rank 0; sharded and pipelined runs call this on every rank to gather),
         and best.pt where a better evaluation came since the last one."""
-        state = checkpoint.training_state(self, full=True)
-        self.run.save_checkpoint(state, self.position())
-        self._save_best()
+        with signals_held():
+            state = checkpoint.training_state(self, full=True)
+            self.run.save_checkpoint(state, self.position())
+            self._save_best()
         return self.run.path / CHECKPOINT
 
     def keep_best(self) -> None:
