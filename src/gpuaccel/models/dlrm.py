@@ -141,10 +141,11 @@ class FusedEmbeddingTables(nn.Module):
                          [torch.zeros(0, dtype=torch.long)])
         spare = keep.numel()  # one more row, zero: what a slot without a table looks up
         device = self.weight.device
-        self.weight = nn.Parameter(torch.cat([self.weight.detach()[keep.to(device)],
-                                              self.weight.new_zeros(1, self.weight.shape[1])]))
+        keep = keep.to(device)
+        spare_row = self.weight.new_zeros(1, self.weight.shape[1])
+        self.weight = nn.Parameter(torch.cat([self.weight.detach()[keep], spare_row]))
         self.weight.updated_in_backward = True
-        self.accumulator = torch.cat([self.accumulator[keep.to(device)], self.accumulator.new_zeros(1)])
+        self.accumulator = torch.cat([self.accumulator[keep], self.accumulator.new_zeros(1)])
         starts = [sum(self.sizes[u] for u in mine[:i]) for i in range(len(mine))]
         local = [starts[i] if i < len(mine) else spare for i in range(slots)]
         self.register_buffer("_local_offsets", torch.tensor(local, device=device), persistent=False)
@@ -224,12 +225,9 @@ def _whole_tables(module: FusedEmbeddingTables, state: dict, prefix: str, metada
     """state_dict(): tables sharded across the processes gathered whole (a collective)."""
     if module.shard_group is None:
         return
+    longest = max(sum(module.sizes[t] for t in tables) for tables in module.owned) + 1  # (+ the spare row)
     for name in ("weight", "accumulator"):
         mine = state[prefix + name].detach()
-        counts = torch.tensor([mine.shape[0]], device=mine.device)
-        every_count = counts.new_empty(module.shard_world)
-        _all_gather(every_count, counts, group=module.shard_group)
-        longest = int(every_count.max())
         padded = torch.cat([mine, mine.new_zeros(longest - mine.shape[0], *mine.shape[1:])]).contiguous()
         everyone = padded.new_empty(module.shard_world * longest, *mine.shape[1:])
         _all_gather(everyone, padded, group=module.shard_group)
