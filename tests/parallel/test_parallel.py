@@ -440,6 +440,37 @@ def test_stages_are_traced_under_an_autocast_of_the_device_holding_the_weights()
         assert model(torch.zeros(2, 4)).dtype == torch.float32
 
 
+def test_a_stage_traced_on_one_device_runs_on_another():
+    """torch.export records a cast (the rotary embedding's x.float()) with a check of the device
+    x had while traced: stages traced on the CPU failed on their GPU ("Tensor device mismatch!
+    Expected: cpu"). Here traced on the meta device and run on the CPU."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from gpuaccel.parallel.pipeline import _drop_traced_metadata_checks, _run_compiled_graphs
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return (self.linear(x) * x.float().mean()).to(torch.bfloat16)
+
+    model = torch.nn.Sequential(Block(), Block()).to("meta")
+    pipe = pipeline(model, mb_args=(torch.zeros(2, 8, device="meta", dtype=torch.bfloat16),),
+                    split_spec={"1": SplitPoint.BEGINNING})
+    stage = pipe.get_stage_module(1)
+    _drop_traced_metadata_checks(stage)
+    _run_compiled_graphs(stage)
+    stage.to_empty(device="cpu")
+    torch.nn.init.ones_(stage.get_submodule("1.linear").weight)
+    torch.nn.init.zeros_(stage.get_submodule("1.linear").bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the stage runs: under the run's autocast
+        out = stage(torch.ones(2, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and out.device.type == "cpu" and torch.equal(out, torch.full((2, 8), 8.0,
+                                                                                                   dtype=torch.bfloat16))
+
+
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):
     """4 processes = 2 data-parallel replicas x 2 stages (GPipe, split where asked)."""
     single, piped = tmp_path / "single", tmp_path / "piped"

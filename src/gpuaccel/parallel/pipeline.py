@@ -36,6 +36,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -213,6 +214,7 @@ class Pipeline:
                                     f"not {stages}: each must be a module the forward pass calls, in order")
             _check_chain(pipe, self.split_points)
             traced = pipe.get_stage_module(self.stage_index)
+            _drop_traced_metadata_checks(traced)
             _run_compiled_graphs(traced)
             return traced
 
@@ -361,6 +363,25 @@ def tracing_precision(model: nn.Module, autocast_dtype: torch.dtype | None):
         return contextlib.nullcontext()
     weights = next(model.parameters(), None)
     return torch.autocast(weights.device.type if weights is not None else "cpu", dtype=autocast_dtype)
+
+
+def _drop_traced_metadata_checks(module: nn.Module) -> None:
+    """``torch.export`` records each cast (the rotary embedding's ``x.float()``) with a check
+    that x has the dtype and the device it had while traced. The trace ran on the CPU, where the
+    weights were; the stage runs on its GPU, where every such check fails ("Tensor device
+    mismatch! Expected: cpu"). The checks are assertions only: the casts stay."""
+    check = torch.ops.aten._assert_tensor_metadata.default
+    for m in module.modules():
+        graph = getattr(m, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        found = [n for n in graph.nodes if n.op == "call_function" and n.target is check]
+        for node in found:
+            graph.erase_node(node)
+        if found and isinstance(m, torch.fx.GraphModule):
+            m.recompile()
+        elif found and hasattr(m, "finalize"):  # torch.export.unflatten's InterpreterModule
+            m.finalize()
 
 
 def _check_chain(pipe, points: list[str]) -> None:
