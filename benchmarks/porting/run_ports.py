@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ VARIANTS = ("original", "port", "capture")
 SCRIPTS = {
     "mnist": (["../main.py", "--epochs", "1"], 300),
     "imagenet": (["main.py", "{cifar}", "-a", "resnet18", "-b", "256", "-j", "12", "--epochs", "1", "-p", "100000"], 60),
-    "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "2"], 200),
+    "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "6"], 200),
     "dcgan": (["main.py", "--dataset", "folder", "--dataroot", "{cifar}/train", "--imageSize", "64", "--accel",
                "--niter", "1", "--workers", "4", "--outf", "out", "--manualSeed", "1"], 300),
 }
@@ -96,6 +97,29 @@ def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
     return record
 
 
+def summary(runs: list[dict]) -> dict:
+    """Per script and variant: samples/s of each round, their median, the ratio of medians to the
+    original, and each round's own ratio (variants of one round ran minutes apart at most, so
+    the machine's drift over the rounds cancels in it) with their median."""
+    table = {}
+    for script in dict.fromkeys(r["script"] for r in runs):
+        rate = {(r["variant"], r["repeat"]): r.get("samples_per_second") for r in runs if r["script"] == script}
+        rounds = sorted({repeat for _, repeat in rate})
+        base = [rate.get(("original", k)) for k in rounds]
+        table[script] = {}
+        for variant in dict.fromkeys(v for v, _ in rate):
+            values = [rate.get((variant, k)) for k in rounds]
+            done = [v for v in values if v]
+            row = {"samples_per_second": values, "median": statistics.median(done) if done else None}
+            if any(base):
+                row["vs_original"] = round(row["median"] / statistics.median([b for b in base if b]), 3) if done else None
+                paired = [round(v / b, 3) for v, b in zip(values, base) if v and b]
+                row["paired_vs_original"] = paired
+                row["paired_median"] = statistics.median(paired) if paired else None
+            table[script][variant] = row
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
@@ -122,11 +146,15 @@ def main() -> None:
                 if variant != "original":
                     results["changed_lines"][f"{script}/{variant}"] = changed_lines(HERE / script / f"{variant}.diff")
         for repeat in range(args.repeats):
+            # each round starts with another variant: none always runs first (or last) in a round
+            order = args.variants[repeat % len(args.variants):] + args.variants[:repeat % len(args.variants)]
             for script in args.scripts:
-                for variant in args.variants:
+                for variant in order:
                     record = run_one(works[script, variant], script, variant, repeat, args)
                     results["runs"].append(record)
                     print(json.dumps(record), flush=True)
+    results["summary"] = summary(results["runs"])
+    print(json.dumps(results["summary"]), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from gpuaccel.tasks.detection import IOU_THRESHOLDS, coco_map, match
@@ -246,16 +247,14 @@ def unet(root: Path, seconds: float) -> dict:
 
 # --- gpuaccel -----------------------------------------------------------------------------------
 
-def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: str, epochs: float | None) -> dict:
+def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: str, changes: dict) -> dict:
     from gpuaccel.train.config import TrainConfig
     from gpuaccel.train.recipes import load_recipe
     from gpuaccel.train.trainer import Trainer
 
     results = []
     for seed in seeds:
-        settings = load_recipe(recipe)
-        if epochs is not None:  # the same recipe trained shorter (its schedule follows the epochs)
-            settings["epochs"] = epochs
+        settings = {**load_recipe(recipe), **changes}  # (a shorter run: the schedule follows the epochs)
         config = TrainConfig(**{**settings, "data": str(root), "seed": seed,
                                 "run_dir": str(runs / f"{recipe}-{seed}"), "monitor": False})
         trainer = Trainer(config, quiet=True)
@@ -264,7 +263,7 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
                         "warmup_seconds": round(trainer.warmup_seconds, 2), **summary["metrics"],
                         "samples_per_second": summary.get("samples_per_second"), "run_dir": str(trainer.run_dir)})
         print(results[-1], flush=True)
-    return {"recipe": recipe, "epochs": config.epochs, "runs": results,
+    return {"recipe": recipe, "changed": changes, "epochs": config.epochs, "runs": results,
             "mean": {k: round(statistics.mean(r[k] for r in results), 5) for k in (metric, "train_seconds")}}
 
 
@@ -317,7 +316,12 @@ def main():
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--anchor-seconds", type=float, default=150)
     p.add_argument("--recipe-epochs", type=float, help="train the recipes for this many epochs (default: the recipe's)")
+    p.add_argument("--recipe-set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="change recipe settings for a trial, e.g. batch_size=128 lr=3e-3 (YAML values)")
     a = p.parse_args()
+    changes = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in a.recipe_set)}
+    if a.recipe_epochs is not None:
+        changes["epochs"] = a.recipe_epochs
     a.out.mkdir(parents=True, exist_ok=True)
     runs = Path(os.environ.get("TMPDIR", "/tmp")) / "vision-runs"
     for part in a.parts:
@@ -329,9 +333,9 @@ def main():
         elif part == "unet":
             result = unet(a.data, a.anchor_seconds)
         elif part == "detect":
-            result = recipe_runs("scenes-detect", a.data, a.seeds, runs, "map", a.recipe_epochs)
+            result = recipe_runs("scenes-detect", a.data, a.seeds, runs, "map", changes)
         elif part == "segment":
-            result = recipe_runs("scenes-segment", a.data, a.seeds, runs, "miou", a.recipe_epochs)
+            result = recipe_runs("scenes-segment", a.data, a.seeds, runs, "miou", changes)
         elif part == "infer":
             result = inference(runs)
         else:

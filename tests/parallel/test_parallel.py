@@ -471,6 +471,12 @@ def test_a_stage_traced_on_one_device_runs_on_another():
                                                                                                    dtype=torch.bfloat16))
 
 
+def test_a_pipeline_takes_batches_with_gaps_between_rows():
+    """A language model's tokens are a view (x = window[:, :-1]): its rows are 1,025 apart, not
+    1,024, and the pipeline's stages refused them (stride mismatch) on the GPU."""
+    torchrun(program=(str(TESTS / "pipeline_worker.py"),))
+
+
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):
     """4 processes = 2 data-parallel replicas x 2 stages (GPipe, split where asked)."""
     single, piped = tmp_path / "single", tmp_path / "piped"

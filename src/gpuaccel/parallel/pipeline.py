@@ -263,8 +263,8 @@ class Pipeline:
         """Forward and backward over one batch; gradients land in this stage's parameters.
         Returns the mean loss on the last stage, 0 elsewhere (detached, on the device)."""
         losses: list[torch.Tensor] = []
-        if self.is_first:
-            self._train.step(images)
+        if self.is_first:  # (torch 2.11 checks each micro-batch's strides against a contiguous one's)
+            self._train.step(images.contiguous())
         elif self.is_last:
             self._train.step(target=labels, losses=losses)
         else:
@@ -336,7 +336,7 @@ class Pipeline:
             images = torch.cat([images, images.new_zeros(self.eval_batch_size - count, *images.shape[1:])])
         elif count > self.eval_batch_size:
             raise GpuaccelError(f"evaluation batch of {count} images is larger than {self.eval_batch_size}")
-        out = self._eval.step(images) if self.is_first else self._eval.step()
+        out = self._eval.step(images.contiguous()) if self.is_first else self._eval.step()
         return out[:count] if self.is_last else images.new_zeros(count, 1)
 
     def gather_to_first(self, obj):
