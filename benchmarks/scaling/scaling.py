@@ -215,7 +215,8 @@ def weak_part(args, work: Path, out: Path) -> dict:
                                    ["--batch", "32768", "--steps", "400"])
             else:
                 arguments, epochs = make
-                row = train(n, work / f"{name}-{n}", [*arguments(), "--epochs", str(epochs * n / counts[0])])
+                row = train(n, work / f"{name}-{n}",
+                            [*arguments(), "--epochs", str(args.epochs_scale * epochs * n / counts[0])])
             rows.append(row)
             print(name, json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
         unit = "tokens_per_second" if "gpt" in name or "shakespeare" in name else "samples_per_second"
@@ -310,6 +311,8 @@ def main():
     ap.add_argument("--text", help="tiny Shakespeare (weak)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="weak: these workloads only")
+    ap.add_argument("--epochs-scale", type=float, default=1.0,
+                    help="weak: each workload's epochs times this (a shorter check: 0.25)")
     ap.add_argument("--exit-runs", type=int, default=10)
     ap.add_argument("--exit-bound", type=float, default=120, help="seconds a run of the exit part may take")
     ap.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT,
