@@ -11,8 +11,12 @@ from .config import TrainConfig
 
 
 class Cadence:
-    def __init__(self, config: TrainConfig, dist: Distributed, device: torch.device):
+    def __init__(self, config: TrainConfig, dist: Distributed, device: torch.device,
+                 collective_checkpoints: bool = False):
+        """``collective_checkpoints``: every rank writes its part of a checkpoint (sharded state:
+        FSDP, pipeline stages, sharded embedding tables), so they must all decide to write one."""
         self.config, self.dist, self.device = config, dist, device
+        self.collective = collective_checkpoints and dist.active
         self.last_checkpoint = time.perf_counter()
 
     def evaluation_due(self, step: int, end_of_epoch: bool, finished: bool) -> bool:
@@ -35,7 +39,17 @@ class Cadence:
         config = self.config
         return last or (end_of_epoch and bool(config.checkpoint_epochs) and epoch % config.checkpoint_epochs == 0) \
             or (config.checkpoint_every is not None and step % config.checkpoint_every == 0) \
-            or time.perf_counter() - self.last_checkpoint >= config.checkpoint_seconds
+            or self._checkpoint_time(step)
+
+    def _checkpoint_time(self, step: int) -> bool:
+        """``checkpoint_seconds`` passed since the last checkpoint. Each rank's clock differs a
+        little: where every rank takes part in the write, one deciding alone would wait in the
+        write's collective for ranks still training. So, as for stopping, any one's clock
+        decides, checked every 16 steps (an all-reduce and a host synchronisation)."""
+        due = time.perf_counter() - self.last_checkpoint >= self.config.checkpoint_seconds
+        if not self.collective:
+            return due
+        return step % 16 == 0 and self.dist.any(due, self.device)
 
     def checkpointed(self) -> None:
         self.last_checkpoint = time.perf_counter()

@@ -271,7 +271,8 @@ class Trainer:
         for line in start_lines(self):
             progress.log(line)
         next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
-        cadence, clock = Cadence(cfg, self.dist, self.device), TrainingClock(self.train_seconds)
+        cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
+        clock = TrainingClock(self.train_seconds)
         stopped_by = None
         self.phases.mark("run directory")
         with fit_context(self, progress, clock) as context:
