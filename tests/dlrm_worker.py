@@ -2,7 +2,7 @@
 backward pass, sharded across the processes (whole tables) or replicated on each, which then
 gathers every process's rows and gradients (models/dlrm.py).
 
-    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema|state
+    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema|state|updates
 """
 import sys
 
@@ -45,11 +45,35 @@ def state_round_trip(run_dir: str) -> None:
         torch.save({k: back[k] for k in known}, f"{run_dir}/state.pt")
 
 
+def updated_rows(batch: int) -> None:
+    """Sharded tables: each process updates the rows of its own tables for every process's ids,
+    and never the spare row its blank slots look up (asserted here)."""
+    from gpuaccel.parallel.data_parallel import share_backward_updates
+
+    torch.distributed.init_process_group("gloo")
+    world = torch.distributed.get_world_size()
+    model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], required=())
+    share_backward_updates(model, shard_tables=True)
+    tables, given = model.tables, []
+    update = tables.apply_gradient
+    tables.apply_gradient = lambda rows, grad: (given.append(rows.clone()), update(rows, grad))
+    dense, sparse, _ = clicks()
+    rank = torch.distributed.get_rank()
+    model(dense[rank * batch:(rank + 1) * batch], sparse[rank * batch:(rank + 1) * batch]).sum().backward()
+    (rows,) = given
+    spare = tables.weight.shape[0] - 1
+    assert rows.numel() == world * batch * tables.tables_here, (rows.numel(), tables.tables_here)
+    assert not (rows == spare).any(), "the spare row was updated"
+
+
 if __name__ == "__main__":
     run_dir, batch, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     dist = Distributed.from_env()
     if kind == "state":
         state_round_trip(run_dir)
+        end_worker()
+    if kind == "updates":
+        updated_rows(batch)
         end_worker()
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused

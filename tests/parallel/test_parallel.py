@@ -125,6 +125,14 @@ def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_
 
 
 @pytest.mark.parametrize("processes", [2, 4])
+def test_sharded_tables_update_only_their_own_tables_rows(tmp_path, processes):
+    """A slot without a table looks up a spare zero row; updating it from every process's ids
+    piled world x batch atomic adds onto one row. 3 tables: 2 processes have one blank slot
+    between them, on 4 one process holds no table."""
+    torchrun(str(tmp_path), "8", "updates", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
+
+
+@pytest.mark.parametrize("processes", [2, 4])
 def test_sharded_tables_save_whole_and_load_whole_tables_as_their_share(tmp_path, processes):
     torchrun(str(tmp_path), "0", "state", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
     back = torch.load(tmp_path / "state.pt", weights_only=True)

@@ -83,8 +83,12 @@ class _ShardedLookup(torch.autograd.Function):
         (rows,) = ctx.saved_tensors
         module = ctx.module
         mine = module._exchange(module._by_slot(grad))  # every process's gradients for this process's rows
+        # this process's slots after its own tables are blank: every id of them is the spare row, and
+        # updating it (zero gradients) would pile world x batch atomic adds onto that one row
+        tables = module.tables_here
+        rows, mine = rows[:, :, :tables].reshape(-1), mine[:, :, :tables].float().reshape(-1, grad.shape[-1])
         # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
-        module.apply_gradient(rows.reshape(-1), mine.reshape(-1, grad.shape[-1]).float().div_(module.shard_world))
+        module.apply_gradient(rows, mine.div_(module.shard_world))
         return None, None, None, None
 
 
@@ -155,7 +159,7 @@ class FusedEmbeddingTables(nn.Module):
                              persistent=False)
         position = torch.tensor([table_of_slot.index(t) for t in range(tables)], device=device)
         self.register_buffer("_table_slot", position, persistent=False)  # each table's slot
-        self.owned, self.slots = owned, slots
+        self.owned, self.slots, self.tables_here = owned, slots, len(mine)
         self.shard_group, self.shard_world, self._summed = group, world, None
         return True
 
