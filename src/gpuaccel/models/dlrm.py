@@ -83,8 +83,8 @@ class _ShardedLookup(torch.autograd.Function):
         (rows,) = ctx.saved_tensors
         module = ctx.module
         mine = module._exchange(module._by_slot(grad))  # every process's gradients for this process's rows
-        # this process's slots after its own tables are blank: every id of them is the spare row, and
-        # updating it (zero gradients) would pile world x batch atomic adds onto that one row
+        # this process's slots after its own tables are blank (their gradients are table 0's): every id
+        # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
         tables = module.tables_here
         rows, mine = rows[:, :, :tables].reshape(-1), mine[:, :, :tables].float().reshape(-1, grad.shape[-1])
         # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
@@ -171,14 +171,16 @@ class FusedEmbeddingTables(nn.Module):
         return received
 
     def _by_slot(self, per_table: torch.Tensor) -> torch.Tensor:
-        """(N, tables, ...) -> (world, N, slots, ...): block j holds what goes to process j."""
+        """(N, tables, ...) -> (world, N, slots, ...): block j holds what goes to process j (a blank
+        slot holds table 0's)."""
         n, rest = per_table.shape[0], per_table.shape[2:]
-        slotted = per_table[:, self._slot_table] * self._slot_used.view(1, -1, *[1] * len(rest))
-        return slotted.view(n, self.shard_world, self.slots, *rest).transpose(0, 1)
+        return per_table[:, self._slot_table].view(n, self.shard_world, self.slots, *rest).transpose(0, 1)
 
     def _owner_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """This process's rows of every process's ids for its tables: (world, N, slots)."""
-        return self._exchange(self._by_slot(ids)) + self._local_offsets
+        """This process's rows of every process's ids for its tables: (world, N, slots); a blank
+        slot's ids are 0, the spare row."""
+        ids = self._by_slot(ids) * self._slot_used.view(self.shard_world, 1, self.slots)
+        return self._exchange(ids) + self._local_offsets
 
     def _returned(self, looked_up: torch.Tensor) -> torch.Tensor:
         """(world, N, slots, dim) rows from this process's tables -> (N, tables, dim) of this

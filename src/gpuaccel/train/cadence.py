@@ -25,13 +25,17 @@ class Cadence:
         return finished or (end_of_epoch if every is None else step % every == 0)
 
     def out_of_time(self, step: int, elapsed: float) -> bool:
-        """``elapsed`` seconds of training reached ``time_limit``. Ranks must agree on stopping, so the
+        """``elapsed`` seconds of training reached ``time_limit``; ranks must agree on stopping."""
+        limit = self.config.time_limit
+        return limit is not None and self._any_clock(step, elapsed >= limit)
+
+    def _any_clock(self, step: int, passed: bool) -> bool:
+        """Where ranks must take the same branch on a clock (each rank's differs a little), the
         clock of any one of them decides; that takes an all-reduce and a host synchronisation, so
         several processes check every 16 steps, not every one."""
-        limit = self.config.time_limit
-        if limit is None or (self.dist.active and step % 16):
-            return False
-        return self.dist.any(elapsed >= limit, self.device)
+        if not self.dist.active:
+            return passed
+        return step % 16 == 0 and self.dist.any(passed, self.device)
 
     def checkpoint_due(self, step: int, epoch: int, end_of_epoch: bool, last: bool) -> bool:
         """At the end (``last``), at epoch ends every ``checkpoint_epochs`` epochs, every
@@ -42,14 +46,11 @@ class Cadence:
             or self._checkpoint_time(step)
 
     def _checkpoint_time(self, step: int) -> bool:
-        """``checkpoint_seconds`` passed since the last checkpoint. Each rank's clock differs a
-        little: where every rank takes part in the write, one deciding alone would wait in the
-        write's collective for ranks still training. So, as for stopping, any one's clock
-        decides, checked every 16 steps (an all-reduce and a host synchronisation)."""
+        """``checkpoint_seconds`` passed since the last checkpoint. Where every rank takes part in
+        the write, one deciding alone would wait in the write's collective for ranks still
+        training: they agree, as on stopping."""
         due = time.perf_counter() - self.last_checkpoint >= self.config.checkpoint_seconds
-        if not self.collective:
-            return due
-        return step % 16 == 0 and self.dist.any(due, self.device)
+        return self._any_clock(step, due) if self.collective else due
 
     def checkpointed(self) -> None:
         self.last_checkpoint = time.perf_counter()
