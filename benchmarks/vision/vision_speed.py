@@ -29,6 +29,7 @@ test in tests/tasks/test_vision.py) and every mIoU its confusion matrix, so the 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -255,8 +256,10 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
     results = []
     for seed in seeds:
         settings = {**load_recipe(recipe), **changes}  # (a shorter run: the schedule follows the epochs)
-        config = TrainConfig(**{**settings, "data": str(root), "seed": seed,
-                                "run_dir": str(runs / f"{recipe}-{seed}"), "monitor": False})
+        run_dir = runs / f"{recipe}-{seed}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # (an earlier command's run there would be refused)
+        config = TrainConfig(**{**settings, "data": str(root), "seed": seed, "run_dir": str(run_dir),
+                                "monitor": False})
         trainer = Trainer(config, quiet=True)
         summary = trainer.fit()
         results.append({"seed": seed, "train_seconds": summary["train_seconds"],

@@ -52,6 +52,16 @@ def test_same_seed_same_order_other_seed_other_order():
     assert not torch.equal(served_labels(make_loader(seed=3), 1), served_labels(make_loader(seed=4), 1))
 
 
+def test_the_next_epochs_order_drawn_ahead_is_the_order_drawn_then():
+    loader = make_loader(seed=3)
+    ahead = [served_labels(loader, epoch) for epoch in (0, 1, 2)]  # each epoch draws the next in the background
+    assert loader._ahead[0][0] == 3
+    assert all(torch.equal(a, served_labels(make_loader(seed=3), e)) for e, a in enumerate(ahead))
+    loader.seed = 4  # (an order drawn for other settings, or another epoch, is not served)
+    assert torch.equal(served_labels(loader, 3), served_labels(make_loader(seed=4), 3))
+    assert torch.equal(served_labels(loader, 1), served_labels(make_loader(seed=4), 1))
+
+
 def test_resuming_mid_epoch_serves_the_rest_identically():
     cfg = AugmentConfig(crop_padding=1, flip="random", cutout=2)
     loader = make_loader(augment=cfg)

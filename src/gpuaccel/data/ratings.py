@@ -440,7 +440,7 @@ class NegativeSamplingLoader(_ShardedOrder):
 
     def batches(self, epoch: int = 0, start: int = 0):
         users, items, labels = self.epoch_samples(epoch)
-        order = self.epoch_indices(epoch).to(self.device)
+        order = self.device_indices(epoch, self.device)
         for step in range(start, len(self)):
             idx = order[step * self.batch_size:(step + 1) * self.batch_size]
             yield users[idx], items[idx], labels[idx]

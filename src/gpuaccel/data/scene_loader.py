@@ -112,7 +112,7 @@ class SceneLoader(_ShardedOrder):
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        order = self.epoch_indices(epoch).to(self.device)
+        order = self.device_indices(epoch, self.device)
         for step in range(start, len(self)):
             idx = order[step * self.batch_size:(step + 1) * self.batch_size]
             x = self.normaliser.scale(self.images[idx])

@@ -96,7 +96,7 @@ class ResidentLoader(_LikeDataLoader, _ShardedOrder):
             sizes = [self.batch_size] * len(self)
             if not self.drop_last and len(self):
                 sizes[-1] = self.shard_size - self.batch_size * (len(self) - 1)
-            return self.epoch_indices(epoch).to(self.device), sizes
+            return self.device_indices(epoch, self.device), sizes
         loader = self.source
         # the random numbers a DataLoader's iterator draws, in its order: its workers' base seed
         # (not again for persistent workers after their first epoch), then the sampler's own
