@@ -347,6 +347,15 @@ def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
     assert sum(phases.values()) == pytest.approx(process_age(), abs=0.5)  # no second left out
 
 
+def test_the_warm_up_says_where_its_seconds_went():
+    trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
+    seconds = trainer.warm_up()
+    parts = trainer.warmup_phases
+    assert list(parts) == ["saving the state to put back", "3 training steps a shape (compiling, autotuning)",
+                           "an evaluation", "putting the state back", "recording the step graph"]
+    assert sum(parts.values()) == pytest.approx(seconds, abs=0.01)
+
+
 @pytest.mark.parametrize("compile_eval", [True, False])
 def test_evaluation_runs_the_compiled_forward_only_with_compile_eval(monkeypatch, tmp_path, digits, compile_eval):
     """--no-compile-eval: training calls what torch.compile made, evaluation the plain model,

@@ -148,6 +148,10 @@ def _metric_text(name: str, value) -> str:
     return f"{100 * value:.2f}%" if name == "accuracy" else f"{value:.4g}"
 
 
+def _seconds_each(parts: dict) -> str:
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items())
+
+
 def _print_summary(s: dict) -> None:
     unit = s.get("sample_unit") or "samples"
     rows = [
@@ -163,7 +167,8 @@ def _print_summary(s: dict) -> None:
                                                              s.get("resumed") else "") +
          f"; this process: set-up {s['setup_seconds']:.2f} s, warm-up {s['warmup_seconds']:.2f} s, "
          f"loop {s['wall_seconds']:.2f} s (training, evaluation, saving)"),
-        ("phases", ", ".join(f"{name} {seconds:.2f} s" for name, seconds in s.get("phases", {}).items())),
+        ("phases", _seconds_each(s.get("phases", {}))),
+        *([("warm-up", _seconds_each(s["warmup_phases"]))] if s.get("warmup_phases") else []),
         ("throughput", f"{s['samples_per_second']:,.0f} {unit}/s" +
          (f" ({s['tokens_per_second']:,.0f} tokens/s)" if s.get("tokens_per_second") else "")),
     ]

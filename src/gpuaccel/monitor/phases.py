@@ -26,9 +26,11 @@ def process_age() -> float | None:
 class PhaseClock:
     """Seconds per phase: ``mark(phase)`` charges the time since the previous mark to ``phase``."""
 
-    def __init__(self):
+    def __init__(self, since_process_start: bool = True):
+        """``since_process_start``: the first phase is the process's life before this clock
+        (:data:`BEFORE`); else the clock times only what is marked after it starts."""
         self.phases: dict[str, float] = {}
-        age = process_age()
+        age = process_age() if since_process_start else None
         if age is not None:
             self.phases[BEFORE] = age
         self._last = time.perf_counter()

@@ -117,6 +117,7 @@ class Trainer:
         self.time_to_target: float | None = None
         self.run: RunDirectory | None = None
         self.warmup_seconds = 0.0
+        self.warmup_phases: dict[str, float] = {}  # (warmup.py: the warm-up's seconds, part by part)
         self.setup_seconds = time.perf_counter() - setup_start
         self.phases.mark("loaders, optimizer, parallel strategy")
 

@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..data import ImageDataset
 from ..data.augment import parse_size_schedule, resize
 from ..device import synchronize
+from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
@@ -22,18 +23,30 @@ STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a f
 def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
     """Runs :data:`STEPS` training steps on ``batch`` (by default the first of epoch 0) at each
     training shape and (``evaluate``, unless evaluation runs eagerly) an evaluation, puts the
-    state back and records the step. Returns the seconds it took."""
+    state back and records the step. Returns the seconds it took; ``trainer.warmup_phases``
+    says where they went (each part waits for the device before the next starts)."""
     start = time.perf_counter()
+    parts = PhaseClock(since_process_start=False)
+
+    def done(part: str) -> None:
+        synchronize(trainer.device)
+        parts.mark(part)
+
     saved = _saved_state(trainer)
     inputs, targets = trainer.task.split(batch if batch is not None else next(iter(trainer.train_loader.batches(0))))
+    done("saving the state to put back")
     with trainer.compiling(inputs, targets):
         for shaped in training_shapes(trainer, inputs, targets):
             trainer.step.warm([shaped] * trainer.config.grad_accum, steps=STEPS)  # (one optimizer step's micro-batches)
+        done(f"{STEPS} training steps a shape (compiling, autotuning)")
         if evaluate and (trainer.config.compile_eval or not trainer.config.compile):
             trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
+            done("an evaluation")
     _restore(trainer, saved)
+    done("putting the state back")
     trainer.step.record()  # last: it records where the restored state lives
-    synchronize(trainer.device)
+    done("recording the step graph")
+    trainer.warmup_phases = parts.table()
     return time.perf_counter() - start
 
 
