@@ -294,6 +294,24 @@ def test_miou_and_pixel_accuracy_on_a_known_case():
     assert torch.isfinite(task.loss(logits * 5, truth))
 
 
+def test_the_segmentation_loss_traces_whole_and_the_trainer_compiles_it(scenes):
+    from gpuaccel.train.config import TrainConfig
+    from gpuaccel.train.trainer import Trainer
+
+    task = Segmentation(4)
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 6, 6, requires_grad=True)
+    masks = torch.randint(0, 4, (2, 6, 6))
+    masks[0, 0] = 255  # (not scored)
+    eager = task.loss(logits, masks)
+    grad, = torch.autograd.grad(eager, logits)
+    traced = torch.compile(task.loss, backend="aot_eager", fullgraph=True, dynamic=False)(logits, masks)  # one graph
+    assert torch.allclose(traced, eager) and torch.allclose(torch.autograd.grad(traced, logits)[0], grad, atol=1e-6)
+    trainer = Trainer(TrainConfig(data=str(scenes), task="segmentation", model="unet", model_args={"width": 4, "levels": 2},
+                                  epochs=1, batch_size=8, run_dir=None, monitor=False, compile=True), quiet=True)
+    assert trainer.loss_fn is not trainer.task.loss  # (compiled beside the model)
+
+
 # --- train, export, infer ---------------------------------------------------------------------------
 
 def _gpuaccel(*args, cwd):

@@ -55,15 +55,18 @@ def takes_labels(model) -> bool:
         return False
 
 
-def training_loss(forward: Callable, inputs, targets, task: Task, labels_too: bool = False) -> torch.Tensor:
+def training_loss(forward: Callable, inputs, targets, task: Task, labels_too: bool = False,
+                  loss_fn: Callable | None = None) -> torch.Tensor:
     """The loss to minimise on a batch. With ``labels_too`` (a model whose forward takes
     ``labels``) the targets go in as ``labels=``, and a model that returns its own ``.loss``
-    (HuggingFace's models do) is trained on it; otherwise it is the task's loss of the logits."""
+    (HuggingFace's models do) is trained on it; otherwise it is the task's loss of the logits
+    (``loss_fn``: the task's loss as the trainer runs it, e.g. compiled)."""
+    loss_fn = loss_fn or task.loss
     if not labels_too:
-        return task.loss(call_model(forward, inputs), targets)
+        return loss_fn(call_model(forward, inputs), targets)
     outputs = _run(forward, inputs, labels=targets)
     own = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
-    return own if own is not None else task.loss(model_logits(outputs), targets)
+    return own if own is not None else loss_fn(model_logits(outputs), targets)
 
 
 def model_logits(outputs):
@@ -217,6 +220,10 @@ class Task:
 
     name = "task"
     default_target: str | None = None  # the metric a bare --target-acc style goal refers to
+    # the loss is plain tensor code of fixed shapes that torch.compile fuses into a few kernels
+    # (with compile on, the trainer compiles it beside the model): worth it where the loss makes
+    # many passes over large outputs, such as a per-pixel loss
+    compile_loss = False
 
     def split(self, batch):
         if isinstance(batch, Mapping):

@@ -52,6 +52,7 @@ class Segmentation(Task):
 
     name = "segmentation"
     default_target = "miou"
+    compile_loss = True  # (eager: about 20 kernels over logits of every pixel and class, forward and backward)
 
     def __init__(self, num_classes: int, dice_weight: float = 1.0):
         self.num_classes, self.dice_weight = num_classes, dice_weight

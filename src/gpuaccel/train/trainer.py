@@ -217,6 +217,7 @@ class Trainer:
                                 "some of them); leave out --ema, or train in one process")
         self.ema = WeightAverage(self.model, self.config.ema) if self.config.ema else None
         self.forward = self.strategy.training_forward(self._compiled)
+        self.loss_fn = self._compiled(self.task.loss) if self.task.compile_loss else self.task.loss
         compile_for_eval = self._compiled if self.config.compile_eval else (lambda module: module)
         forward_for_eval = self.forward if self.config.compile_eval else \
             self.strategy.training_forward(compile_for_eval)
@@ -248,7 +249,8 @@ class Trainer:
         shapes = [(tuple(t.shape), str(t.dtype)) for t in tree_flatten((inputs, targets))[0] if torch.is_tensor(t)]
         return compile_workers_unless_cached([config, repr(self.model), shapes, device_name(self.device)])
 
-    def _compiled(self, module: nn.Module):
+    def _compiled(self, module):
+        """``module`` (or a function) compiled in the run's mode; as it is without ``compile``."""
         if self._compile_mode is None:
             return module
         return compile_module(module, self._compile_mode, self.config.tune_kernels)
@@ -369,7 +371,7 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             # (the autocast cache off: cast weights kept past the step would outlive a captured graph's memory)
             with self.precision.autocast(self.device, cache=False):
-                loss = training_loss(self.forward, inputs, targets, self.task, self._labels_in)
+                loss = training_loss(self.forward, inputs, targets, self.task, self._labels_in, self.loss_fn)
             self.acc.backward(loss / accumulate if accumulate > 1 else loss)
             return loss.detach()
         return forward_backward
