@@ -266,7 +266,10 @@ class CapturedStep:
         if self.on_gpu and self.uncaptured is None:
             self._prepare_optimizers()
             recording = self.recordings.setdefault(signature(args), _Recording())
-            recording.keep(args)
+            if recording.args is None:
+                recording.keep(args)
+            else:  # (warmed again, e.g. step by step: the same tensors, refilled)
+                recording.copy_in(args)
             args = recording.args  # (warmed on the very tensors the recording will read)
         for _ in range(steps):
             if self.on_gpu and self.uncaptured is None:

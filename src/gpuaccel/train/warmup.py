@@ -18,6 +18,7 @@ from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
+FIRST_STEP = "the first training step a shape (compiling or loading compiled kernels, autotuning, first collectives)"
 
 
 def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
@@ -35,10 +36,16 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
     saved = _saved_state(trainer)
     inputs, targets = trainer.task.split(batch if batch is not None else next(iter(trainer.train_loader.batches(0))))
     done("saving the state to put back")
+    if trainer.dist.active:  # (a process that set up slower holds the others at the first collective)
+        trainer.dist.barrier()
+        done("waiting for the slowest process to arrive")
     with trainer.compiling(inputs, targets):
         for shaped in training_shapes(trainer, inputs, targets):
-            trainer.step.warm([shaped] * trainer.config.grad_accum, steps=STEPS)  # (one optimizer step's micro-batches)
-        done(f"{STEPS} training steps a shape (compiling, autotuning)")
+            micro_batches = [shaped] * trainer.config.grad_accum  # (one optimizer step's)
+            trainer.step.warm(micro_batches, steps=1)
+            done(FIRST_STEP)
+            trainer.step.warm(micro_batches, steps=STEPS - 1)
+            done(f"{STEPS - 1} more training steps a shape")
         if evaluate and (trainer.config.compile_eval or not trainer.config.compile):
             trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
             done("an evaluation")
