@@ -400,6 +400,9 @@ def test_pipeline_stages_match_accumulating_the_same_micro_batches_and_resume(tm
     assert_same_training(single, piped, processes=2, global_batch=32, atol=1e-5)  # batch-norm statistics too
     a, b = (json.loads((d / "summary.json").read_text()) for d in (single, piped))
     assert b["steps"] == a["steps"] and b["metrics"]["accuracy"] == pytest.approx(a["metrics"]["accuracy"])
+    by_process = b["setup_phases_by_process"]  # (each process's set-up, gathered as the warm-up starts)
+    assert len(by_process) == 2 and all("reading the data" in phases for phases in by_process), by_process
+    assert "waiting for the slowest process to arrive" in b["warmup_phases"] and a["setup_phases_by_process"] is None
     state = torch.load(piped / "checkpoint.pt", weights_only=False)
     with plain_models_importable():
         create_model("plain_models:bn_cnn", **state["model_args"]).load_state_dict(state["model"])

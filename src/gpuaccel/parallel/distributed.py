@@ -87,6 +87,14 @@ class Distributed:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every rank."""
         if not self.active:

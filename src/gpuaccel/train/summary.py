@@ -63,6 +63,8 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.grad_accum,
         "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
+        # with several processes: each one's phases until the warm-up (the slowest holds the rest there)
+        "setup_phases_by_process": list(trainer.setup_phases_by_process) or None,
     }
     return summary
 

@@ -118,6 +118,7 @@ class Trainer:
         self.run: RunDirectory | None = None
         self.warmup_seconds = 0.0
         self.warmup_phases: dict[str, float] = {}  # (warmup.py: the warm-up's seconds, part by part)
+        self.setup_phases_by_process: list[dict[str, float]] = []  # (warmup.py, with several processes)
         self.setup_seconds = time.perf_counter() - setup_start
         self.phases.mark("loaders, optimizer, parallel strategy")
 

@@ -37,7 +37,7 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
     inputs, targets = trainer.task.split(batch if batch is not None else next(iter(trainer.train_loader.batches(0))))
     done("saving the state to put back")
     if trainer.dist.active:  # (a process that set up slower holds the others at the first collective)
-        trainer.dist.barrier()
+        trainer.setup_phases_by_process = trainer.dist.gather(trainer.phases.table())  # (and says why)
         done("waiting for the slowest process to arrive")
     with trainer.compiling(inputs, targets):
         for shaped in training_shapes(trainer, inputs, targets):
