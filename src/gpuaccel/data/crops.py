@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import resample_kernel
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
@@ -183,9 +182,12 @@ def resample_boxes(images: list[torch.Tensor] | ImageTable, boxes: torch.Tensor,
     one pass), "matrices" (batched matrix products, any device) or "auto" (the kernel where
     Triton can run it)."""
     table = images if isinstance(images, ImageTable) else ImageTable.of(images)
-    if method == "kernel" or (method == "auto" and resample_kernel.usable(table.device)):
-        return resample_kernel.resample_layout(table.addresses(), table.sizes, table.channels, table.device,
-                                               boxes, size, flip, affine, dtype, channels_last)
+    if method == "kernel" or (method == "auto" and table.device.type == "cuda"):
+        from . import resample_kernel  # (here: importing Triton takes 0.2 s, which a CPU run need not spend)
+
+        if method == "kernel" or resample_kernel.usable(table.device):
+            return resample_kernel.resample_layout(table.addresses(), table.sizes, table.channels, table.device,
+                                                   boxes, size, flip, affine, dtype, channels_last)
     if method not in ("auto", "matrices"):
         raise ValueError(f"unknown resampling method {method!r}")
     out = _resample_with_matrices(table.views() if isinstance(images, ImageTable) else images, boxes, size, flip)

@@ -8,7 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import max_pool_kernel
+if torch.version.cuda or torch.version.hip:  # (importing Triton takes 0.2 s; a CPU build has no use for it)
+    from . import max_pool_kernel
+else:
+    max_pool_kernel = None  # (TritonMaxPool2d asks for it only for tensors on a GPU)
 
 # In training on a GPU, each 1x1 convolution that widens its input (ResNet-50's expansions)
 # takes its batch norm's statistics from that input, 2-4x smaller than the output, and folds the
