@@ -65,6 +65,7 @@ class _ShardedOrder:
         self.rank, self.world_size = rank, world_size
         # dropping the ragged last batch keeps every training step the same shape (compile, graphs)
         self.drop_last = (train and self.shard_size > batch_size) if drop_last is None else drop_last
+        self._ahead: tuple | None = None  # (the next epoch's key, its order being drawn: device_indices)
 
     @property
     def shard_size(self) -> int:
@@ -97,7 +98,7 @@ class _ShardedOrder:
         it is copied from pinned memory (a copy from pageable memory first waits for all queued
         work, so the GPU would then idle while the host launches the next steps)."""
         key = (epoch, self.seed, self.num_images, self.rank, self.world_size, self.train)
-        ahead = getattr(self, "_ahead", None)
+        ahead = self._ahead
         order = ahead[1].result() if ahead is not None and ahead[0] == key else self.epoch_indices(epoch)
         if self.train:
             following = (epoch + 1, *key[1:])
