@@ -312,6 +312,30 @@ def test_the_segmentation_loss_traces_whole_and_the_trainer_compiles_it(scenes):
     assert trainer.loss_fn is not trainer.task.loss  # (compiled beside the model)
 
 
+def test_segmentation_tta_averages_the_mirror_images_logits_mirrored_back(scenes):
+    from gpuaccel.train.config import TrainConfig
+    from gpuaccel.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 5, 7)
+    lopsided = torch.nn.Conv2d(3, 4, (1, 3), padding=(0, 1))  # (its output changes when the input is mirrored)
+    plain, tta = Segmentation(4).eval_outputs(lopsided, images), Segmentation(4, tta=1).eval_outputs(lopsided, images)
+    assert torch.equal(plain, lopsided(images))
+    assert torch.allclose(tta, (lopsided(images) + lopsided(images.flip(-1)).flip(-1)) / 2)
+    assert not torch.allclose(tta, plain)
+    symmetric = torch.nn.Conv2d(3, 4, 1)  # (mirroring commutes with it: the average is the plain output)
+    assert torch.allclose(Segmentation(4, tta=1).eval_outputs(symmetric, images), symmetric(images), atol=1e-6)
+    assert Segmentation(4, tta=1).describe()["tta"] == 1  # (recorded, so a resumed run evaluates the same way)
+    with pytest.raises(GpuaccelError, match="segmentation's (--)?tta is 0"):
+        Segmentation(4, tta=2)
+    common = dict(data=str(scenes), model_args={"width": 4, "levels": 2}, epochs=1, batch_size=8, run_dir=None,
+                  monitor=False, tta=1)
+    trainer = Trainer(TrainConfig(task="segmentation", model="unet", **common), quiet=True)
+    assert trainer.task.tta == 1
+    with pytest.raises(GpuaccelError, match="(--)?tta averages"):
+        Trainer(TrainConfig(model="centernet", **{**common, "model_args": None}), quiet=True)
+
+
 # --- train, export, infer ---------------------------------------------------------------------------
 
 def _gpuaccel(*args, cwd):

@@ -54,8 +54,10 @@ class Segmentation(Task):
     default_target = "miou"
     compile_loss = True  # (eager: about 20 kernels over logits of every pixel and class, forward and backward)
 
-    def __init__(self, num_classes: int, dice_weight: float = 1.0):
-        self.num_classes, self.dice_weight = num_classes, dice_weight
+    def __init__(self, num_classes: int, dice_weight: float = 1.0, tta: int = 0):
+        if tta not in (0, 1):
+            raise GpuaccelError(f"segmentation's --tta is 0 (none) or 1 (the mirror image too), got {tta}")
+        self.num_classes, self.dice_weight, self.tta = num_classes, dice_weight, tta
 
     def loss(self, outputs, targets):
         outputs, targets = outputs.float(), targets.long()
@@ -75,6 +77,13 @@ class Segmentation(Task):
         return {"miou": ConfusionMatrix(self.num_classes, "miou"),
                 "pixel_accuracy": ConfusionMatrix(self.num_classes, "pixel_accuracy")}
 
+    def eval_outputs(self, call, images):
+        """With tta 1, the mean of the logits of the image and (mirrored back) of its mirror image."""
+        logits = call(images)
+        if self.tta == 0:
+            return logits
+        return (logits + call(images.flip(-1)).flip(-1)) / 2
+
     def predict(self, outputs):
         """(N, H, W) class indices."""
         return outputs.argmax(1)
@@ -91,5 +100,5 @@ class Segmentation(Task):
                                 f"included)")
 
     def describe(self):
-        return {"name": self.name, "num_classes": self.num_classes}
+        return {"name": self.name, "num_classes": self.num_classes, "tta": self.tta}
 

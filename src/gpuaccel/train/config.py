@@ -219,8 +219,8 @@ class TrainConfig:
                                                 "accuracy on any number of GPUs (strong scaling)")
     eval_batch_size: int = setting(1024, "loop", "samples per evaluation batch")
     seed: int = setting(0, "loop", "seeds model init, data order and augmentation")
-    tta: int = setting(0, "loop", "classification: test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel "
-                                  "translations", metavar="LEVEL")
+    tta: int = setting(0, "loop", "test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel translations "
+                                  "(classification; segmentation takes 0 or 1)", metavar="LEVEL")
     epochs: float = setting(10, "loop", "passes over the training set (a fraction stops inside the last one)")
     time_limit: float | None = setting(None, "loop", "stop training so that its time and the final evaluation "
                                                      "(reckoned as long as the last one) fit in SECONDS",

@@ -281,10 +281,13 @@ def _interaction_inputs(data: Interactions, config: TrainConfig) -> TrainingInpu
 
 
 def _scene_inputs(data: SceneDataset, config: TrainConfig) -> TrainingInputs:
-    if config.tta or config.crop_padding or config.cutout or config.size_schedule:
-        raise GpuaccelError("--tta, --crop-padding, --cutout and --size-schedule are for image classification; "
+    if config.crop_padding or config.cutout or config.size_schedule:
+        raise GpuaccelError("--crop-padding, --cutout and --size-schedule are for image classification; "
                             "detection and segmentation augment with --flip, --zoom, --brightness and --contrast, "
                             "which move the boxes and masks with the pixels")
+    if config.tta and data.kind == "detection":
+        raise GpuaccelError("--tta averages class scores or masks over mirrored images; detection takes 0 (boxes "
+                            "from two images would need merging)")
     mean, std = data.channel_stats()
     detection = data.kind == "detection"
     classes = list(data.classes) if detection else ["background", *data.classes]  # (mask value = class index)
