@@ -219,7 +219,7 @@ class Accelerator:
         processes, the gradients averaged over them unless inside :meth:`no_sync`)."""
         self.scaler.scale(loss).backward()
         if self._reduce_in_backward and self._syncing:
-            average_gradients([p.grad for model in self._strategies for p in model.parameters() if p.grad is not None])
+            average_gradients([p for model in self._strategies for p in model.parameters()])
 
     def capture(self, step_fn=None, *, warmup: int = 3, strict: bool = False):
         """``step_fn`` (forward, backward, optimizer step, all on the arguments it is given) as one

@@ -325,3 +325,20 @@ def test_build_loader_keeps_cpu_data_in_process_unless_told():
     common = dict(device=CPU, batch_size=4, mean=[0.0], std=[1.0], train=False)
     assert isinstance(build_loader(images, labels, **common), DeviceLoader)
     assert isinstance(build_loader(images, labels, placement="cpu", workers=0, **common), WorkerLoader)
+
+
+@pytest.mark.parametrize("start", [0, 4])
+def test_batches_prepared_together_are_the_batches_prepared_one_at_a_time(monkeypatch, start):
+    import gpuaccel.data.loader as loader_module
+
+    augment = AugmentConfig(crop_padding=2, flip="random", cutout=2, brightness=0.2, contrast=0.2)
+    together = make_pair(augment=augment, drop_last=False)[0]  # 103 images: a last batch of 3
+    assert together._batches_together >= len(together) == 11
+    monkeypatch.setattr(loader_module, "_BYTES_TOGETHER", 1)
+    alone = make_pair(augment=augment, drop_last=False)[0]
+    assert alone._batches_together == 1
+    pairs = list(zip(together.batches(3, start), alone.batches(3, start), strict=True))
+    assert len(pairs) == 11 - start and len(pairs[-1][0][1]) == 3
+    for (xa, ya), (xb, yb) in pairs:
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert not torch.equal(pairs[0][0][0], next(alone.batches(4, start))[0])  # (another epoch draws anew)

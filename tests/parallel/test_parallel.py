@@ -566,3 +566,45 @@ def test_pipeline_errors(capsys):
     assert_user_error(capsys, ["train", "--gpus", "3", "--pipeline-stages", "2"], "--gpus 3 does not split")
     assert_user_error(capsys, [*base, "--pipeline-stages", "40"], "more stages than the model has layers to split at (14: features.0")
     assert_user_error(capsys, [*base, "--pipeline-stages", "2", "--pipeline-schedule", "zb"], "pipeline schedule")
+
+
+def _averaged_gradients(rank, world, path):
+    from gpuaccel.parallel import average_gradients
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    filters = torch.nn.Parameter(torch.zeros(4, 3, 2, 2).to(memory_format=torch.channels_last))
+    plain, frozen = torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))
+    filters.grad = torch.arange(48.0).view(4, 3, 2, 2).contiguous(memory_format=torch.channels_last) * (rank + 1)
+    plain.grad = torch.full((5,), float(rank))
+    average_gradients([filters, frozen, plain])  # (frozen: no gradient)
+    torch.distributed.destroy_process_group()
+    torch.save({"filters": filters.grad, "plain": plain.grad, "frozen": frozen.grad}, f"{path}.{rank}")
+
+
+def test_averaged_gradients_keep_their_layout_as_views_of_one_buffer(tmp_path):
+    torch.multiprocessing.spawn(_averaged_gradients, args=(2, tmp_path / "group"), nprocs=2)
+    for rank in range(2):
+        grads = torch.load(f"{tmp_path / 'group'}.{rank}")
+        assert grads["frozen"] is None
+        assert torch.equal(grads["filters"], torch.arange(48.0).view(4, 3, 2, 2) * 1.5)
+        assert grads["filters"].is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(grads["plain"], torch.full((5,), 0.5))
+        # one buffer: the channels-last gradient as it lay in memory, then the other
+        assert grads["plain"].untyped_storage().data_ptr() == grads["filters"].untyped_storage().data_ptr()
+
+
+def _verdicts(rank, world, path):
+    from gpuaccel.parallel import Distributed
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    ranks = Distributed(rank, world)
+    first = ranks.start_any(rank == 1, torch.device("cpu"))  # one rank's clock passed
+    second = ranks.start_any(False, torch.device("cpu"))
+    torch.save([first.result(), second.result(), ranks.any(rank == 0, torch.device("cpu"))], f"{path}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_every_rank_reads_the_same_verdict_of_any_ranks_clock(tmp_path):
+    torch.multiprocessing.spawn(_verdicts, args=(2, tmp_path / "group"), nprocs=2)
+    for rank in range(2):
+        assert torch.load(f"{tmp_path / 'group'}.{rank}") == [True, False, True]

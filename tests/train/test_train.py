@@ -484,25 +484,32 @@ def test_a_built_in_model_named_for_data_it_cannot_read_is_one_line_naming_the_d
 def test_ranks_writing_parts_of_a_checkpoint_agree_on_when_by_the_clock():
     """With sharded state every rank writes its part of a checkpoint: a rank whose clock said
     'checkpoint_seconds passed' alone would wait in the write's collective for the others, still
-    training. Any rank's clock decides, every 16 steps, for all; a rank-0-only write (DDP)
-    keeps its own clock."""
+    training. Any rank's clock decides for all, every 16 steps, read at the next check (so the
+    host never waits for the GPU's queue); a rank-0-only write (DDP) keeps its own clock."""
     from gpuaccel.train.cadence import Cadence
 
-    class TwoRanks:  # the other rank's clock says it is time
+    class Verdict:
+        def result(self):
+            return True  # the other rank's clock said it is time
+
+    class TwoRanks:
         active = True
 
         def __init__(self):
-            self.asked = []
+            self.sent = []
 
-        def any(self, flag, device):
-            self.asked.append(flag)
-            return True
+        def start_any(self, flag, device):
+            self.sent.append(flag)
+            return Verdict()
 
     config = TrainConfig(checkpoint_seconds=3600)
     ranks = TwoRanks()
     sharded = Cadence(config, ranks, torch.device("cpu"), collective_checkpoints=True)
-    assert not sharded.checkpoint_due(17, 0, False, False) and ranks.asked == []  # between checks: no collective
-    assert sharded.checkpoint_due(32, 0, False, False) and ranks.asked == [False]  # its own clock: not yet
-    assert sharded.checkpoint_due(5, 0, False, True) and ranks.asked == [False]  # the last step: all know it
+    assert not sharded.checkpoint_due(17, 0, False, False) and ranks.sent == []  # between checks: no collective
+    assert not sharded.checkpoint_due(32, 0, False, False) and ranks.sent == [False]  # sent; nothing agreed yet
+    assert sharded.checkpoint_due(48, 0, False, False) and ranks.sent == [False, False]  # the verdict of step 32
+    sharded.checkpointed()  # (a verdict from before the checkpoint is dropped)
+    assert not sharded.checkpoint_due(64, 0, False, False)
+    assert sharded.checkpoint_due(5, 0, False, True) and len(ranks.sent) == 3  # the last step: all know it
     replicated = Cadence(config, TwoRanks(), torch.device("cpu"))
     assert not replicated.checkpoint_due(32, 0, False, False)

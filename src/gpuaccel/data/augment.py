@@ -68,13 +68,21 @@ def parse_size_schedule(stages) -> tuple[tuple[int, float], ...]:
 
 def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Translates each image by up to ``padding`` pixels, filling with its reflection."""
+    return _crop(x, padding, *_crop_offsets(len(x), padding, generator, x.device))
+
+
+def _crop_offsets(n: int, padding: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    return dy, dx
+
+
+def _crop(x: torch.Tensor, padding: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     if padding <= 0:
         return x
     n, c, h, w = x.shape
     padded = F.pad(x, (padding,) * 4, mode="reflect") if x.is_floating_point() else \
         F.pad(x.float(), (padding,) * 4, mode="reflect").to(x.dtype)
-    dy = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
     rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
     batch = torch.arange(n, device=x.device)[:, None, None, None]
@@ -102,9 +110,19 @@ def cutout(x: torch.Tensor, size: int, generator: torch.Generator, fill: torch.T
     ``fill`` (a scalar or a per-channel (1, C, 1, 1) tensor: the mean pixel before normalisation)."""
     if size <= 0:
         return x
-    n, _, h, w = x.shape
-    cy = torch.randint(0, h, (n,), device=x.device, generator=generator)
-    cx = torch.randint(0, w, (n,), device=x.device, generator=generator)
+    return _cutout(x, size, *_cutout_centres(x.shape, generator, x.device), fill)
+
+
+def _cutout_centres(shape, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    n, _, h, w = shape
+    cy = torch.randint(0, h, (n,), device=device, generator=generator)
+    cx = torch.randint(0, w, (n,), device=device, generator=generator)
+    return cy, cx
+
+
+def _cutout(x: torch.Tensor, size: int, cy: torch.Tensor, cx: torch.Tensor,
+            fill: torch.Tensor | float = 0) -> torch.Tensor:
+    _, _, h, w = x.shape
     ys = torch.arange(h, device=x.device)[None, :]
     xs = torch.arange(w, device=x.device)[None, :]
     in_y = (ys >= (cy - size // 2)[:, None]) & (ys < (cy - size // 2 + size)[:, None])
@@ -122,9 +140,17 @@ def color_jitter(x: torch.Tensor, brightness: float, contrast: float, generator:
     For normalised images ``mean`` is 0 and ``unit`` is 255 / std."""
     if brightness <= 0 and contrast <= 0:
         return x
-    n = x.shape[0]
-    shift = (torch.rand((n, 1, 1, 1), device=x.device, generator=generator) * 2 - 1) * brightness
-    scale = 1 + (torch.rand((n, 1, 1, 1), device=x.device, generator=generator) * 2 - 1) * contrast
+    return _jitter(x, *_jitter_factors(len(x), brightness, contrast, generator, x.device), unit, mean)
+
+
+def _jitter_factors(n: int, brightness: float, contrast: float, generator: torch.Generator, device):
+    shift = (torch.rand((n, 1, 1, 1), device=device, generator=generator) * 2 - 1) * brightness
+    scale = 1 + (torch.rand((n, 1, 1, 1), device=device, generator=generator) * 2 - 1) * contrast
+    return shift, scale
+
+
+def _jitter(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, unit: torch.Tensor | float = 1.0,
+            mean: torch.Tensor | float = 0.0) -> torch.Tensor:
     return (x + shift * unit - mean) * scale + mean
 
 
@@ -144,16 +170,62 @@ def resize(x: torch.Tensor, size: int | tuple[int, int] | None) -> torch.Tensor:
     return scaled.to(x.dtype).contiguous(memory_format=layout)
 
 
+@dataclass
+class AugmentDraws:
+    """A batch's random choices (or several batches' end to end): crop offsets, random flips,
+    cutout centres, brightness shifts and contrast scales; None where the config draws none."""
+
+    crop: tuple[torch.Tensor, torch.Tensor] | None = None
+    flip: torch.Tensor | None = None
+    cutout: tuple[torch.Tensor, torch.Tensor] | None = None
+    jitter: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def draw(shape, config: AugmentConfig, generator: torch.Generator, device) -> "AugmentDraws":
+        """One batch's draws from ``generator``, in the order :func:`augment_batch` makes them."""
+        n = shape[0]
+        crop = _crop_offsets(n, config.crop_padding, generator, device) if config.crop_padding > 0 else None
+        flip = torch.rand((n,), device=device, generator=generator) < 0.5 if config.flip == "random" else None
+        holes = _cutout_centres(shape, generator, device) if config.cutout > 0 else None
+        jitter = _jitter_factors(n, config.brightness, config.contrast, generator, device) \
+            if config.brightness > 0 or config.contrast > 0 else None
+        return AugmentDraws(crop, flip, holes, jitter)
+
+    @staticmethod
+    def joined(draws: list["AugmentDraws"]) -> "AugmentDraws":
+        """Several batches' draws as one batch's (their images end to end)."""
+        def cat(parts):
+            if parts[0] is None:
+                return None
+            if isinstance(parts[0], tuple):
+                return tuple(torch.cat(column) for column in zip(*parts))
+            return torch.cat(parts)
+        return AugmentDraws(*(cat([getattr(d, f) for d in draws]) for f in ("crop", "flip", "cutout", "jitter")))
+
+
+def apply_augmentation(x: torch.Tensor, indices: torch.Tensor, epoch: int, config: AugmentConfig, seed: int,
+                       draws: AugmentDraws, fill: torch.Tensor | float = 0, *, unit: torch.Tensor | float = 1.0,
+                       mean: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """Crop/translate, flip, cutout, brightness and contrast, in that order, as ``draws`` chose
+    them: one pass over any number of images (a batch, or several batches end to end)."""
+    if draws.crop is not None:
+        x = _crop(x, config.crop_padding, *draws.crop)
+    if config.flip == "alternate":
+        x = apply_flip(x, flip_mask(indices, epoch, "alternate", seed, None))
+    elif draws.flip is not None:
+        x = apply_flip(x, draws.flip)
+    if draws.cutout is not None:
+        x = _cutout(x, config.cutout, *draws.cutout, fill)
+    if draws.jitter is not None:
+        jittered = _jitter(x.float(), *draws.jitter, unit, mean)
+        x = jittered if x.is_floating_point() else jittered.round_().clamp_(0, 255).to(x.dtype)
+    return x
+
+
 def augment_batch(x: torch.Tensor, indices: torch.Tensor, epoch: int, config: AugmentConfig, seed: int,
                   generator: torch.Generator, fill: torch.Tensor | float = 0, size: int | None = None, *,
                   unit: torch.Tensor | float = 1.0, mean: torch.Tensor | float = 0.0) -> torch.Tensor:
     """Crop/translate, flip, cutout, brightness and contrast, in that order, drawing from
     ``generator``; then scaled to ``size`` (see :func:`color_jitter` for ``unit`` and ``mean``)."""
-    x = random_crop(x, config.crop_padding, generator)
-    if config.flip != "none":
-        x = apply_flip(x, flip_mask(indices, epoch, config.flip, seed, generator))
-    x = cutout(x, config.cutout, generator, fill)
-    if config.brightness > 0 or config.contrast > 0:
-        jittered = color_jitter(x.float(), config.brightness, config.contrast, generator, unit, mean)
-        x = jittered if x.is_floating_point() else jittered.round_().clamp_(0, 255).to(x.dtype)
-    return resize(x, size)
+    draws = AugmentDraws.draw(x.shape, config, generator, x.device)
+    return resize(apply_augmentation(x, indices, epoch, config, seed, draws, fill, unit=unit, mean=mean), size)

@@ -22,7 +22,7 @@ component per technique):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ class Strategy:
     needs_warm_up = False  # its first steps must run before the clock starts, even on a CPU
     places_parameters = False  # it moves the parameters to where they belong itself (from the host)
     local_forward = True  # this process alone can run the whole model's forward pass
-    reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None  # inside a step graph
+    reduce_gradients: Callable[[Iterable[nn.Parameter]], None] | None = None  # inside a step graph
 
     def __init__(self, device: torch.device, rank: int = 0, world_size: int = 1):
         self.device, self.rank, self.world_size = device, rank, world_size

@@ -88,15 +88,40 @@ def broadcast_state(module: nn.Module, src: int = 0) -> None:
             dist.broadcast(tensor, src)
 
 
-def average_gradients(grads: list[torch.Tensor]) -> None:
-    """Averages gradients over the processes in one all-reduce of a flat buffer: data parallel
-    inside a captured CUDA graph (runtime/capture.py), where DDP's hooks cannot run. NCCL
-    collectives can be captured once the communicator exists (the step's warm-up creates it)."""
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)  # a sum: gloo has no average
-    flat.div_(dist.get_world_size())
-    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
-        grad.copy_(part.view_as(grad))
+def average_gradients(params) -> None:
+    """Averages the gradients of ``params`` over the processes in one all-reduce of a flat
+    buffer: data parallel inside a captured CUDA graph (runtime/capture.py), where DDP's hooks
+    cannot run. NCCL collectives can be captured once the communicator exists (the step's
+    warm-up creates it). Each gradient is copied into the buffer in its own memory order (a
+    channels-last one as it lies) and afterwards is its view of the buffer, laid out as before:
+    one copy kernel in all, where copying each averaged gradient back took one per parameter."""
+    params = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in params]
+    flat = torch.cat([_elements_in_memory_order(g) for g in grads])
+    if dist.get_backend() == dist.Backend.NCCL:
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+    else:  # (gloo has no average)
+        dist.all_reduce(flat)
+        flat.div_(dist.get_world_size())
+    for p, grad, part in zip(params, grads, flat.split([g.numel() for g in grads])):
+        p.grad = part.as_strided(grad.shape, grad.stride()) if _dense(grad) else part.view(grad.shape)
+
+
+def _elements_in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a dense tensor's elements in the order they lie in memory (a copy in
+    index order for any other)."""
+    return tensor.as_strided((tensor.numel(),), (1,)) if _dense(tensor) else tensor.reshape(-1)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill a block of memory without gaps or overlaps, in some
+    order of its dimensions (contiguous, channels-last, a transpose)."""
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(tensor.shape, tensor.stride()) if n != 1), key=lambda x: x[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 class TablesShardedMixin:

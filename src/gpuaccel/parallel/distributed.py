@@ -19,6 +19,27 @@ import torch.distributed as dist
 from ..errors import GpuaccelError
 
 
+class PendingFlag:
+    """A device flag on its way to the host: copied to pinned memory as soon as it is computed,
+    so that reading it waits for the work queued before it, not for the whole queue (as
+    ``.item()`` on the device value would)."""
+
+    def __init__(self, value: torch.Tensor):
+        self._ready = None
+        if value.is_cuda:
+            self._host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            self._host.copy_(value, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = value
+
+    def result(self) -> bool:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return bool(self._host.item())
+
+
 @dataclass(frozen=True)
 class Distributed:
     rank: int = 0
@@ -81,11 +102,15 @@ class Distributed:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank if ``flag`` is true on any (so all ranks take the same branch)."""
-        if not self.active:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+        return self.start_any(flag, device).result()
+
+    def start_any(self, flag: bool, device: torch.device) -> "PendingFlag":
+        """:meth:`any` begun: the all-reduce queued, its answer read later with ``result()``,
+        which then need not wait for the work queued after it."""
+        value = torch.full((1,), 1.0 if flag else 0.0, device=device)  # (a fill: no copy from the host)
+        if self.active:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return PendingFlag(value)
 
     def gather(self, obj) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""

@@ -7,6 +7,7 @@ import time
 import torch
 
 from ..parallel import Distributed
+from ..parallel.distributed import PendingFlag
 from .config import TrainConfig
 
 
@@ -18,6 +19,7 @@ class Cadence:
         self.config, self.dist, self.device = config, dist, device
         self.collective = collective_checkpoints and dist.active
         self.last_checkpoint = time.perf_counter()
+        self._verdicts: dict[str, PendingFlag] = {}  # each clock's verdict agreed at its last check
 
     def evaluation_due(self, step: int, end_of_epoch: bool, finished: bool) -> bool:
         """At each epoch's end (or every ``eval_every`` steps), and at the end of training."""
@@ -27,15 +29,21 @@ class Cadence:
     def out_of_time(self, step: int, elapsed: float) -> bool:
         """``elapsed`` seconds of training reached ``time_limit``; ranks must agree on stopping."""
         limit = self.config.time_limit
-        return limit is not None and self._any_clock(step, elapsed >= limit)
+        return limit is not None and self._any_clock("time limit", step, elapsed >= limit)
 
-    def _any_clock(self, step: int, passed: bool) -> bool:
+    def _any_clock(self, name: str, step: int, passed: bool) -> bool:
         """Where ranks must take the same branch on a clock (each rank's differs a little), the
-        clock of any one of them decides; that takes an all-reduce and a host synchronisation, so
-        several processes check every 16 steps, not every one."""
+        clock of any one of them decides. Every 16 steps each rank sends its clock's verdict and
+        reads the verdict agreed at the check before (every rank the same, at the same step):
+        reading the one just sent would make the host wait for the GPU's whole queue, and the
+        GPU then idle while the host launches the next steps. A decision comes 16 steps late."""
         if not self.dist.active:
             return passed
-        return step % 16 == 0 and self.dist.any(passed, self.device)
+        if step % 16:
+            return False
+        before = self._verdicts.get(name)
+        self._verdicts[name] = self.dist.start_any(passed, self.device)
+        return before is not None and before.result()
 
     def checkpoint_due(self, step: int, epoch: int, end_of_epoch: bool, last: bool) -> bool:
         """At the end (``last``), at epoch ends every ``checkpoint_epochs`` epochs, every
@@ -50,7 +58,8 @@ class Cadence:
         the write, one deciding alone would wait in the write's collective for ranks still
         training: they agree, as on stopping."""
         due = time.perf_counter() - self.last_checkpoint >= self.config.checkpoint_seconds
-        return self._any_clock(step, due) if self.collective else due
+        return self._any_clock("checkpoint", step, due) if self.collective else due
 
     def checkpointed(self) -> None:
         self.last_checkpoint = time.perf_counter()
+        self._verdicts.pop("checkpoint", None)  # (sent before this checkpoint: every rank drops it)

@@ -41,6 +41,60 @@ def orthogonalize(matrices: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.transpose(1, 2) if tall else x
 
 
+# Newton-Schulz products up to about this many multiply-adds take about as long whatever their
+# size on a GPU (their kernels' launch and ramp-up, not their arithmetic): below it every filter
+# bank goes into one zero-padded batch, one chain of products instead of one per shape
+_ONE_BATCH_WORK = 2 ** 30
+
+
+def newton_schulz_batches(shapes: list[tuple[int, int]]) -> list[list[int]]:
+    """Which matrices (of these rows x columns) Newton-Schulz iterates on together, each batch
+    zero-padded to its largest rows and columns (zero rows and columns leave a matrix's
+    orthogonalisation unchanged): all of them in one batch when its products are small (below
+    :data:`_ONE_BATCH_WORK`), else one batch per row count."""
+    rows, columns = max(r for r, _ in shapes), max(c for _, c in shapes)
+    if len(shapes) * rows * columns * min(rows, columns) <= _ONE_BATCH_WORK:
+        return [list(range(len(shapes)))]
+    by_rows = defaultdict(list)
+    for i, (r, _) in enumerate(shapes):
+        by_rows[r].append(i)
+    return list(by_rows.values())
+
+
+def muon_update(params: list[torch.Tensor], grads: list[torch.Tensor], buffers: list[torch.Tensor], lr,
+                momentum: float, nesterov: bool, ns_steps: int, batches: list[list[int]]) -> None:
+    """Muon's update of ``params`` in place (see :class:`Muon`), in few kernels: on a GPU these
+    small kernels' launches and ramp-up, not their arithmetic, set its time (cifar10-fast's
+    six filter banks took 0.39 ms a step in two batches with a kernel per operation and
+    filter bank; benchmarks/scaling/step_parts.py)."""
+    if momentum:
+        torch._foreach_mul_(buffers, momentum)
+        torch._foreach_add_(buffers, grads)
+        grads = torch._foreach_add(grads, buffers, alpha=momentum) if nesterov else buffers
+    # each filter bank is rescaled to sqrt(rows) norm before its update: the factors, all at once
+    factors = torch._foreach_norm(params)
+    torch._foreach_clamp_min_(factors, 1e-12)
+    torch._foreach_reciprocal_(factors)
+    torch._foreach_mul_(factors, [len(p) ** 0.5 for p in params])
+    for indices in batches:
+        shapes = [(len(params[i]), params[i].numel() // len(params[i])) for i in indices]
+        rows, width = max(r for r, _ in shapes), max(c for _, c in shapes)
+        # zero-padded, in bf16: each update copied into its corner (its layout and dtype converted on the way)
+        packed = grads[indices[0]].new_zeros((len(indices), rows, width), dtype=torch.bfloat16)
+        corners = [packed[k, :r, :c].view(params[i].shape) for k, (i, (r, c)) in enumerate(zip(indices, shapes))]
+        for i, corner in zip(indices, corners):
+            corner.copy_(grads[i])
+        orthogonal = orthogonalize(packed, ns_steps)
+        for k, (i, (r, c)) in enumerate(zip(indices, shapes)):
+            p, update = params[i], orthogonal[k, :r, :c].view(params[i].shape)
+            scale = max(1.0, r / c) ** 0.5  # orthogonal rows of a wide matrix have unit norm; a tall one's match
+            p.mul_(factors[i])
+            if torch.is_tensor(lr):  # one kernel: no product of the tensor rate per filter bank
+                p.addcmul_(update, lr, value=-scale)
+            else:
+                p.add_(update, alpha=-lr * scale)
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for the parameter groups marked ``orthogonalize``, SGD for the others (biases,
     norms, the classifier), as one optimizer so that schedules, checkpoints and the step
@@ -86,7 +140,10 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params and group["orthogonalize"]:
-                self._orthogonalized_step(group, params)
+                muon_update(
+                    params, [p.grad for p in params], self._buffers(params) if group["momentum"] else [],
+                    group["lr"], group["momentum"], group["nesterov"], group["ns_steps"],
+                    newton_schulz_batches([(len(p), p.numel() // len(p)) for p in params]))
             elif params:  # PyTorch's SGD, one fused kernel on a GPU
                 momentum = group["momentum"]
                 sgd(params, [p.grad for p in params],
@@ -94,36 +151,6 @@ class Muon(torch.optim.Optimizer):
                     weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"], dampening=0.0,
                     nesterov=group["nesterov"] and momentum > 0, maximize=False, fused=params[0].is_cuda)
         return loss
-
-    def _orthogonalized_step(self, group: dict, params: list[torch.Tensor]) -> None:
-        grads = [p.grad for p in params]
-        if group["momentum"]:
-            buffers = self._buffers(params)
-            torch._foreach_mul_(buffers, group["momentum"])
-            torch._foreach_add_(buffers, grads)
-            grads = torch._foreach_add(grads, buffers, alpha=group["momentum"]) if group["nesterov"] else buffers
-        norms = torch._foreach_norm(params)
-        # One batched iteration per output-channel count, narrower filter banks padded with zero
-        # columns (which leaves their singular values, and so the result, unchanged): a few
-        # larger matrix products instead of many small ones, which bounded the step's time
-        by_rows = defaultdict(list)
-        for i, p in enumerate(params):
-            by_rows[len(p)].append(i)
-        for rows, indices in by_rows.items():
-            matrices = [grads[i].reshape(rows, -1) for i in indices]
-            width = max(m.size(1) for m in matrices)
-            updates = orthogonalize(torch.stack([F.pad(m, (0, width - m.size(1))) for m in matrices]),
-                                    group["ns_steps"])
-            for i, matrix, update in zip(indices, matrices, updates):
-                p, columns = params[i], matrix.size(1)
-                # orthogonal rows of a wide matrix have unit norm; scale a tall one's up to match
-                scale = max(1.0, rows / columns) ** 0.5
-                update = update[:, :columns].reshape(p.shape)
-                p.mul_(rows ** 0.5 / norms[i].clamp_min(1e-12))
-                if torch.is_tensor(group["lr"]):  # one kernel: no product of the tensor rate per filter bank
-                    p.addcmul_(update, group["lr"], value=-scale)
-                else:
-                    p.add_(update, alpha=-group["lr"] * scale)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,

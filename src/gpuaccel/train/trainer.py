@@ -358,7 +358,7 @@ class Trainer:
             part = loss.float() * leading_size(targets)
             total = part if total is None else total + part
         if self.strategy.reduce_gradients is not None:  # data parallel inside the step graph
-            self.strategy.reduce_gradients([p.grad for p in self.model.parameters() if p.grad is not None])
+            self.strategy.reduce_gradients(self.model.parameters())
         if self.config.grad_clip is not None:
             self.acc.clip_grad_norm_(self.model, self.config.grad_clip)
         self.stepper.step()
