@@ -327,16 +327,12 @@ def test_build_loader_keeps_cpu_data_in_process_unless_told():
     assert isinstance(build_loader(images, labels, placement="cpu", workers=0, **common), WorkerLoader)
 
 
-@pytest.mark.parametrize("start", [0, 4])
-def test_batches_prepared_together_are_the_batches_prepared_one_at_a_time(monkeypatch, start):
-    import gpuaccel.data.loader as loader_module
-
+@pytest.mark.parametrize("start", [0, 5])
+def test_batches_prepared_together_are_the_batches_prepared_one_at_a_time(start):
     augment = AugmentConfig(crop_padding=2, flip="random", cutout=2, brightness=0.2, contrast=0.2)
-    together = make_pair(augment=augment, drop_last=False)[0]  # 103 images: a last batch of 3
-    assert together._batches_together >= len(together) == 11
-    monkeypatch.setattr(loader_module, "_BYTES_TOGETHER", 1)
-    alone = make_pair(augment=augment, drop_last=False)[0]
-    assert alone._batches_together == 1
+    together, alone = (make_pair(augment=augment, drop_last=False)[0] for _ in range(2))  # 103 images: a last batch of 3
+    assert alone.batches_together == 1 and len(alone) == 11  # (on a CPU: one at a time)
+    together.batches_together = 4  # (as on a GPU)
     pairs = list(zip(together.batches(3, start), alone.batches(3, start), strict=True))
     assert len(pairs) == 11 - start and len(pairs[-1][0][1]) == 3
     for (xa, ya), (xb, yb) in pairs:

@@ -194,6 +194,9 @@ class AugmentDraws:
     @staticmethod
     def joined(draws: list["AugmentDraws"]) -> "AugmentDraws":
         """Several batches' draws as one batch's (their images end to end)."""
+        if len(draws) == 1:
+            return draws[0]
+
         def cat(parts):
             if parts[0] is None:
                 return None

@@ -32,8 +32,8 @@ from .augment import AugmentConfig, AugmentDraws, apply_augmentation, augment_ba
 _EPOCH_SALT = 1_000_003
 _STEP_SALT = 7_919
 PLACEMENTS = ("auto", "gpu", "cpu")
-# fp32 images a device loader prepares at once (several batches of small images): bounds the
-# working memory of its gather, normalisation and augmentation
+# fp32 images a device loader on a GPU prepares at once (several batches of small images): bounds
+# the working memory of its gather, normalisation and augmentation
 _BYTES_TOGETHER = 64 * 2 ** 20
 
 
@@ -158,6 +158,11 @@ class DeviceLoader(_ShardedOrder):
         self.images, self.labels = images.to(device), labels.to(device)
         self.augment = augment if (train and augment is not None and augment.active) else None
         self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        # how many batches :meth:`batches` prepares at once: on a GPU up to _BYTES_TOGETHER of fp32
+        # images (one batch of large images). On a CPU one: a kernel costs little there, and
+        # several batches' images outgrow its caches (cifar-sized batches together were slower)
+        image_bytes = 4 * self.images[0].numel()
+        self.batches_together = max(1, _BYTES_TOGETHER // (image_bytes * batch_size)) if device.type == "cuda" else 1
 
     def normalised_sample(self, count: int) -> torch.Tensor:
         """The first ``count`` images of a fixed random order, normalised, on the compute device
@@ -167,14 +172,14 @@ class DeviceLoader(_ShardedOrder):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``.
 
-        Several batches are gathered, normalised and augmented together (each with its own
-        draws, so every batch is what it would be alone): one set of kernels for them all, where
-        each batch alone took some thirty small kernels and their launches between two training
-        steps on a GPU (cifar10-fast's on 4 GPUs: 384 images a batch)."""
+        On a GPU several batches are gathered, normalised and augmented together (each with its
+        own draws, so every batch is what it would be alone): one set of kernels for them all,
+        where each batch alone took some thirty small kernels and their launches between two
+        training steps (cifar10-fast's on 4 GPUs: 384 images a batch)."""
         order = self.device_indices(epoch, self.device)
         size = self.batch_size
-        for first in range(start, len(self), self._batches_together):
-            steps = range(first, min(first + self._batches_together, len(self)))
+        for first in range(start, len(self), self.batches_together):
+            steps = range(first, min(first + self.batches_together, len(self)))
             idx = order[first * size:steps[-1] * size + size]
             x = self.normaliser.scale(self.images[idx])
             if self.augment is not None:
@@ -189,13 +194,6 @@ class DeviceLoader(_ShardedOrder):
                 if self.augment is not None:
                     images = resize(images, self.augment.size_at(epoch + step / len(self)))
                 yield images, labels[k * size:(k + 1) * size]
-
-    @property
-    def _batches_together(self) -> int:
-        """How many batches :meth:`batches` prepares at once: up to :data:`_BYTES_TOGETHER` of
-        fp32 images (one batch of large images)."""
-        image_bytes = 4 * self.images[0].numel()
-        return max(1, _BYTES_TOGETHER // (image_bytes * self.batch_size))
 
 
 class _HostBatches(torch.utils.data.Dataset):
