@@ -14,7 +14,6 @@ from collections import defaultdict
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.optim.sgd import sgd
 
 from .config import TrainConfig
