@@ -183,7 +183,7 @@ class DeviceLoader(_ShardedOrder):
             idx = order[first * size:steps[-1] * size + size]
             x = self.normaliser.scale(self.images[idx])
             if self.augment is not None:
-                draws = [AugmentDraws.draw((len(order[step * size:(step + 1) * size]), *x.shape[1:]), self.augment,
+                draws = [AugmentDraws.draw((min(size, len(order) - step * size), *x.shape[1:]), self.augment,
                                            torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step)),
                                            self.device) for step in steps]
                 x = apply_augmentation(x, idx, epoch, self.augment, self.seed, AugmentDraws.joined(draws),

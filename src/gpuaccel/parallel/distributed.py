@@ -102,6 +102,8 @@ class Distributed:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank if ``flag`` is true on any (so all ranks take the same branch)."""
+        if not self.active:
+            return flag
         return self.start_any(flag, device).result()
 
     def start_any(self, flag: bool, device: torch.device) -> "PendingFlag":
