@@ -105,12 +105,19 @@ def test_random_crop_matches_a_reflect_pad_reference():
     assert len({(int(a), int(b)) for a, b in zip(dy, dx)}) > 1  # offsets really vary
 
 
-def test_flip_mirrors_exactly_the_masked_images():
-    x = torch.randn(6, 2, 3, 5)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_one_gather_crops_and_mirrors_the_chosen_images_as_padding_cropping_and_flipping_would(dtype):
+    source = torch.randint(0, 256, (20, 3, 6, 7)).to(dtype)
+    which = torch.tensor([3, 3, 0, 19, 7, 12])
+    dy, dx = torch.tensor([0, 4, 2, 1, 3, 4]), torch.tensor([4, 0, 2, 3, 1, 0])
     mask = torch.tensor([True, False, True, False, False, True])
-    out = aug.apply_flip(x, mask)
-    for i in range(6):
-        assert torch.equal(out[i], x[i].flip(-1) if mask[i] else x[i])
+    out = aug.gather_moved(source, which, aug.AugmentConfig(crop_padding=2), aug.AugmentDraws(crop=(dy, dx)), mask)
+    assert out.dtype == dtype and out.shape == (6, 3, 6, 7)
+    for i, k in enumerate(which.tolist()):
+        expected = reference_crop(source[k].numpy(), int(dy[i]), int(dx[i]), 2)
+        np.testing.assert_array_equal(out[i].numpy(), expected[..., ::-1] if mask[i] else expected)
+    plain = aug.gather_moved(source, which, aug.AugmentConfig(), aug.AugmentDraws())
+    assert torch.equal(plain, source[which])
 
 
 def test_alternating_flip_flips_each_image_in_exactly_one_of_two_epochs():

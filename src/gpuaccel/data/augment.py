@@ -68,7 +68,9 @@ def parse_size_schedule(stages) -> tuple[tuple[int, float], ...]:
 
 def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Translates each image by up to ``padding`` pixels, filling with its reflection."""
-    return _crop(x, padding, *_crop_offsets(len(x), padding, generator, x.device))
+    offsets = _crop_offsets(len(x), padding, generator, x.device) if padding > 0 else None
+    return gather_moved(x, torch.arange(len(x), device=x.device), AugmentConfig(crop_padding=padding),
+                        AugmentDraws(crop=offsets))
 
 
 def _crop_offsets(n: int, padding: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,17 +79,33 @@ def _crop_offsets(n: int, padding: int, generator: torch.Generator, device) -> t
     return dy, dx
 
 
-def _crop(x: torch.Tensor, padding: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    if padding <= 0:
-        return x
-    n, c, h, w = x.shape
-    padded = F.pad(x, (padding,) * 4, mode="reflect") if x.is_floating_point() else \
-        F.pad(x.float(), (padding,) * 4, mode="reflect").to(x.dtype)
-    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
-    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
-    batch = torch.arange(n, device=x.device)[:, None, None, None]
-    channel = torch.arange(c, device=x.device)[None, :, None, None]
-    return padded[batch, channel, rows, cols]
+def _reflected(position: torch.Tensor, size: int) -> torch.Tensor:
+    """Positions up to ``size - 1`` outside 0..size-1 mirrored back in about the edge pixel (as
+    reflect padding fills them: -1 reads 1)."""
+    position = position.abs()
+    return torch.where(position > size - 1, 2 * (size - 1) - position, position)
+
+
+def gather_moved(images: torch.Tensor, which: torch.Tensor, config: "AugmentConfig", draws: "AugmentDraws",
+                 mirror: torch.Tensor | None = None) -> torch.Tensor:
+    """``images[which]``, each translated by its crop offsets (``config.crop_padding``: reflect
+    padding, cropped back) and mirrored where ``mirror`` (or ``draws.flip``) says, read from
+    ``images`` in one gather in their own dtype. The same values as padding, cropping and
+    flipping ``images[which]``, without making those copies: a uint8 source is read as bytes, and
+    can be normalised after."""
+    n, (c, h, w), device = len(which), images.shape[1:], images.device
+    rows = torch.arange(h, device=device).expand(n, h)
+    cols = torch.arange(w, device=device).expand(n, w)
+    if draws.crop is not None:
+        dy, dx = draws.crop
+        rows = _reflected(rows + (dy - config.crop_padding)[:, None], h)
+        cols = _reflected(cols + (dx - config.crop_padding)[:, None], w)
+    mirror = draws.flip if mirror is None else mirror
+    if mirror is not None:
+        cols = torch.where(mirror[:, None], cols.flip(-1), cols)
+    channels = torch.arange(c, device=device)
+    return images[which[:, None, None, None], channels[None, :, None, None], rows[:, None, :, None],
+                  cols[:, None, None, :]]
 
 
 def flip_mask(indices: torch.Tensor, epoch: int, mode: str, seed: int, generator: torch.Generator) -> torch.Tensor:
@@ -99,10 +117,6 @@ def flip_mask(indices: torch.Tensor, epoch: int, mode: str, seed: int, generator
         bits = ((indices * 2654435761 + seed * 40503) >> 7) & 1
         return (bits ^ (epoch & 1)).bool()
     return torch.zeros(indices.shape, dtype=torch.bool, device=indices.device)
-
-
-def apply_flip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask[:, None, None, None], x.flip(-1), x)
 
 
 def cutout(x: torch.Tensor, size: int, generator: torch.Generator, fill: torch.Tensor | float = 0) -> torch.Tensor:
@@ -210,13 +224,22 @@ def apply_augmentation(x: torch.Tensor, indices: torch.Tensor, epoch: int, confi
                        draws: AugmentDraws, fill: torch.Tensor | float = 0, *, unit: torch.Tensor | float = 1.0,
                        mean: torch.Tensor | float = 0.0) -> torch.Tensor:
     """Crop/translate, flip, cutout, brightness and contrast, in that order, as ``draws`` chose
-    them: one pass over any number of images (a batch, or several batches end to end)."""
-    if draws.crop is not None:
-        x = _crop(x, config.crop_padding, *draws.crop)
-    if config.flip == "alternate":
-        x = apply_flip(x, flip_mask(indices, epoch, "alternate", seed, None))
-    elif draws.flip is not None:
-        x = apply_flip(x, draws.flip)
+    them: one pass over any number of images (a batch, or several batches end to end).
+    ``indices``: the images' positions in the data set (alternate flips)."""
+    mirror = alternate_flips(indices, epoch, config, seed)
+    if draws.crop is not None or draws.flip is not None or mirror is not None:
+        x = gather_moved(x, torch.arange(len(x), device=x.device), config, draws, mirror)
+    return apply_pixel_changes(x, config, draws, fill, unit=unit, mean=mean)
+
+
+def alternate_flips(indices: torch.Tensor, epoch: int, config: AugmentConfig, seed: int) -> torch.Tensor | None:
+    """Which images ``flip: alternate`` mirrors this epoch (None for the other flip modes)."""
+    return flip_mask(indices, epoch, "alternate", seed, None) if config.flip == "alternate" else None
+
+
+def apply_pixel_changes(x: torch.Tensor, config: AugmentConfig, draws: AugmentDraws, fill: torch.Tensor | float = 0,
+                        *, unit: torch.Tensor | float = 1.0, mean: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """Cutout, brightness and contrast as ``draws`` chose them (what follows the crop and flip)."""
     if draws.cutout is not None:
         x = _cutout(x, config.cutout, *draws.cutout, fill)
     if draws.jitter is not None:
