@@ -36,7 +36,8 @@ def train_run(tmp_path_factory):
     from gpuaccel.cli import main
 
     run_dir = tmp_path_factory.mktemp("train") / "run"
-    assert main(["train", "--epochs", "3", "--quiet", "--run-dir", str(run_dir), "--profile", "--tensorboard"]) == 0
+    assert main(["train", "--epochs", "3", "--quiet", "--run-dir", str(run_dir), "--profile", "--profile-steps", "3-5",
+                 "--tensorboard"]) == 0
     return run_dir
 
 
@@ -117,9 +118,17 @@ def test_read_samples_ignores_a_torn_last_line(tmp_path):
 def test_train_profile_and_tensorboard_outputs(train_run):
     trace = json.loads((train_run / "profile" / "trace.json").read_text())
     assert trace["traceEvents"] and "convolution" in (train_run / "profile" / "ops.txt").read_text()
+    # --profile-steps 3-5: the profiler numbers steps from 0
+    assert {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep")} == \
+        {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
     assert list((train_run / "tensorboard").glob("events.out.tfevents.*"))
     records = [json.loads(line) for line in (train_run / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= r["data_wait"] <= 1 for r in records)
+
+
+@pytest.mark.parametrize("steps", ["5", "0-3", "9-8", "a-b"])
+def test_a_malformed_profile_window_is_refused_in_one_line(capsys, steps):
+    assert_user_error(capsys, ["train", "--profile", "--profile-steps", steps], "--profile-steps is FIRST-LAST")
 
 
 def test_report_of_a_training_run(train_run, capsys):

@@ -11,12 +11,16 @@ from ..files import atomic_write, replaced_atomically
 
 
 class StepProfiler:
-    """Profiles training steps ``skip`` .. ``skip + warmup + active`` and writes a Chrome/Perfetto
-    trace (``profile/trace.json``, open it in https://ui.perfetto.dev or chrome://tracing) and a
-    table of the most expensive operators (``profile/ops.txt``)."""
+    """Profiles training steps ``first`` .. ``last`` (counted from 1; up to two steps before them
+    run under the profiler untraced, as its warm-up) and writes a Chrome/Perfetto trace
+    (``profile/trace.json``, open it in https://ui.perfetto.dev or chrome://tracing) and a table
+    of the most expensive operators (``profile/ops.txt``)."""
 
-    def __init__(self, run_dir: Path, device: torch.device, skip: int = 5, warmup: int = 2, active: int = 5):
+    def __init__(self, run_dir: Path, device: torch.device, first: int = 8, last: int = 12):
         from torch.profiler import ProfilerActivity, profile, schedule
+
+        warmup = min(2, first - 1)
+        skip, active = first - 1 - warmup, last - first + 1
 
         self.out = Path(run_dir) / "profile"
         self.out.mkdir(parents=True, exist_ok=True)

@@ -242,8 +242,11 @@ class TrainConfig:
                                                    "seconds only, for epochs of a step or two)", metavar="N")
     monitor: bool = setting(True, "logging", "sample GPU utilisation, memory, power, temperature and clock every "
                                              "0.1 s into gpu.jsonl (needs nvidia-ml-py)")
-    profile: bool = setting(False, "logging", "write a torch.profiler trace of steps 6-12 to profile/trace.json "
-                                              "and an operator table")
+    profile: bool = setting(False, "logging", "write a torch.profiler trace of a few steps (--profile-steps) to "
+                                              "profile/trace.json and an operator table")
+    profile_steps: str = setting("8-12", "logging", "with --profile: the steps traced, FIRST-LAST (counted from 1; "
+                                                    "the two before are run under the profiler untraced)",
+                                 metavar="FIRST-LAST")
     tensorboard: bool = setting(False, "logging", "log the metrics as TensorBoard scalars in tensorboard/ (needs "
                                                   "tensorboard)")
 
@@ -358,6 +361,16 @@ class TrainConfig:
         _whole(self, "checkpoint_epochs", minimum=0)
         if self.checkpoint_every is not None:
             _whole(self, "checkpoint_every")
+        self.profile_window  # (refuses a malformed --profile-steps)
+
+    @property
+    def profile_window(self) -> tuple[int, int]:
+        """(first, last) step that ``--profile`` traces, counted from 1."""
+        first, _, last = str(self.profile_steps).partition("-")
+        if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last)):
+            raise GpuaccelError(f"--profile-steps is FIRST-LAST with 1 <= FIRST <= LAST (e.g. 8-12), "
+                                f"got {self.profile_steps}")
+        return int(first), int(last)
 
     @property
     def target_metric(self) -> tuple[str, float] | None:

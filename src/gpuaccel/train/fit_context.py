@@ -72,7 +72,8 @@ class FitContext:
         if self.sampler is not None:
             self.sampler.start()
         self.data_wait = DataWaitMeter(trainer.device)
-        self.profiler = StepProfiler(trainer.run_dir, trainer.device) if cfg.profile and main else None
+        self.profiler = StepProfiler(trainer.run_dir, trainer.device, *cfg.profile_window) \
+            if cfg.profile and main else None
         self.scalars = ScalarLog(trainer.run_dir) if cfg.tensorboard and main else None
         self.wall_at_eval = 0.0
         self.seconds_at_eval = trainer.train_seconds
