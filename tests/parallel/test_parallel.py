@@ -95,16 +95,24 @@ def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
 
 
+@pytest.fixture(scope="module")
+def dlrm_one_process(tmp_path_factory) -> Path:
+    """The run directory of tests/dlrm_worker.py's DLRM trained by one process with the whole
+    batch of 64: what the data-parallel runs below must match."""
+    from dlrm_worker import train
+
+    single = tmp_path_factory.mktemp("dlrm") / "one"
+    train(str(single), 64)
+    return single
+
+
 @pytest.mark.parametrize("kind", ["ddp", "graph", "ddp-replicated"])
-def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind):
+def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind, dlrm_one_process):
     """Tables sharded across the processes (3 tables on 2 processes: one slot without a table;
     each process looks up and updates its tables' rows for every process's ids) or replicated
     (each process gathers every process's rows and gradients); either way the update is the one
     a process with the whole batch takes, and model.pt holds the whole tables."""
-    from dlrm_worker import train
-
-    single, double = tmp_path / "one", tmp_path / "two"
-    train(str(single), 64)
+    single, double = dlrm_one_process, tmp_path / "two"
     done = torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
@@ -114,12 +122,9 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
 
 
-def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path):
+def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path, dlrm_one_process):
     """3 tables on 4 processes: one process holds no table (its slot looks up the spare row)."""
-    from dlrm_worker import train
-
-    single, four = tmp_path / "one", tmp_path / "four"
-    train(str(single), 64)
+    single, four = dlrm_one_process, tmp_path / "four"
     torchrun(str(four), "16", "graph", nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, four, processes=4, global_batch=64, atol=2e-5)
     reference = json.loads((single / "summary.json").read_text())["metrics"]
