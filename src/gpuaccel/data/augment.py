@@ -86,7 +86,7 @@ def _reflected(position: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(position > size - 1, 2 * (size - 1) - position, position)
 
 
-def gather_moved(images: torch.Tensor, which: torch.Tensor, config: "AugmentConfig", draws: "AugmentDraws",
+def gather_moved(images: torch.Tensor, which: torch.Tensor, config: AugmentConfig, draws: AugmentDraws,
                  mirror: torch.Tensor | None = None) -> torch.Tensor:
     """``images[which]``, each translated by its crop offsets (``config.crop_padding``: reflect
     padding, cropped back) and mirrored where ``mirror`` (or ``draws.flip``) says, read from

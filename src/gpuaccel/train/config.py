@@ -361,16 +361,12 @@ class TrainConfig:
         _whole(self, "checkpoint_epochs", minimum=0)
         if self.checkpoint_every is not None:
             _whole(self, "checkpoint_every")
-        self.profile_window  # (refuses a malformed --profile-steps)
+        _step_range(self.profile_steps)
 
     @property
     def profile_window(self) -> tuple[int, int]:
         """(first, last) step that ``--profile`` traces, counted from 1."""
-        first, _, last = str(self.profile_steps).partition("-")
-        if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last)):
-            raise GpuaccelError(f"--profile-steps is FIRST-LAST with 1 <= FIRST <= LAST (e.g. 8-12), "
-                                f"got {self.profile_steps}")
-        return int(first), int(last)
+        return _step_range(self.profile_steps)
 
     @property
     def target_metric(self) -> tuple[str, float] | None:
@@ -457,6 +453,14 @@ def _whole(config, name: str, minimum: int = 1) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= {minimum}, got {value}")
+
+
+def _step_range(text) -> tuple[int, int]:
+    """Text FIRST-LAST -> (FIRST, LAST), steps counted from 1; a user error for anything else."""
+    first, _, last = str(text).partition("-")
+    if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last)):
+        raise GpuaccelError(f"--profile-steps is FIRST-LAST with 1 <= FIRST <= LAST (e.g. 8-12), got {text}")
+    return int(first), int(last)
 
 
 def _at_least(config, name: str, low: float) -> None:
