@@ -347,6 +347,16 @@ def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
     assert sum(phases.values()) == pytest.approx(process_age(), abs=0.5)  # no second left out
 
 
+def test_a_compiled_run_sets_up_with_torch_compiles_import_as_a_phase_of_its_own():
+    trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", compile=True, monitor=False, run_dir=None),
+                      quiet=True)  # (torch.compile compiles at the first step: none here)
+    phases = list(trainer.phases.phases)
+    assert phases[-3:] == ["loaders (the data on the device, data-dependent initialisation)",
+                           "importing torch.compile (Dynamo, Inductor)", "parallel strategy, optimizer, training step"]
+    plain = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
+    assert "importing torch.compile (Dynamo, Inductor)" not in plain.phases.phases
+
+
 def test_the_warm_up_says_where_its_seconds_went():
     from gpuaccel.train.warmup import FIRST_STEP
 

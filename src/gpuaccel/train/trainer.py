@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..accelerator import Accelerator
-from ..compiling import compile_module, compile_workers_unless_cached
+from ..compiling import compile_module, compile_workers_unless_cached, import_compiler
 from ..data import resolved_spec
 from ..device import device_name, synchronize
 from ..errors import GpuaccelError
@@ -101,6 +101,10 @@ class Trainer:
         self.acc.placement.configure_kernels(deterministic=config.deterministic,
                                              cudnn_benchmark=config.cudnn_benchmark)
         self._build_loaders(data_init)
+        self.phases.mark("loaders (the data on the device, data-dependent initialisation)")
+        if self._compile_mode is not None:
+            import_compiler()
+            self.phases.mark("importing torch.compile (Dynamo, Inductor)")
         self._wrap_model()
         self._build_step()
         # where in the data order training stands, and what it has achieved so far
@@ -120,7 +124,7 @@ class Trainer:
         self.warmup_phases: dict[str, float] = {}  # (warmup.py: the warm-up's seconds, part by part)
         self.setup_phases_by_process: list[dict[str, float]] = []  # (warmup.py, with several processes)
         self.setup_seconds = time.perf_counter() - setup_start
-        self.phases.mark("loaders, optimizer, parallel strategy")
+        self.phases.mark("parallel strategy, optimizer, training step")
 
     # ------------------------------------------------------------------ building
 
