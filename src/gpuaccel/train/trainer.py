@@ -282,7 +282,7 @@ class Trainer:
         cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
         clock = TrainingClock(self.train_seconds)
         stopped_by = None
-        self.phases.mark("run directory")
+        self.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
             context.started(next_batches)
             if self.epochs_done >= cfg.epochs and self.global_step > self.evaluated_at:
@@ -427,7 +427,7 @@ class Trainer:
             return None
         check_task(self, first)
         if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
-            self.phases.mark("run directory")
+            self.phases.mark("run directory, first batch, task check")
             self.warmup_seconds = self.warm_up(batch=first)
             self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
             progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
