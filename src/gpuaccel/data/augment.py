@@ -68,9 +68,10 @@ def parse_size_schedule(stages) -> tuple[tuple[int, float], ...]:
 
 def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Translates each image by up to ``padding`` pixels, filling with its reflection."""
-    offsets = _crop_offsets(len(x), padding, generator, x.device) if padding > 0 else None
+    if padding <= 0:
+        return x
     return gather_moved(x, torch.arange(len(x), device=x.device), AugmentConfig(crop_padding=padding),
-                        AugmentDraws(crop=offsets))
+                        AugmentDraws(crop=_crop_offsets(len(x), padding, generator, x.device)))
 
 
 def _crop_offsets(n: int, padding: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
