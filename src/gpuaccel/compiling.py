@@ -36,16 +36,29 @@ def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
     return {"options": {**torch._inductor.list_mode_options(mode), "coordinate_descent_tuning": True}}
 
 
-def compile_module(module, mode: str, tune_kernels: bool = False):
+def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes: int | None = None):
     """``torch.compile(module)`` as gpuaccel compiles, for ``Trainer`` and ``Accelerator`` alike: in
     ``mode`` (above), with static shapes, its kernels cached on disk (``caches.use_compile_cache``:
     only a machine's first run pays for them). Static shapes: a short last batch gets a graph of
     its own rather than making Dynamo recompile the model for a symbolic batch size, whose
-    kernels are slower and which CUDA graphs cannot record."""
+    kernels are slower and which CUDA graphs cannot record.
+
+    ``split_bytes``: the model's graph is cut into pieces of about that many bytes of parameters,
+    in reverse order, each compiled on its own, so that its backward pass hands gradients back
+    piece by piece (for an all-reduce in buckets during the backward pass,
+    parallel/gradient_buckets.py). The cutting is Dynamo's DDPOptimizer, what torch.compile does
+    to a model wrapped by DDP, here in front of the same Inductor compilation."""
     import torch
 
     import_compiler()
-    return torch.compile(module, dynamic=False, **compile_arguments(mode, tune_kernels))
+    arguments = compile_arguments(mode, tune_kernels)
+    if split_bytes is None:
+        return torch.compile(module, dynamic=False, **arguments)
+    from torch._dynamo.backends.distributed import DDPOptimizer
+
+    inductor = torch._TorchCompileInductorWrapper(arguments.get("mode"), arguments.get("options"), False)
+    split = DDPOptimizer(split_bytes, inductor, first_bucket_cap=split_bytes)
+    return torch.compile(module, dynamic=False, backend=split.compile_fn)
 
 
 def import_compiler() -> None:

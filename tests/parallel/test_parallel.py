@@ -86,13 +86,20 @@ def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
 
 
-def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path):
-    """The data parallel a captured step does (rank 0's weights broadcast, one all-reduce of all
-    gradients inside the step), run eagerly on CPUs, trains like one process with the whole batch."""
+@pytest.mark.parametrize("averaging", [(), ("0.001", "1"), ("0.001", "2")],
+                         ids=["one-all-reduce", "buckets", "buckets-accumulation"])
+def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path, averaging):
+    """The data parallel a captured step does (rank 0's weights broadcast, the gradients averaged
+    inside the step: in one all-reduce after the backward pass, or in buckets of 1 kB launched
+    from the backward pass as it finishes them, on the last micro-batch of an accumulation only),
+    run eagerly on CPUs, trains like one process with the whole batch."""
     single, double = tmp_path / "one", tmp_path / "two"
     train_one_process(single, model=MODEL, batch_size=64, epochs=2)
-    torchrun(str(double), "32", "2", program=(str(TESTS / "step_graph_worker.py"),))
+    batch = "16" if averaging[1:] == ("2",) else "32"
+    done = torchrun(str(double), batch, "2", *averaging, program=(str(TESTS / "step_graph_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
+    if averaging:  # plain_cnn's gradients from the last layer's: 1.3 kB, 65.7 kB, 0.3 kB
+        assert "rank 0: 3 buckets" in done.stdout and "rank 1: 3 buckets" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -613,3 +620,38 @@ def test_every_rank_reads_the_same_verdict_of_any_ranks_clock(tmp_path):
     torch.multiprocessing.spawn(_verdicts, args=(2, tmp_path / "group"), nprocs=2)
     for rank in range(2):
         assert torch.load(f"{tmp_path / 'group'}.{rank}") == [True, False, True]
+
+
+def _compiled_backward_passes(output: torch.Tensor) -> int:
+    """How many compiled backward functions the autograd graph behind ``output`` holds."""
+    seen, todo, count = set(), [output.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        count += "CompiledFunction" in node.name()
+        todo += [next_node for next_node, _ in node.next_functions]
+    return count
+
+
+def test_a_model_compiled_in_pieces_hands_its_gradients_back_piece_by_piece():
+    """compile_module(split_bytes=...) cuts the model's graph by bytes of parameters: one
+    compiled backward function per piece, so the last layers' gradients exist (and can be
+    averaged) while the first layers' backward pass has yet to run. Same outputs and gradients."""
+    from gpuaccel.compiling import compile_module
+
+    with plain_models_importable():
+        from plain_models import plain_cnn
+    torch.manual_seed(0)
+    model, x = plain_cnn(), torch.randn(4, 1, 8, 8)
+    reference = model(x)
+    reference.square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    output = compile_module(model, "default", split_bytes=2048)(x)  # (the last layer's 1.3 kB: a piece)
+    assert _compiled_backward_passes(output) >= 2
+    output.square().mean().backward()
+    torch.testing.assert_close(output, reference)
+    for p, grad in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, grad)

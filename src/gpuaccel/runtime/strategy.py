@@ -13,12 +13,14 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: bool = False,
                     bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False,
-                    shard_tables: bool = False) -> Strategy:
+                    shard_tables: bool = False, overlap_gradients: bool = False) -> Strategy:
     """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
     shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
     averages the gradients inside it instead of through DDP's hooks. ``shard_tables``: data
     parallel shards embedding tables updated in the backward pass across the processes (models/dlrm.py;
-    their forward pass and state_dict() become collectives), else replicates them."""
+    their forward pass and state_dict() become collectives), else replicates them.
+    ``overlap_gradients``: a captured step averages the gradients in buckets of ``bucket_cap_mb``
+    during the backward pass instead of in one all-reduce after it."""
     if name not in STRATEGIES:
         raise choice_error("strategy", name, STRATEGIES)
     dist = placement.dist
@@ -29,7 +31,8 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
                                 "(use --precision bf16 or fp32)")
         return Sharded(**where, offload=offload)
     if dist.active and captured_step:
-        return GraphDataParallel(**where, shard_tables=shard_tables)
+        return GraphDataParallel(**where, shard_tables=shard_tables,
+                                 bucket_cap_mb=bucket_cap_mb if overlap_gradients else None)
     if dist.active:  # (ddp in one process: nothing to combine)
         return DataParallel(**where, bucket_cap_mb=bucket_cap_mb, sync_batchnorm=sync_batchnorm,
                             shard_tables=shard_tables)
@@ -54,4 +57,5 @@ def training_strategy(config, placement: Placement, *, captured_step: bool, chan
             autocast=lambda: precision.autocast(device), autocast_dtype=precision.autocast_dtype)
     return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
                            bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
-                           offload=config.offload == "cpu", shard_tables=True)
+                           offload=config.offload == "cpu", shard_tables=True,
+                           overlap_gradients=config.overlap_gradients)

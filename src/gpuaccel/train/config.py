@@ -169,6 +169,10 @@ class TrainConfig:
                                                "(SyncBatchNorm, GPUs)")
     ddp_bucket_mb: float = setting(25.0, "parallel", "several processes: gradient all-reduce bucket size",
                                    metavar="MB")
+    overlap_gradients: bool = setting(
+        False, "parallel", "several processes with the step graph: average the gradients in --ddp-bucket-mb buckets "
+        "while the backward pass runs (the model compiled in pieces: slightly faster steps, seconds more warm-up; "
+        "docs/parallel.md); off: one all-reduce after it")
     shard: bool = setting(False, "parallel", "fully sharded data parallel (FSDP): each process keeps 1/N of the "
                                              "parameters, gradients and optimizer state; checkpoints stay whole")
     offload: str = setting("none", "parallel", "with --shard: 'cpu' keeps parameters, gradients and optimizer "

@@ -223,7 +223,7 @@ class Trainer:
         self.ema = WeightAverage(self.model, self.config.ema) if self.config.ema else None
         self.forward = self.strategy.training_forward(self._compiled)
         self.loss_fn = self._compiled(self.task.loss) if self.task.compile_loss else self.task.loss
-        compile_for_eval = self._compiled if self.config.compile_eval else (lambda module: module)
+        compile_for_eval = self._compiled if self.config.compile_eval else (lambda module, **_: module)
         forward_for_eval = self.forward if self.config.compile_eval else \
             self.strategy.training_forward(compile_for_eval)
         self.eval_forward = self.strategy.eval_forward(compile_for_eval, forward_for_eval,
@@ -254,11 +254,12 @@ class Trainer:
         shapes = [(tuple(t.shape), str(t.dtype)) for t in tree_flatten((inputs, targets))[0] if torch.is_tensor(t)]
         return compile_workers_unless_cached([config, repr(self.model), shapes, device_name(self.device)])
 
-    def _compiled(self, module):
-        """``module`` (or a function) compiled in the run's mode; as it is without ``compile``."""
+    def _compiled(self, module, split_bytes: int | None = None):
+        """``module`` (or a function) compiled in the run's mode (``split_bytes``: see
+        ``compile_module``); as it is without ``compile``."""
         if self._compile_mode is None:
             return module
-        return compile_module(module, self._compile_mode, self.config.tune_kernels)
+        return compile_module(module, self._compile_mode, self.config.tune_kernels, split_bytes=split_bytes)
 
     @property
     def jpeg_decoder(self) -> str | None:
