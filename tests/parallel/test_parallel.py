@@ -655,3 +655,23 @@ def test_a_model_compiled_in_pieces_hands_its_gradients_back_piece_by_piece():
     torch.testing.assert_close(output, reference)
     for p, grad in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, grad)
+
+
+def test_overlap_gradients_gives_the_step_graphs_data_parallel_its_buckets():
+    """--overlap-gradients (off by default) turns the captured step's one all-reduce into buckets
+    of --ddp-bucket-mb; without a captured step it is DDP either way."""
+    from types import SimpleNamespace
+
+    from gpuaccel.parallel import DataParallel, GraphDataParallel
+    from gpuaccel.runtime.strategy import training_strategy
+
+    placement = SimpleNamespace(device=torch.device("cpu"), precision=SimpleNamespace(loss_scaling=False),
+                                dist=SimpleNamespace(active=True, rank=0, world_size=2))
+    default = training_strategy(TrainConfig(data="digits"), placement, captured_step=True, channels_last=False)
+    overlap = training_strategy(TrainConfig(data="digits", overlap_gradients=True, ddp_bucket_mb=4), placement,
+                                captured_step=True, channels_last=False)
+    eager = training_strategy(TrainConfig(data="digits", overlap_gradients=True), placement, captured_step=False,
+                              channels_last=False)
+    assert isinstance(default, GraphDataParallel) and default.bucket_bytes is None
+    assert isinstance(overlap, GraphDataParallel) and overlap.bucket_bytes == 4 * 2**20
+    assert isinstance(eager, DataParallel)
