@@ -71,7 +71,8 @@ class GradientBuckets:
         self._launched = 0  # buckets launched, in order, since start()
         self._active = False
         self._finished: list[nn.Parameter] | None = []  # the order of the first averaging pass (None: used)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self.params]
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def _arrange(self, order: list[nn.Parameter]) -> None:
         """Buckets of consecutive parameters of ``order``, the first finished first."""
@@ -134,9 +135,3 @@ class GradientBuckets:
         for grad in computed:
             grad.record_stream(self._stream)
         params[0].grad.record_stream(computing)
-
-    def remove(self) -> None:
-        """Takes the hooks off the parameters."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
