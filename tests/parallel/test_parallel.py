@@ -378,6 +378,50 @@ def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(t
     assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
 
 
+
+def test_fsdp_units_group_consecutive_blocks_until_each_holds_the_size():
+    from gpuaccel.parallel.checkpointing import _outermost_blocks
+    from gpuaccel.parallel.fsdp import fsdp_units
+
+    model = create_model("resnet18")
+    blocks = list(_outermost_blocks(model))
+    sizes = {id(b): sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks}
+    assert fsdp_units(model, 0) == [[b] for b in blocks]
+    unit_bytes = 4 * 2**20
+    units = fsdp_units(model, unit_bytes)
+    assert [b for unit in units for b in unit] == blocks  # every block once, in order
+    assert 1 < len(units) < len(blocks)
+    for unit in units[:-1]:  # each unit reaches the size, and would not without its last block
+        assert sum(sizes[id(b)] for b in unit) >= unit_bytes > sum(sizes[id(b)] for b in unit[:-1])
+
+
+def test_sharded_blocks_in_units_of_several_train_on_two_processes_like_one(tmp_path):
+    """FSDP with a unit of two blocks (one all-gather for both) and a unit of one, which stays
+    gathered after its forward pass, trains like one process with the whole batch."""
+    single, double = tmp_path / "one", tmp_path / "two"
+    train_one_process(single, model="plain_models:residual_mlp", batch_size=64, epochs=1)
+    # blocks of 4,224 bytes in units of 0.005 MiB (5,243 bytes): blocks (1, 2) and (3)
+    torchrun(*COMMON, "--model", "plain_models:residual_mlp", "--shard", "--shard-unit-mb", "0.005",
+             "--batch-size", "32", "--epochs", "1", "--run-dir", str(double))
+    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
+    assert "FSDP (2 units)" in json.loads((double / "summary.json").read_text())["strategy"]
+
+
+def test_sharded_bf16_runs_gather_bf16_weights_and_keep_fp32_shards():
+    from types import SimpleNamespace
+
+    from gpuaccel.runtime.strategy import training_strategy
+
+    def strategy(precision):
+        placement = SimpleNamespace(device=torch.device("cpu"), dist=SimpleNamespace(active=True, rank=0, world_size=2),
+                                    precision=SimpleNamespace(loss_scaling=False, autocast_dtype=precision))
+        return training_strategy(TrainConfig(data="digits", shard=True, shard_unit_mb=8), placement,
+                                 captured_step=False, channels_last=False)
+
+    bf16, fp32 = strategy(torch.bfloat16), strategy(None)
+    assert bf16.param_dtype == torch.bfloat16 and fp32.param_dtype is None and bf16.unit_mb == 8
+    assert bf16.fuses("adamw") and not bf16.fuses("sgd")  # DTensor has a fused AdamW, no fused SGD
+
 def test_shard_errors(capsys, monkeypatch):
     assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--ema", "0.9"], "--ema", "--shard")
     import gpuaccel.parallel.fsdp as fsdp

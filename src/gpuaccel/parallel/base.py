@@ -35,7 +35,6 @@ class Strategy:
     name = "one device"
     collective_state = False  # every process takes part in gathering a checkpoint
     counts_metrics = True  # this process computes the loss and metrics
-    fused_optimizer = True  # PyTorch's fused optimizer kernels can update the parameters
     needs_warm_up = False  # its first steps must run before the clock starts, even on a CPU
     places_parameters = False  # it moves the parameters to where they belong itself (from the host)
     local_forward = True  # this process alone can run the whole model's forward pass
@@ -105,6 +104,10 @@ class Strategy:
         evaluation batches: where the forward pass is a collective, every process must run as
         many as the one with the most. Asked before the first batch."""
         return 0
+
+    def fuses(self, optimizer: str) -> bool:
+        """Whether PyTorch's fused kernel of ``optimizer`` (sgd, adamw) can update the parameters."""
+        return True
 
     def describe(self) -> str:
         return ""

@@ -2,12 +2,12 @@
 plain model, for models whose parameters, gradients and optimizer state do not fit on one
 device together.
 
-Each process keeps 1/N of every parameter, gradient and optimizer state. Each outermost
-residual block (the same units as activation checkpointing) is its own FSDP unit: its
-parameters are all-gathered just before its forward and backward pass and freed after, and
-its gradients are reduce-scattered as soon as they are ready, so only one block is whole at
-a time and communication overlaps compute. The rest of the model (stem, head) is the root
-unit.
+Each process keeps 1/N of every parameter, gradient and optimizer state. Consecutive outermost
+residual blocks (the units of activation checkpointing) are grouped into FSDP units of at least
+``--shard-unit-mb`` of parameters: a unit's parameters are all-gathered just before its forward
+and backward pass and freed after, and its gradients are reduce-scattered as soon as they are
+ready, so only about one unit is whole at a time and communication overlaps compute. The rest
+of the model (stem, head) is the root unit.
 
 Checkpoints hold full, unsharded state dicts (gathered to rank 0), so they load into a plain
 model for evaluation, export or a run with another number of processes. ``--shard`` also
@@ -43,29 +43,54 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(dist.destroy_process_group)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False) -> nn.Module:
+def fsdp_units(model: nn.Module, unit_bytes: float) -> list[list[nn.Module]]:
+    """``model``'s outermost blocks in order, consecutive ones grouped until a group holds at
+    least ``unit_bytes`` of parameters (0: one block a unit)."""
+    units, unit, size = [], [], 0
+    for block in _outermost_blocks(model):
+        unit.append(block)
+        size += sum(p.numel() * p.element_size() for p in block.parameters())
+        if size >= unit_bytes:
+            units.append(unit)
+            unit, size = [], 0
+    return units + [unit] if unit else units
+
+
+def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False, *,
+               units: list[list[nn.Module]] | None = None, param_dtype: torch.dtype | None = None) -> nn.Module:
     """Shards ``model`` in place over all processes of the default group; returns it.
+
+    ``units``: the groups of blocks sharded together (:func:`fsdp_units`; by default consecutive
+    outermost blocks of at least 80 MiB of parameters). Each unit costs host work in every
+    forward and backward pass (its hooks, the copies in and out of its all-gather, its
+    collectives), so small units make that work, not the GPU, set the step's pace: the 124 M
+    GPT (12 blocks of 28 MB) on 4 H200s trained at 0.68 of one GPU's tokens/s per GPU with a
+    unit per block and 0.93 with units of 3 blocks (0.95 with bf16 gathers too;
+    benchmarks/scaling/results/h200x4/fsdp_units.json). The last unit stays gathered after its
+    forward pass: its backward pass comes next.
+
+    ``param_dtype``: the weights are gathered and computed with in this dtype (bf16 runs: half the
+    bytes of fp32, no casts under autocast; 1.04-1.06x the tokens/s of fp32 gathers in the runs
+    above); gradients are reduced in fp32 into the fp32 shards.
 
     ``offload``: the sharded parameters, their gradients and the optimizer state stay in
     pinned host memory; each unit's parameters are copied to the GPU for its forward and
     backward pass, gradients go back to the host, and the optimizer step runs on the CPU.
-    GPU memory then holds about one unit's parameters plus the activations.
-
-    Weights are all-gathered in fp32 and autocast casts them: gathering them in bf16 (FSDP2's
-    MixedPrecisionPolicy) halves the bytes, yet the 124 M GPT trained at 0.75-0.83x the tokens/s
-    per GPU on 1, 2 and 4 H200s (against fp32 gathers on another host of the same kind: not
-    paired; benchmarks/scaling/results/h200x4/fsdp_bf16_gathers.json)."""
+    GPU memory then holds about one unit's parameters plus the activations."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if offload and device.type != "cuda":
         raise GpuaccelError("--offload cpu moves parameters out of GPU memory; this run is on the CPU already")
     ensure_process_group(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-    for block in list(_outermost_blocks(model)):
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+    common = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
+                  mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+                  if param_dtype is not None else MixedPrecisionPolicy())
+    units = fsdp_units(model, 80 * 2**20) if units is None else units
+    for i, unit in enumerate(units):
+        fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=i < len(units) - 1, **common)
+    fully_shard(model, **common)
     return model
 
 
@@ -153,17 +178,24 @@ class Sharded(Strategy):
 
     name = "fully sharded data parallel (FSDP)"
     collective_state = True
-    fused_optimizer = False  # sharded parameters are DTensors
     local_forward = False  # (a collective across the processes)
 
-    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False):
+    def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False,
+                 unit_mb: float = 80.0, param_dtype: torch.dtype | None = None):
         super().__init__(device, rank, world_size)
-        self.offload = offload
+        self.offload, self.unit_mb, self.param_dtype = offload, unit_mb, param_dtype
         self.places_parameters = offload  # the shards stay in pinned host memory
+
+    def fuses(self, optimizer: str) -> bool:
+        # DTensor has a fused AdamW kernel's sharding rule, not a fused SGD's; offloaded shards
+        # are updated by the CPU
+        return optimizer == "adamw" and not self.offload
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         refuse_backward_updates(model, "FSDP (--shard)")
-        self.model = apply_fsdp(model, self.device, offload=self.offload)
+        self.units = fsdp_units(model, self.unit_mb * 2**20)
+        self.model = apply_fsdp(model, self.device, offload=self.offload, units=self.units,
+                                param_dtype=self.param_dtype)
         return self.model
 
     def gradient_sync(self, sync: bool):
@@ -180,4 +212,7 @@ class Sharded(Strategy):
         return shortfall_of_batches(self.device, batches) if self.world_size > 1 else 0  # (forward: a collective)
 
     def describe(self) -> str:
-        return f"{self.world_size} process(es), FSDP" + (" with CPU offload" if self.offload else "")
+        gathers = ", bf16 gathers" if self.param_dtype == torch.bfloat16 else ""
+        offload = " with CPU offload" if self.offload else ""
+        units = f"{len(self.units)} units" if hasattr(self, "units") else "units"
+        return f"{self.world_size} process(es), FSDP ({units}{gathers}){offload}"

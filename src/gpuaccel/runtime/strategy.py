@@ -3,6 +3,8 @@ one file per strategy), chosen here for ``Trainer``'s settings and ``Accelerator
 
 from __future__ import annotations
 
+import torch
+
 from ..compiling import compile_arguments
 from ..errors import GpuaccelError, choice_error
 from ..parallel import DataParallel, GraphDataParallel, PipelineParallel, Sharded, SingleDevice, Strategy
@@ -13,14 +15,16 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: bool = False,
                     bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False,
-                    shard_tables: bool = False, overlap_gradients: bool = False) -> Strategy:
+                    shard_tables: bool = False, overlap_gradients: bool = False,
+                    shard_unit_mb: float = 80.0) -> Strategy:
     """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
     shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
     averages the gradients inside it instead of through DDP's hooks. ``shard_tables``: data
     parallel shards embedding tables updated in the backward pass across the processes (models/dlrm.py;
     their forward pass and state_dict() become collectives), else replicates them.
     ``overlap_gradients``: a captured step averages the gradients in buckets of ``bucket_cap_mb``
-    during the backward pass instead of in one all-reduce after it."""
+    during the backward pass instead of in one all-reduce after it. ``shard_unit_mb``: FSDP's units
+    (parallel/fsdp.py), whose weights are gathered in bf16 when the precision is bf16."""
     if name not in STRATEGIES:
         raise choice_error("strategy", name, STRATEGIES)
     dist = placement.dist
@@ -29,7 +33,8 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
         if placement.precision.loss_scaling:
             raise GpuaccelError("FSDP (--shard) trains in bf16 or fp32; fp16 loss scaling is not supported with it "
                                 "(use --precision bf16 or fp32)")
-        return Sharded(**where, offload=offload)
+        bf16 = placement.precision.autocast_dtype == torch.bfloat16
+        return Sharded(**where, offload=offload, unit_mb=shard_unit_mb, param_dtype=torch.bfloat16 if bf16 else None)
     if dist.active and captured_step:
         return GraphDataParallel(**where, shard_tables=shard_tables,
                                  bucket_cap_mb=bucket_cap_mb if overlap_gradients else None)
@@ -58,4 +63,4 @@ def training_strategy(config, placement: Placement, *, captured_step: bool, chan
     return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
                            bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
                            offload=config.offload == "cpu", shard_tables=True,
-                           overlap_gradients=config.overlap_gradients)
+                           overlap_gradients=config.overlap_gradients, shard_unit_mb=config.shard_unit_mb)

@@ -175,6 +175,9 @@ class TrainConfig:
         "docs/parallel.md); off: one all-reduce after it")
     shard: bool = setting(False, "parallel", "fully sharded data parallel (FSDP): each process keeps 1/N of the "
                                              "parameters, gradients and optimizer state; checkpoints stay whole")
+    shard_unit_mb: float = setting(80.0, "parallel", "with --shard: consecutive blocks are sharded together until "
+                                                     "a unit holds this many MB of parameters (each unit costs host "
+                                                     "work every step; 0: a unit per block)", metavar="MB")
     offload: str = setting("none", "parallel", "with --shard: 'cpu' keeps parameters, gradients and optimizer "
                                                "state in host memory and runs the optimizer step on the CPU",
                            choices=("none", "cpu"), metavar="WHERE")
@@ -308,6 +311,8 @@ class TrainConfig:
         _whole(self, "pipeline_stages")
         if not self.ddp_bucket_mb > 0:
             raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
+        if not self.shard_unit_mb >= 0:
+            raise GpuaccelError(f"--shard-unit-mb must be 0 or more, got {self.shard_unit_mb}")
         if self.shard and self.ema is not None:
             raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
         if self.shard and self.sync_bn:

@@ -234,7 +234,8 @@ class Trainer:
         ``step_graph_off`` is None, else run eagerly; the same code either way."""
         config = self.config
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
-        self.optimizer = build_optimizer(self.model, config, self.device, fused=self.strategy.fused_optimizer,
+        self.optimizer = build_optimizer(self.model, config, self.device,
+                                         fused=self.strategy.fuses(config.optimizer),
                                          capturable=self.step_graph_off is None)
         self.stepper = self.acc.prepare_optimizer(self.optimizer)  # (fp16: stepped through the loss scaler)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
