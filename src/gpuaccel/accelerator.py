@@ -192,6 +192,11 @@ class Accelerator:
                 raise GpuaccelError("with strategy='fsdp', create the optimizer from the prepared model's "
                                     "parameters: model = acc.prepare(model), then optimizer, then "
                                     "acc.prepare(optimizer)")
+            sharded = next((s for s in self._strategies.values() if isinstance(s, Sharded)), None)
+            if self.device.type == "cuda" and sharded and sharded.fuses(type(optimizer).__name__.lower()) and \
+                    not any(g.get("differentiable") for g in optimizer.param_groups):
+                for group in optimizer.param_groups:  # (the fused kernel that Trainer's sharded AdamW takes)
+                    group.update(fused=True, foreach=False)
         elif self.device.type == "cuda":
             make_capturable(optimizer)  # (fused where PyTorch has it: faster captured or not)
         self._optimizers.append(optimizer)

@@ -420,7 +420,7 @@ def test_sharded_bf16_runs_gather_bf16_weights_and_keep_fp32_shards():
 
     bf16, fp32 = strategy(torch.bfloat16), strategy(None)
     assert bf16.param_dtype == torch.bfloat16 and fp32.param_dtype is None and bf16.unit_mb == 8
-    assert bf16.fuses("adamw") and not bf16.fuses("sgd")  # DTensor has a fused AdamW, no fused SGD
+    assert bf16.fuses("adamw") and bf16.fuses("adam") and not bf16.fuses("sgd")  # (DTensor: no fused SGD)
 
 def test_shard_errors(capsys, monkeypatch):
     assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--ema", "0.9"], "--ema", "--shard")

@@ -187,9 +187,9 @@ class Sharded(Strategy):
         self.places_parameters = offload  # the shards stay in pinned host memory
 
     def fuses(self, optimizer: str) -> bool:
-        # DTensor has a fused AdamW kernel's sharding rule, not a fused SGD's; offloaded shards
-        # are updated by the CPU
-        return optimizer == "adamw" and not self.offload
+        # DTensor has sharding rules for the fused Adam and AdamW kernels, not for fused SGD's;
+        # offloaded shards are updated by the CPU
+        return optimizer in ("adam", "adamw") and not self.offload
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         refuse_backward_updates(model, "FSDP (--shard)")
