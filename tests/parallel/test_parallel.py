@@ -378,7 +378,6 @@ def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(t
     assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
 
 
-
 def test_fsdp_units_group_consecutive_blocks_until_each_holds_the_size():
     from gpuaccel.parallel.checkpointing import _outermost_blocks
     from gpuaccel.parallel.fsdp import fsdp_units
@@ -407,7 +406,7 @@ def test_sharded_blocks_in_units_of_several_train_on_two_processes_like_one(tmp_
     assert "FSDP (2 units)" in json.loads((double / "summary.json").read_text())["strategy"]
 
 
-def test_sharded_bf16_runs_gather_bf16_weights_and_keep_fp32_shards():
+def test_sharded_strategy_gathers_bf16_weights_under_bf16_and_fuses_adam_only():
     from types import SimpleNamespace
 
     from gpuaccel.runtime.strategy import training_strategy
@@ -421,6 +420,7 @@ def test_sharded_bf16_runs_gather_bf16_weights_and_keep_fp32_shards():
     bf16, fp32 = strategy(torch.bfloat16), strategy(None)
     assert bf16.param_dtype == torch.bfloat16 and fp32.param_dtype is None and bf16.unit_mb == 8
     assert bf16.fuses("adamw") and bf16.fuses("adam") and not bf16.fuses("sgd")  # (DTensor: no fused SGD)
+
 
 def test_shard_errors(capsys, monkeypatch):
     assert_user_error(capsys, ["train", "--data", "digits", "--shard", "--ema", "0.9"], "--ema", "--shard")

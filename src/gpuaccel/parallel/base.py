@@ -31,6 +31,19 @@ import torch.nn as nn
 from ..errors import GpuaccelError
 
 
+def consecutive_groups(items: list, cap: float, size) -> list[list]:
+    """``items`` cut into consecutive groups, each closed once the sizes of its items (``size(item)``)
+    add up to at least ``cap`` (so every group but the last reaches it; 0: a group per item)."""
+    groups, current, total = [], [], 0
+    for item in items:
+        current.append(item)
+        total += size(item)
+        if total >= cap:
+            groups.append(current)
+            current, total = [], 0
+    return groups + [current] if current else groups
+
+
 class Strategy:
     name = "one device"
     collective_state = False  # every process takes part in gathering a checkpoint
@@ -106,7 +119,7 @@ class Strategy:
         return 0
 
     def fuses(self, optimizer: str) -> bool:
-        """Whether PyTorch's fused kernel of ``optimizer`` (sgd, adamw) can update the parameters."""
+        """Whether PyTorch's fused kernel of ``optimizer`` (adam, adamw, sgd) can update the parameters."""
         return True
 
     def describe(self) -> str:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import GpuaccelError
-from .base import Strategy, refuse_backward_updates, shortfall_of_batches
+from .base import Strategy, consecutive_groups, refuse_backward_updates, shortfall_of_batches
 from .checkpointing import _outermost_blocks
 
 
@@ -43,24 +43,21 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(dist.destroy_process_group)
 
 
+DEFAULT_UNIT_MB = 80.0  # (--shard-unit-mb)
+
+
 def fsdp_units(model: nn.Module, unit_bytes: float) -> list[list[nn.Module]]:
     """``model``'s outermost blocks in order, consecutive ones grouped until a group holds at
     least ``unit_bytes`` of parameters (0: one block a unit)."""
-    units, unit, size = [], [], 0
-    for block in _outermost_blocks(model):
-        unit.append(block)
-        size += sum(p.numel() * p.element_size() for p in block.parameters())
-        if size >= unit_bytes:
-            units.append(unit)
-            unit, size = [], 0
-    return units + [unit] if unit else units
+    return consecutive_groups(list(_outermost_blocks(model)), unit_bytes,
+                              lambda block: sum(p.numel() * p.element_size() for p in block.parameters()))
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False, *,
-               units: list[list[nn.Module]] | None = None, param_dtype: torch.dtype | None = None) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, units: list[list[nn.Module]], *, offload: bool = False,
+               param_dtype: torch.dtype | None = None) -> nn.Module:
     """Shards ``model`` in place over all processes of the default group; returns it.
 
-    ``units``: the groups of blocks sharded together (:func:`fsdp_units`; by default consecutive
+    ``units``: the groups of blocks sharded together (:func:`fsdp_units`; ``--shard``: consecutive
     outermost blocks of at least 80 MiB of parameters). Each unit costs host work in every
     forward and backward pass (its hooks, the copies in and out of its all-gather, its
     collectives), so small units make that work, not the GPU, set the step's pace: the 124 M
@@ -87,7 +84,6 @@ def apply_fsdp(model: nn.Module, device: torch.device, offload: bool = False, *,
     common = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
                   mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
                   if param_dtype is not None else MixedPrecisionPolicy())
-    units = fsdp_units(model, 80 * 2**20) if units is None else units
     for i, unit in enumerate(units):
         fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=i < len(units) - 1, **common)
     fully_shard(model, **common)
@@ -181,9 +177,10 @@ class Sharded(Strategy):
     local_forward = False  # (a collective across the processes)
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False,
-                 unit_mb: float = 80.0, param_dtype: torch.dtype | None = None):
+                 unit_mb: float = DEFAULT_UNIT_MB, param_dtype: torch.dtype | None = None):
         super().__init__(device, rank, world_size)
         self.offload, self.unit_mb, self.param_dtype = offload, unit_mb, param_dtype
+        self.units: list[list[nn.Module]] | None = None  # (once wrapped)
         self.places_parameters = offload  # the shards stay in pinned host memory
 
     def fuses(self, optimizer: str) -> bool:
@@ -194,8 +191,7 @@ class Sharded(Strategy):
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         refuse_backward_updates(model, "FSDP (--shard)")
         self.units = fsdp_units(model, self.unit_mb * 2**20)
-        self.model = apply_fsdp(model, self.device, offload=self.offload, units=self.units,
-                                param_dtype=self.param_dtype)
+        self.model = apply_fsdp(model, self.device, self.units, offload=self.offload, param_dtype=self.param_dtype)
         return self.model
 
     def gradient_sync(self, sync: bool):
@@ -214,5 +210,5 @@ class Sharded(Strategy):
     def describe(self) -> str:
         gathers = ", bf16 gathers" if self.param_dtype == torch.bfloat16 else ""
         offload = " with CPU offload" if self.offload else ""
-        units = f"{len(self.units)} units" if hasattr(self, "units") else "units"
+        units = "units" if self.units is None else f"{len(self.units)} units"
         return f"{self.world_size} process(es), FSDP ({units}{gathers}){offload}"

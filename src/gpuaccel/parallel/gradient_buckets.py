@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .base import consecutive_groups
 from .data_parallel import average_gradients
 
 
@@ -44,16 +45,7 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 def split_into_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
     """``params`` cut into consecutive buckets, each closed once it holds at least ``cap_bytes``
     of gradients (so every bucket but the last reaches it)."""
-    buckets, current, size = [], [], 0
-    for p in params:
-        current.append(p)
-        size += p.numel() * p.element_size()
-        if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+    return consecutive_groups(params, cap_bytes, lambda p: p.numel() * p.element_size())
 
 
 class GradientBuckets:

@@ -8,6 +8,7 @@ import torch
 from ..compiling import compile_arguments
 from ..errors import GpuaccelError, choice_error
 from ..parallel import DataParallel, GraphDataParallel, PipelineParallel, Sharded, SingleDevice, Strategy
+from ..parallel.fsdp import DEFAULT_UNIT_MB
 from .placement import Placement
 
 STRATEGIES = ("auto", "ddp", "fsdp")
@@ -16,7 +17,7 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: bool = False,
                     bucket_cap_mb: float = 25.0, sync_batchnorm: bool = False, offload: bool = False,
                     shard_tables: bool = False, overlap_gradients: bool = False,
-                    shard_unit_mb: float = 80.0) -> Strategy:
+                    shard_unit_mb: float = DEFAULT_UNIT_MB) -> Strategy:
     """``name``: auto (DDP under torchrun, else one device), ddp or fsdp (FSDP2, ``offload``: its
     shards in host memory). ``captured_step``: the step is one CUDA graph, so data parallel
     averages the gradients inside it instead of through DDP's hooks. ``shard_tables``: data
