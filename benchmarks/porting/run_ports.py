@@ -33,6 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 VARIANTS = ("original", "port", "capture")
+# variants measured for one script only, run when asked for: word_language_model's plain port with
+# precision forced to fp32, against which 'auto' (tf32 for a model with recurrent layers) is timed
+EXTRA_VARIANTS = ("port_fp32",)
 
 # script folder -> (its arguments, timed steps after the warm-up)
 SCRIPTS = {
@@ -80,7 +83,7 @@ def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
     steps = args.steps or steps
     cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve() if args.cifar else ""
     command = [sys.executable] + [a.format(cifar=cifar, text=Path(args.text).resolve() if args.text else "")
-                                  for a in arguments]
+                                  for a in arguments] + args.script_args.split()
     out = work / f"result-{repeat}.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC), os.environ.get("PYTHONPATH", "")]),
            "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
@@ -127,13 +130,19 @@ def main() -> None:
     ap.add_argument("--mnist", help="folder holding MNIST/raw/")
     ap.add_argument("--text", help="folder with train.txt, valid.txt, test.txt")
     ap.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + EXTRA_VARIANTS)
+    ap.add_argument("--script-args", default="", help="appended to every script's arguments (its parser "
+                    "takes the last of a repeated option): e.g. '--batch_size 256 --epochs 40 --seed 2'")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=30, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, help="timed steps of every script (default: each script's own)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", help="write the results here (JSON)")
     args = ap.parse_args()
+    missing = [f"{s}/{v}.diff" for s in args.scripts for v in args.variants
+               if v != "original" and not (HERE / s / f"{v}.diff").exists()]
+    if missing:
+        ap.error(f"no such variant here: {', '.join(missing)}")
     examples = Path(args.examples)
     results = {"examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
                else None, "changed_lines": {}, "runs": []}

@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader
 
 from .compiling import COMPILE_MODES, compile_module
-from .device import precision_name, resolve_precision
+from .device import has_tf32, precision_name, resolve_precision
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
 from .monitor.gpu import GpuSampler
@@ -50,9 +50,9 @@ class Accelerator:
     def __init__(self, device="auto", precision="auto", compile: bool = False, compile_mode: str = "default",
                  strategy: str | Strategy = "auto", channels_last: bool | None = None, monitor: bool = True):
         """``device``: auto (a CUDA GPU if there is one), cpu, cuda or cuda:N; ``precision``: auto
-        (bf16 on GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU and for
-        models with recurrent layers), or fp32,
-        bf16, fp16 in any spelling ('bfloat16', torch.bfloat16, 'bf16-mixed', 'half', ...);
+        (bf16 on GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU; models
+        with recurrent layers in tf32 on GPUs, fp32 on the CPU), or fp32, tf32 (fp32 with TF32
+        matrix multiplies), bf16, fp16 in any spelling ('bfloat16', torch.bfloat16, 'half', ...);
         ``compile``: torch.compile the prepared models (``compile_mode``: torch.compile's mode);
         ``strategy``: with several processes, ddp (auto) or fsdp, or a ``gpuaccel.parallel``
         strategy object; ``channels_last``: NHWC for models with convolutions (default on GPUs);
@@ -149,14 +149,17 @@ class Accelerator:
         return self._compile(strategy.training_module)
 
     def _fit_precision_to(self, model: nn.Module) -> None:
-        """With precision 'auto', a model with recurrent layers (nn.LSTM, nn.GRU, nn.RNN) trains in
-        fp32: under autocast cuDNN's recurrent kernels get cast weights that are no longer one
-        contiguous buffer and repack them every step (pytorch/examples' word language model ran
-        at 0.70x of its fp32 speed in bf16 on an H100; benchmarks/porting)."""
+        """With precision 'auto', a model with recurrent layers (nn.LSTM, nn.GRU, nn.RNN) trains
+        without autocast: under it cuDNN's recurrent kernels get cast weights that are no longer
+        one contiguous buffer and repack them every step (pytorch/examples' word language model
+        ran at 0.70x of its fp32 speed in bf16 on an H100; benchmarks/porting). It trains in tf32
+        where the GPU has it (fp32 tensors; the other layers' matrix multiplies on the tensor
+        cores, as cuDNN runs the recurrent ones by default), else in fp32."""
         if not self._precision_chosen or self.precision.autocast_dtype is None or self._optimizers:
             return
         if any(isinstance(m, nn.RNNBase) for m in model.modules()):
-            self.precision = resolve_precision("fp32", self.device)
+            self.precision = resolve_precision("tf32" if has_tf32(self.device) else "fp32", self.device)
+            self.precision.configure()
             self.placement = dataclasses.replace(self.placement, precision=self.precision)
             self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
 

@@ -9,7 +9,7 @@ import torch
 
 from .errors import GpuaccelError, choice_error
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -39,11 +39,20 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 @dataclass(frozen=True)
 class Precision:
-    """How the forward and backward passes run: a name, the autocast dtype, loss scaling."""
+    """How the forward and backward passes run: a name, the autocast dtype, loss scaling, and
+    whether fp32 matrix multiplies run on the tensor cores in TF32 (fp32's range, a 10-bit
+    mantissa; cuDNN's convolutions and recurrent layers already do by default)."""
 
     name: str
     autocast_dtype: torch.dtype | None
     loss_scaling: bool
+    tf32_matmul: bool = False
+
+    def configure(self) -> None:
+        """Sets what the precision needs of the process: TF32 matrix multiplies for 'tf32' (a
+        process-wide cuBLAS setting, so it stays on; the other precisions leave it as it is)."""
+        if self.tf32_matmul:
+            torch.backends.cuda.matmul.allow_tf32 = True
 
     def autocast(self, device: torch.device, cache: bool = True):
         """``cache=False`` for code captured in a CUDA graph: the cache of cast weights would
@@ -61,6 +70,7 @@ class Precision:
 # other spellings of each precision: PyTorch's dtypes and names, HF Accelerate's and Lightning's
 _SPELLINGS = {
     "fp32": ("float32", "float", "32", "32-true", "no", "full"),
+    "tf32": ("tensorfloat32", "tensorfloat-32"),
     "bf16": ("bfloat16", "bf16-mixed", "bf16-true"),
     "fp16": ("float16", "half", "16", "16-mixed", "fp16-mixed"),
 }
@@ -69,7 +79,7 @@ _CANONICAL["auto"] = "auto"
 
 
 def precision_name(spec) -> str:
-    """'auto', 'fp32', 'bf16' or 'fp16' for any spelling of one: a name ('bfloat16', 'half',
+    """'auto', 'fp32', 'tf32', 'bf16' or 'fp16' for any spelling of one: a name ('bfloat16', 'half',
     'bf16-mixed', ...) or a torch dtype (torch.bfloat16)."""
     if spec is None:
         return "auto"
@@ -81,9 +91,15 @@ def precision_name(spec) -> str:
     return name
 
 
+def has_tf32(device: torch.device) -> bool:
+    """Whether ``device`` has tensor cores that take TF32 (NVIDIA compute capability 8.0, Ampere, on)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def resolve_precision(spec, device: torch.device) -> Precision:
     """auto: bf16 autocast on GPUs that support it, fp16 with loss scaling on older GPUs,
-    fp32 on the CPU. ``spec``: any spelling :func:`precision_name` reads."""
+    fp32 on the CPU. tf32: fp32 whose matrix multiplies run in TF32 (GPUs of compute
+    capability 8.0 on). ``spec``: any spelling :func:`precision_name` reads."""
     spec = precision_name(spec)
     if spec == "auto":
         if device.type == "cuda":
@@ -92,6 +108,12 @@ def resolve_precision(spec, device: torch.device) -> Precision:
             spec = "fp32"
     if spec == "fp32":
         return Precision("fp32", None, False)
+    if spec == "tf32":
+        if not has_tf32(device):
+            where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+            raise GpuaccelError(f"--precision tf32 needs an NVIDIA GPU of compute capability 8.0 or later, not "
+                                f"{where}; use fp32")
+        return Precision("tf32", None, False, tf32_matmul=True)
     if spec == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise GpuaccelError(f"{torch.cuda.get_device_name(device)} has no bf16 support; use --precision fp16")

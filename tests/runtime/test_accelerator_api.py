@@ -102,6 +102,7 @@ def test_precision_takes_its_common_spellings(spelling):
 def test_every_precision_spelling_names_one_precision():
     for spellings, name in (((torch.float16, "half", "float16", "16-mixed", "fp16"), "fp16"),
                             ((torch.float32, "32", "float32", "fp32", "32-true"), "fp32"),
+                            (("tf32", "TF32", "tensorfloat32"), "tf32"),
                             ((None, "auto"), "auto")):
         assert {precision_name(s) for s in spellings} == {name}
     with pytest.raises(GpuaccelError, match="unknown precision 'int8'"):
@@ -112,6 +113,8 @@ def test_python_errors_name_python_arguments():
     with pytest.raises(GpuaccelError) as caught:
         gpuaccel.Accelerator(device="cpu", precision="fp16")
     assert "precision fp16 needs a CUDA GPU" in str(caught.value) and "--" not in str(caught.value)
+    with pytest.raises(GpuaccelError, match="precision tf32 needs an NVIDIA GPU of compute capability 8.0"):
+        gpuaccel.Accelerator(device="cpu", precision="tf32")
     with pytest.raises(GpuaccelError, match="batch_size must be a whole number"):
         gpuaccel.TrainConfig(batch_size=0).validate()
 
@@ -244,6 +247,27 @@ def test_automatic_precision_keeps_recurrent_models_in_fp32():
     explicit = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
     explicit.prepare(nn.GRU(4, 8))
     assert explicit.precision.name == "bf16"
+
+
+def test_automatic_precision_gives_recurrent_models_tf32_matmuls_where_the_gpu_has_them(monkeypatch):
+    """Off autocast, the layers around a recurrent one (an LSTM language model's decoder) still take
+    the tensor cores, as cuDNN's recurrent kernels do by default: 'auto' picks tf32 and turns on
+    cuBLAS's TF32 for the process."""
+    import gpuaccel.accelerator
+    import gpuaccel.device
+
+    for module in (gpuaccel.device, gpuaccel.accelerator):  # (as on a GPU of compute capability 8.0 on)
+        monkeypatch.setattr(module, "has_tf32", lambda device: True)
+    before = torch.backends.cuda.matmul.allow_tf32  # (a process-wide flag: put back after)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        acc = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
+        acc._precision_chosen = True
+        acc.prepare(nn.LSTM(4, 8))
+        assert acc.precision.name == "tf32" and acc.precision.autocast_dtype is None
+        assert not acc.scaler.is_enabled() and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_a_recordings_copies_keep_the_strides_of_its_arguments():

@@ -153,8 +153,9 @@ class PeakFlops:
             if device.type == "cpu":
                 self.measured[key] = matmul_tflops(device, torch.float32, 2048, repeats=5)
             else:
-                dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-                self.measured[key] = matmul_tflops(device, dtype, 8192, tf32=precision == "fp32")
+                dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+                         "fp16": torch.float16}[precision]
+                self.measured[key] = matmul_tflops(device, dtype, 8192, tf32=precision in ("fp32", "tf32"))
         return self.measured[key]
 
 

@@ -25,11 +25,12 @@ class Placement:
         """``device``: auto (a CUDA GPU if there is one), cpu, cuda or cuda:N; under torchrun each
         process takes GPU LOCAL_RANK and joins the process group. ``precision``: auto (bf16 on
         GPUs that have it, fp16 with loss scaling on older ones, fp32 on the CPU) or any spelling
-        of fp32, bf16, fp16 (``'bfloat16'``, ``torch.bfloat16``, ``'16-mixed'``, ...)."""
+        of fp32, tf32, bf16, fp16 (``'bfloat16'``, ``torch.bfloat16``, ``'16-mixed'``, ...)."""
         dist = Distributed.from_env()
         chosen = dist.device(str(device)) if dist.active else resolve_device(str(device))
         dist.init(chosen)
         resolved = resolve_precision(precision, chosen)
+        resolved.configure()
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
             torch.zeros((), device=chosen)  # CUDA's context now, so that its cost is charged here

@@ -136,7 +136,8 @@ class TrainConfig:
     device: str = setting("auto", "runtime", "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N",
                           metavar="DEV")
     precision: str = setting("auto", "runtime", "auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on "
-                                                "the CPU), fp32, bf16 or fp16", choices=PRECISIONS, metavar="P")
+                                                "the CPU), fp32, tf32 (fp32 with TF32 matrix multiplies), bf16 or "
+                                                "fp16", choices=PRECISIONS, metavar="P")
     channels_last: bool | None = setting(None, "runtime", "NHWC memory layout (default: on for GPUs, for "
                                                           "models with convolutions)")
     compile: bool = setting(False, "runtime", "torch.compile the model (slower start, faster steps; compiled "
