@@ -76,7 +76,7 @@ class _ShardedLookup(torch.autograd.Function):
         rows = module._owner_rows(ids)
         ctx.save_for_backward(rows)
         ctx.module = module
-        return module._returned(weight[rows].to(dtype))
+        return module._returned(weight[rows].to(dtype))  # (a view: the interaction's cat reads it as it is)
 
     @staticmethod
     def backward(ctx, grad):
@@ -86,7 +86,7 @@ class _ShardedLookup(torch.autograd.Function):
         # this process's slots after its own tables are blank (their gradients are table 0's): every id
         # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
         tables = module.tables_here
-        rows, mine = rows[:, :, :tables].reshape(-1), mine[:, :, :tables].float().reshape(-1, grad.shape[-1])
+        rows, mine = rows[:, :tables].reshape(-1), mine[:, :tables].float().reshape(-1, grad.shape[-1])
         # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
         module.apply_gradient(rows, mine.div_(module.shard_world))
         return None, None, None, None
@@ -152,11 +152,11 @@ class FusedEmbeddingTables(nn.Module):
         self.accumulator = torch.cat([self.accumulator[keep], self.accumulator.new_zeros(1)])
         starts = [sum(self.sizes[u] for u in mine[:i]) for i in range(len(mine))]
         local = [starts[i] if i < len(mine) else spare for i in range(slots)]
-        self.register_buffer("_local_offsets", torch.tensor(local, device=device), persistent=False)
+        self.register_buffer("_local_offsets", torch.tensor(local, device=device).view(slots, 1), persistent=False)
         table_index = torch.tensor([max(t, 0) for t in table_of_slot], device=device)
         self.register_buffer("_slot_table", table_index, persistent=False)  # each slot's table (0 for a blank)
-        self.register_buffer("_slot_used", torch.tensor([t >= 0 for t in table_of_slot], device=device),
-                             persistent=False)
+        self.register_buffer("_slot_used", torch.tensor([t >= 0 for t in table_of_slot], device=device).view(
+            world, slots, 1), persistent=False)
         position = torch.tensor([table_of_slot.index(t) for t in range(tables)], device=device)
         self.register_buffer("_table_slot", position, persistent=False)  # each table's slot
         self.owned, self.slots, self.tables_here = owned, slots, len(mine)
@@ -170,24 +170,27 @@ class FusedEmbeddingTables(nn.Module):
         dist.all_to_all_single(received, blocks, group=self.shard_group)
         return received
 
+    # What crosses an all-to-all is laid out slot-major, (world, slots, N, ...): block j holds what
+    # goes to process j, each slot's N values together. Either way one gather lays it out (each
+    # table's values stay whole) and the exchange sends it as it is.
+
     def _by_slot(self, per_table: torch.Tensor) -> torch.Tensor:
-        """(N, tables, ...) -> (world, N, slots, ...): block j holds what goes to process j (a blank
-        slot holds table 0's)."""
+        """(N, tables, ...) -> (world, slots, N, ...), contiguous, in one gather (a blank slot holds
+        table 0's)."""
         n, rest = per_table.shape[0], per_table.shape[2:]
-        return per_table[:, self._slot_table].view(n, self.shard_world, self.slots, *rest).transpose(0, 1)
+        return per_table.transpose(0, 1)[self._slot_table].view(self.shard_world, self.slots, n, *rest)
 
     def _owner_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """This process's rows of every process's ids for its tables: (world, N, slots); a blank
+        """This process's rows of every process's ids for its tables: (world, slots, N); a blank
         slot's ids are 0, the spare row."""
-        ids = self._by_slot(ids) * self._slot_used.view(self.shard_world, 1, self.slots)
-        return self._exchange(ids) + self._local_offsets
+        return self._exchange(self._by_slot(ids) * self._slot_used) + self._local_offsets
 
     def _returned(self, looked_up: torch.Tensor) -> torch.Tensor:
-        """(world, N, slots, dim) rows from this process's tables -> (N, tables, dim) of this
-        process's samples from every process's tables."""
+        """(world, slots, N, dim) rows from this process's tables -> (N, tables, dim) of this
+        process's samples from every process's tables: a transposed view of one gather."""
         received = self._exchange(looked_up)
-        n, dim = received.shape[1], received.shape[-1]
-        return received.transpose(0, 1).reshape(n, -1, dim)[:, self._table_slot]
+        n, dim = received.shape[2], received.shape[-1]
+        return received.view(-1, n, dim)[self._table_slot].transpose(0, 1)
 
     def _evaluation_rows(self, ids: torch.Tensor, dtype) -> torch.Tensor:
         """As in training, each process's batch padded to the largest (evaluation's batches may
