@@ -20,7 +20,6 @@ loader.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import time
@@ -33,7 +32,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader
 
 from .compiling import COMPILE_MODES, compile_module
-from .device import has_tf32, precision_name, resolve_precision
+from .device import precision_name
 from .errors import GpuaccelError, choice_error
 from .files import atomic_write
 from .monitor.gpu import GpuSampler
@@ -149,18 +148,13 @@ class Accelerator:
         return self._compile(strategy.training_module)
 
     def _fit_precision_to(self, model: nn.Module) -> None:
-        """With precision 'auto', a model with recurrent layers (nn.LSTM, nn.GRU, nn.RNN) trains
-        without autocast: under it cuDNN's recurrent kernels get cast weights that are no longer
-        one contiguous buffer and repack them every step (pytorch/examples' word language model
-        ran at 0.70x of its fp32 speed in bf16 on an H100; benchmarks/porting). It trains in tf32
-        where the GPU has it (fp32 tensors; the other layers' matrix multiplies on the tensor
-        cores, as cuDNN runs the recurrent ones by default), else in fp32."""
-        if not self._precision_chosen or self.precision.autocast_dtype is None or self._optimizers:
+        """Precision 'auto' takes no autocast for a model with recurrent layers
+        (:meth:`Placement.fitted_to`), unless an optimizer was prepared for the one chosen."""
+        if not self._precision_chosen or self._optimizers:
             return
-        if any(isinstance(m, nn.RNNBase) for m in model.modules()):
-            self.precision = resolve_precision("tf32" if has_tf32(self.device) else "fp32", self.device)
-            self.precision.configure()
-            self.placement = dataclasses.replace(self.placement, precision=self.precision)
+        placement = self.placement.fitted_to(model)
+        if placement is not self.placement:
+            self.placement, self.precision = placement, placement.precision
             self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
 
     def strategy_for(self, model: nn.Module, strategy: Strategy | None = None) -> Strategy:

@@ -253,10 +253,10 @@ def test_automatic_precision_gives_recurrent_models_tf32_matmuls_where_the_gpu_h
     """Off autocast, the layers around a recurrent one (an LSTM language model's decoder) still take
     the tensor cores, as cuDNN's recurrent kernels do by default: 'auto' picks tf32 and turns on
     cuBLAS's TF32 for the process."""
-    import gpuaccel.accelerator
     import gpuaccel.device
+    import gpuaccel.runtime.placement
 
-    for module in (gpuaccel.device, gpuaccel.accelerator):  # (as on a GPU of compute capability 8.0 on)
+    for module in (gpuaccel.device, gpuaccel.runtime.placement):  # (as on a GPU of compute capability 8.0 on)
         monkeypatch.setattr(module, "has_tf32", lambda device: True)
     before = torch.backends.cuda.matmul.allow_tf32  # (a process-wide flag: put back after)
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -4,13 +4,14 @@ convolutions, and the settings of CUDA's libraries."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from ..device import Precision, resolve_device, resolve_precision
+from ..device import Precision, has_tf32, resolve_device, resolve_precision
 from ..parallel import Distributed
 
 
@@ -35,6 +36,19 @@ class Placement:
             torch.cuda.set_device(chosen)
             torch.zeros((), device=chosen)  # CUDA's context now, so that its cost is charged here
         return cls(dist, chosen, resolved)
+
+    def fitted_to(self, model: nn.Module) -> "Placement":
+        """This placement, or for a model with recurrent layers (nn.LSTM, nn.GRU, nn.RNN) under an
+        autocast precision, one without autocast: under it cuDNN's recurrent kernels get cast
+        weights that are no longer one contiguous buffer and repack them every step
+        (pytorch/examples' word language model ran at 0.70x of its fp32 speed in bf16 on an H100;
+        benchmarks/porting). It is tf32 where the GPU has it (fp32 tensors; the other layers'
+        matrix multiplies on the tensor cores, as cuDNN runs the recurrent ones by default), else fp32."""
+        if self.precision.autocast_dtype is None or not any(isinstance(m, nn.RNNBase) for m in model.modules()):
+            return self
+        precision = resolve_precision("tf32" if has_tf32(self.device) else "fp32", self.device)
+        precision.configure()
+        return dataclasses.replace(self, precision=precision)
 
     @property
     def on_gpu(self) -> bool:
