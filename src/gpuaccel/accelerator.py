@@ -121,7 +121,7 @@ class Accelerator:
         prepared = []
         for obj in objects:
             if isinstance(obj, nn.Module):
-                self._fit_precision_to(obj)
+                self.fit_precision_to(obj)
                 prepared.append(self.prepare_model(obj))
             elif isinstance(obj, torch.optim.Optimizer):
                 prepared.append(self.prepare_optimizer(obj))
@@ -147,9 +147,10 @@ class Accelerator:
         strategy.wrap(model, **wrap_options)
         return self._compile(strategy.training_module)
 
-    def _fit_precision_to(self, model: nn.Module) -> None:
-        """Precision 'auto' takes no autocast for a model with recurrent layers
-        (:meth:`Placement.fitted_to`), unless an optimizer was prepared for the one chosen."""
+    def fit_precision_to(self, model: nn.Module) -> None:
+        """Under precision 'auto', the precision for ``model``: no autocast if it has recurrent
+        layers (:meth:`Placement.fitted_to`; :meth:`prepare` asks), unless an optimizer was already
+        prepared for the precision chosen before."""
         if not self._precision_chosen or self._optimizers:
             return
         placement = self.placement.fitted_to(model)

@@ -287,3 +287,39 @@ def test_a_recordings_copies_keep_the_strides_of_its_arguments():
     assert kept_inputs.data_ptr() != inputs.data_ptr() and torch.equal(kept_expanded, torch.ones(5)) and plain == 3
     recording.copy_in(([(inputs + 1, targets)], images, torch.ones(5), 3))
     assert torch.equal(kept_inputs, inputs + 1)
+
+
+def test_trainer_gives_a_recurrent_model_the_accelerators_precision_and_batches_to_match(tmp_path, monkeypatch):
+    """Trainer asks the accelerator as prepare() does: under 'auto' (bf16 on a GPU) a user's LSTM
+    trains in tf32, with fp32 batches, and the summary says so."""
+    import gpuaccel.device
+    import gpuaccel.runtime.placement as placement
+
+    real = placement.resolve_precision
+    monkeypatch.setattr(placement, "resolve_precision",  # (auto as on a GPU: bf16)
+                        lambda spec, device: real("bf16" if precision_name(spec) == "auto" else spec, device))
+    for module in (gpuaccel.device, placement):
+        monkeypatch.setattr(module, "has_tf32", lambda device: True)
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = nn.LSTM(4, 16, batch_first=True), nn.Linear(16, 2)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0][:, -1])
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 8, 4)
+    y = (x[:, :, 0].sum(1) > 0).long()
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        config = gpuaccel.TrainConfig(batch_size=32, epochs=1, lr=0.05, device="cpu", monitor=False,
+                                      run_dir=str(tmp_path / "run"))
+        trainer = gpuaccel.Trainer(config, model=Recurrent(), train_data=(x, y), eval_data=(x[:64], y[:64]),
+                                   task="classification", quiet=True)
+        summary = trainer.fit()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert trainer.precision.name == "tf32" and summary["precision"] == "tf32" and not trainer.scaler.is_enabled()
+    assert summary["steps"] == 8

@@ -95,6 +95,8 @@ class Trainer:
         self.model_args = {**self.inputs.model_args, **(config.model_args or {})}  # (recorded: rebuilds the model)
         self.structure = structure
         self.model = self._build_model(model, structure)
+        self.acc.fit_precision_to(self.model)  # (a model with recurrent layers takes no autocast under 'auto')
+        self.precision, self.scaler = self.acc.precision, self.acc.scaler
         check_processes_agree(self)
         self._place_model(strategy)
         self.phases.mark("building and placing the model")
