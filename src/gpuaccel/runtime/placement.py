@@ -43,7 +43,8 @@ class Placement:
         weights that are no longer one contiguous buffer and repack them every step
         (pytorch/examples' word language model ran at 0.70x of its fp32 speed in bf16 on an H100;
         benchmarks/porting). It is tf32 where the GPU has it (fp32 tensors; the other layers'
-        matrix multiplies on the tensor cores, as cuDNN runs the recurrent ones by default), else fp32."""
+        matrix multiplies on the tensor cores, as cuDNN runs the recurrent ones by default; cuBLAS's
+        TF32 is turned on here), else fp32."""
         if self.precision.autocast_dtype is None or not any(isinstance(m, nn.RNNBase) for m in model.modules()):
             return self
         precision = resolve_precision("tf32" if has_tf32(self.device) else "fp32", self.device)
