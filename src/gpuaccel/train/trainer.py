@@ -82,8 +82,7 @@ class Trainer:
         # the device, the process group under torchrun, the precision: the accelerator's
         self.acc = Accelerator(device=config.device, precision=config.precision, channels_last=config.channels_last,
                                monitor=False)
-        self.dist, self.device, self.precision, self.scaler = self.acc.dist, self.acc.device, self.acc.precision, \
-            self.acc.scaler
+        self.dist, self.device = self.acc.dist, self.acc.device  # (the precision: once the model is built)
         self.phases.mark("device (CUDA initialisation)")
         self._open_data(dataset, train_data, eval_data)
         self.task = resolve_task(task or config.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
