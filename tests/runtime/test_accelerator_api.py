@@ -249,25 +249,30 @@ def test_automatic_precision_keeps_recurrent_models_in_fp32():
     assert explicit.precision.name == "bf16"
 
 
-def test_automatic_precision_gives_recurrent_models_tf32_matmuls_where_the_gpu_has_them(monkeypatch):
-    """Off autocast, the layers around a recurrent one (an LSTM language model's decoder) still take
-    the tensor cores, as cuDNN's recurrent kernels do by default: 'auto' picks tf32 and turns on
-    cuBLAS's TF32 for the process."""
+@pytest.fixture
+def tf32_gpu(monkeypatch):
+    """As on a GPU of compute capability 8.0 on, with cuBLAS's TF32 off (a process-wide flag, put
+    back after)."""
     import gpuaccel.device
     import gpuaccel.runtime.placement
 
-    for module in (gpuaccel.device, gpuaccel.runtime.placement):  # (as on a GPU of compute capability 8.0 on)
+    for module in (gpuaccel.device, gpuaccel.runtime.placement):
         monkeypatch.setattr(module, "has_tf32", lambda device: True)
-    before = torch.backends.cuda.matmul.allow_tf32  # (a process-wide flag: put back after)
+    before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        acc = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
-        acc._precision_chosen = True
-        acc.prepare(nn.LSTM(4, 8))
-        assert acc.precision.name == "tf32" and acc.precision.autocast_dtype is None
-        assert not acc.scaler.is_enabled() and torch.backends.cuda.matmul.allow_tf32
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_automatic_precision_gives_recurrent_models_tf32_matmuls_where_the_gpu_has_them(tf32_gpu):
+    """Off autocast, the layers around a recurrent one (an LSTM language model's decoder) still take
+    the tensor cores, as cuDNN's recurrent kernels do by default: 'auto' picks tf32 and turns on
+    cuBLAS's TF32 for the process."""
+    acc = gpuaccel.Accelerator(device="cpu", precision="bf16", monitor=False)
+    acc._precision_chosen = True
+    acc.prepare(nn.LSTM(4, 8))
+    assert acc.precision.name == "tf32" and acc.precision.autocast_dtype is None
+    assert not acc.scaler.is_enabled() and torch.backends.cuda.matmul.allow_tf32
 
 
 def test_a_recordings_copies_keep_the_strides_of_its_arguments():
@@ -289,17 +294,16 @@ def test_a_recordings_copies_keep_the_strides_of_its_arguments():
     assert torch.equal(kept_inputs, inputs + 1)
 
 
-def test_trainer_gives_a_recurrent_model_the_accelerators_precision_and_batches_to_match(tmp_path, monkeypatch):
+def test_trainer_gives_a_recurrent_model_the_accelerators_precision_and_batches_to_match(tmp_path, monkeypatch,
+                                                                                           tf32_gpu):
     """Trainer asks the accelerator as prepare() does: under 'auto' (bf16 on a GPU) a user's LSTM
-    trains in tf32, with fp32 batches, and the summary says so."""
-    import gpuaccel.device
+    trains in tf32, with fp32 batches (bf16 ones would not reach its fp32 weights), and the summary
+    says so."""
     import gpuaccel.runtime.placement as placement
 
     real = placement.resolve_precision
     monkeypatch.setattr(placement, "resolve_precision",  # (auto as on a GPU: bf16)
                         lambda spec, device: real("bf16" if precision_name(spec) == "auto" else spec, device))
-    for module in (gpuaccel.device, placement):
-        monkeypatch.setattr(module, "has_tf32", lambda device: True)
 
     class Recurrent(nn.Module):
         def __init__(self):
@@ -312,14 +316,10 @@ def test_trainer_gives_a_recurrent_model_the_accelerators_precision_and_batches_
     torch.manual_seed(0)
     x = torch.randn(256, 8, 4)
     y = (x[:, :, 0].sum(1) > 0).long()
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
-        config = gpuaccel.TrainConfig(batch_size=32, epochs=1, lr=0.05, device="cpu", monitor=False,
-                                      run_dir=str(tmp_path / "run"))
-        trainer = gpuaccel.Trainer(config, model=Recurrent(), train_data=(x, y), eval_data=(x[:64], y[:64]),
-                                   task="classification", quiet=True)
-        summary = trainer.fit()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    config = gpuaccel.TrainConfig(batch_size=32, epochs=1, lr=0.05, device="cpu", monitor=False,
+                                  run_dir=str(tmp_path / "run"))
+    trainer = gpuaccel.Trainer(config, model=Recurrent(), train_data=(x, y), eval_data=(x[:64], y[:64]),
+                               task="classification", quiet=True)
+    summary = trainer.fit()
     assert trainer.precision.name == "tf32" and summary["precision"] == "tf32" and not trainer.scaler.is_enabled()
     assert summary["steps"] == 8
