@@ -220,3 +220,20 @@ def test_gram_statistics_on_a_gpu_match_the_module_in_bf16_under_compile(monkeyp
     compiled = torch.compile(ConvBatchNormAct.gram_forward)
     _assert_same_step_in_norm(*_step_both(plain, fused, x, _autocast(nn.Sequential.forward, "cuda"),
                                           _autocast(compiled, "cuda")))
+
+
+@pytest.mark.gpu
+def test_batch_norms_fold_only_where_the_step_is_compiled(monkeypatch):
+    """Eager, a widening 1x1 convolution runs as nn.Sequential does (the fold's small operations
+    would each be launched from Python every step); traced by torch.compile, it folds."""
+    from gpuaccel.models import layers
+    monkeypatch.setattr(layers, "FOLD_BATCH_NORMS", True)
+    block = conv_bn_act(64, 256, 1, act=None).cuda().train()
+    x = torch.randn(8, 64, 14, 14, device="cuda").contiguous(memory_format=torch.channels_last)
+    folded = []
+    fold = ConvBatchNormAct.gram_forward
+    monkeypatch.setattr(ConvBatchNormAct, "gram_forward", lambda self, x: folded.append(1) or fold(self, x))
+    block(x)
+    assert not folded
+    torch.compile(block, backend="aot_eager")(x)
+    assert folded

@@ -13,11 +13,14 @@ if torch.version.cuda or torch.version.hip:  # (importing Triton takes 0.2 s; a 
 else:
     max_pool_kernel = None  # (TritonMaxPool2d asks for it only for tensors on a GPU)
 
-# In training on a GPU, each 1x1 convolution that widens its input (ResNet-50's expansions)
-# takes its batch norm's statistics from that input, 2-4x smaller than the output, and folds the
-# batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's step at 224 px ran
-# 1.07x faster on an H200 (batch 512; docs/results.md). Off (False): every batch norm runs as
-# ``nn.BatchNorm2d`` does, e.g. to measure the difference (benchmarks/resnet50/resnet50_kernels.py).
+# In compiled training on a GPU, each 1x1 convolution that widens its input (ResNet-50's
+# expansions) takes its batch norm's statistics from that input, 2-4x smaller than the output, and
+# folds the batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's compiled
+# step at 224 px ran 1.07x faster on an H200 (batch 512; docs/results.md). Eager, the fold's
+# two dozen small operations per layer are launched one by one from Python every step, which
+# costs more host time than the passes it saves, and unfused they are slower on the GPU too
+# (docs/training.md). Off (False): every batch norm runs as ``nn.BatchNorm2d`` does, compiled too,
+# e.g. to measure the difference (benchmarks/resnet50/resnet50_kernels.py).
 FOLD_BATCH_NORMS = True
 
 
@@ -51,14 +54,15 @@ def conv_bn_act(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, group
 
 class ConvBatchNormAct(nn.Sequential):
     """A convolution, its batch norm and an optional activation, as ``nn.Sequential`` (same
-    parameters, buffers and names). In training on a GPU with :data:`FOLD_BATCH_NORMS` on, a
-    widening 1x1 convolution takes its batch norm's statistics from its input and folds the
+    parameters, buffers and names). In compiled training on a GPU with :data:`FOLD_BATCH_NORMS` on,
+    a widening 1x1 convolution takes its batch norm's statistics from its input and folds the
     batch norm in (:meth:`gram_forward`) instead of a pass of its own over the output; the batch
     norm's arithmetic is written out here, the running statistics updated as ``nn.BatchNorm2d``
     does, the variance taken as E[y^2] - E[y]^2 in fp32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if FOLD_BATCH_NORMS and self.training and x.is_cuda and self.fusable() and self.widening_1x1():
+        if FOLD_BATCH_NORMS and self.training and x.is_cuda and torch.compiler.is_compiling() and self.fusable() \
+                and self.widening_1x1():
             return self.gram_forward(x)
         return super().forward(x)
 
