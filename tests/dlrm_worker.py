@@ -56,7 +56,7 @@ def updated_rows(batch: int) -> None:
     share_backward_updates(model, shard_tables=True)
     tables, given = model.tables, []
     update = tables.apply_gradient
-    tables.apply_gradient = lambda rows, grad: (given.append(rows.clone()), update(rows, grad))
+    tables.apply_gradient = lambda rows, grad, **kw: (given.append(rows.clone()), update(rows, grad, **kw))
     dense, sparse, _ = clicks()
     rank = torch.distributed.get_rank()
     model(dense[rank * batch:(rank + 1) * batch], sparse[rank * batch:(rank + 1) * batch]).sum().backward()

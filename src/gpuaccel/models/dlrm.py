@@ -86,9 +86,9 @@ class _ShardedLookup(torch.autograd.Function):
         # this process's slots after its own tables are blank (their gradients are table 0's): every id
         # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
         tables = module.tables_here
-        rows, mine = rows[:, :tables].reshape(-1), mine[:, :tables].float().reshape(-1, grad.shape[-1])
+        rows, mine = rows[:, :tables].reshape(-1), mine[:, :tables].reshape(-1, grad.shape[-1])
         # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
-        module.apply_gradient(rows, mine.div_(module.shard_world))
+        module.apply_gradient(rows, mine, scale=1 / module.shard_world)
         return None, None, None, None
 
 
@@ -204,12 +204,16 @@ class FusedEmbeddingTables(nn.Module):
     # ------------------------------------------------------------------ the update
 
     @torch.no_grad()
-    def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+    def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor, scale: float = 1.0) -> None:
+        """Row-wise Adagrad on ``rows`` (duplicates allowed) with ``scale`` x ``grad`` (scaled as
+        it is summed: no pass of its own over the gradients)."""
         if self.process_group is not None:
             rows, grad = self._gathered(rows, grad)
+            # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
+            scale /= dist.get_world_size(self.process_group)
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
-        self._summed.index_add_(0, rows, grad.float())  # duplicates add up here
+        self._summed.index_add_(0, rows, grad.float(), alpha=scale)  # duplicates add up here
         summed = self._summed[rows]  # every occurrence of a row reads the same sum ...
         accumulated = self.accumulator[rows] + summed.square().mean(1)
         # ... so every write of a duplicated row writes the same value: the update happens once
@@ -219,15 +223,14 @@ class FusedEmbeddingTables(nn.Module):
         self._summed.index_fill_(0, rows, 0.0)
 
     def _gathered(self, rows: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every process's rows and gradients (fixed sizes: each process has the same batch). Each
-        gradient is of its process's mean loss; over the whole batch that is 1 / world of it."""
+        """Every process's rows and gradients (fixed sizes: each process has the same batch)."""
         world = dist.get_world_size(self.process_group)
         all_rows = rows.new_empty(world * rows.numel())
         _all_gather(all_rows, rows.contiguous(), group=self.process_group)
         grad = grad.contiguous()
         all_grad = grad.new_empty(world * grad.shape[0], grad.shape[1])
         _all_gather(all_grad, grad, group=self.process_group)
-        return all_rows, all_grad.float().div_(world)
+        return all_rows, all_grad
 
 
 def _whole_tables(module: FusedEmbeddingTables, state: dict, prefix: str, metadata) -> None:
