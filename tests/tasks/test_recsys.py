@@ -276,17 +276,22 @@ def test_a_ranking_run_beats_chance_and_recommends(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ DLRM with tables updated in the backward pass
 
-def test_fused_tables_take_row_wise_adagrad_steps_with_duplicates_summed():
+@pytest.mark.parametrize("sizes", [(5, 7), (3, 7)])
+def test_fused_tables_take_row_wise_adagrad_steps_with_duplicates_summed(sizes):
+    """Every table updated row by row (5 and 7 rows, 3 ids each), or the first one whole (3 rows
+    for 3 ids: each row once, the one without gradient as it was): the same Adagrad step."""
     from gpuaccel.models.dlrm import FusedEmbeddingTables
 
     torch.manual_seed(0)
-    tables = FusedEmbeddingTables([5, 7], 4, lr=0.1)
+    tables = FusedEmbeddingTables(list(sizes), 4, lr=0.1)
     before = tables.weight.detach().clone()
-    ids = torch.tensor([[1, 2], [1, 6], [4, 2]])  # row 1 of table 0 and row 2 of table 1 twice
+    ids = torch.tensor([[1, 2], [1, 6], [0, 2]])  # row 1 of table 0 and row 2 of table 1 twice
     target = torch.randn(3, 2, 4)
     ((tables(ids) - target) ** 2).sum().backward()
+    whole, by_row = tables._update_plan(ids)
+    assert (whole is not None) == (sizes[0] == 3) and by_row.tolist() == ([0, 1] if sizes[0] == 5 else [1])
     dense = before.clone().requires_grad_(True)
-    ((dense[ids + torch.tensor([0, 5])] - target) ** 2).sum().backward()
+    ((dense[ids + torch.tensor([0, sizes[0]])] - target) ** 2).sum().backward()
     used = dense.grad.abs().sum(1) > 0
     accumulated = dense.grad.square().mean(1) * used
     expected = before - 0.1 * dense.grad / (accumulated.sqrt() + 1e-8).unsqueeze(1)

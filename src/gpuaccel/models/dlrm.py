@@ -64,7 +64,7 @@ class _FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
-        ctx.module.apply_gradient(ids.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+        ctx.module.apply_gradient(ids, grad)
         return None, None, None, None
 
 
@@ -86,9 +86,8 @@ class _ShardedLookup(torch.autograd.Function):
         # this process's slots after its own tables are blank (their gradients are table 0's): every id
         # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
         tables = module.tables_here
-        rows, mine = rows[:, :tables].reshape(-1), mine[:, :tables].reshape(-1, grad.shape[-1])
         # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
-        module.apply_gradient(rows, mine, scale=1 / module.shard_world)
+        module.apply_gradient(rows[:, :tables], mine[:, :tables], scale=1 / module.shard_world)
         return None, None, None, None
 
 
@@ -107,6 +106,7 @@ class FusedEmbeddingTables(nn.Module):
                 self.weight[start:start + rows].uniform_(-1 / math.sqrt(rows), 1 / math.sqrt(rows))
         self.register_buffer("accumulator", torch.zeros(total))  # row-wise Adagrad's sum of mean squared gradients
         self._summed: torch.Tensor | None = None  # per-row gradient sums: allocated once, zero between steps
+        self._plans: dict = {}  # which tables apply_gradient updates whole, by the shape of the ids
         self.process_group = None  # replicated data parallel: the processes whose updates every replica takes
         self.shard_group, self.shard_world = None, 1  # sharded by tables: the processes holding the others
         self.register_state_dict_post_hook(_whole_tables)
@@ -160,7 +160,7 @@ class FusedEmbeddingTables(nn.Module):
         position = torch.tensor([table_of_slot.index(t) for t in range(tables)], device=device)
         self.register_buffer("_table_slot", position, persistent=False)  # each table's slot
         self.owned, self.slots, self.tables_here = owned, slots, len(mine)
-        self.shard_group, self.shard_world, self._summed = group, world, None
+        self.shard_group, self.shard_world, self._summed, self._plans = group, world, None, {}
         return True
 
     def _exchange(self, blocks: torch.Tensor) -> torch.Tensor:
@@ -205,15 +205,57 @@ class FusedEmbeddingTables(nn.Module):
 
     @torch.no_grad()
     def apply_gradient(self, rows: torch.Tensor, grad: torch.Tensor, scale: float = 1.0) -> None:
-        """Row-wise Adagrad on ``rows`` (duplicates allowed) with ``scale`` x ``grad`` (scaled as
-        it is summed: no pass of its own over the gradients)."""
+        """Row-wise Adagrad with ``scale`` x ``grad`` (scaled as it is summed: no pass of its own
+        over the gradients). ``rows``: this process's tables along dimension 1 (a batch's ids,
+        (N, tables), or every process's ids for this process's tables, (world, tables, N)), rows
+        repeated any number of times; ``grad``: ``rows``' shape and the rows' width.
+
+        Duplicated rows sum their gradients first. A table with no more rows than the step has ids
+        for it is then updated whole, each row once (Adagrad leaves a row without gradient as it
+        was); the others row by row, every occurrence of a row writing the same values. Why: ids
+        drawn with a heavy head put thousands of writes a step on a small table's few rows, and
+        with tables sharded each process applies every process's ids, so the writes to one row
+        multiply with the processes (docs/parallel.md)."""
         if self.process_group is not None:
             rows, grad = self._gathered(rows, grad)
             # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
             scale /= dist.get_world_size(self.process_group)
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
-        self._summed.index_add_(0, rows, grad.float(), alpha=scale)  # duplicates add up here
+        self._summed.index_add_(0, rows.reshape(-1), grad.reshape(-1, grad.shape[-1]).float(), alpha=scale)
+        whole_rows, by_row = self._update_plan(rows)
+        if whole_rows is not None:
+            self._adagrad(whole_rows)
+        if by_row is not None:
+            self._adagrad(rows.index_select(1, by_row).reshape(-1))
+
+    def _update_plan(self, rows: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(every row of the tables updated whole, the positions along ``rows``' dimension 1 of the
+        tables updated row by row); either None when empty. One per shape of ``rows``, made at its
+        first (eager) step and kept: a captured step holds on to the one it was recorded with."""
+        key = (tuple(rows.shape), rows.device)
+        if key not in self._plans:
+            ids_per_table = rows.numel() // max(rows.shape[1], 1)  # (a process may hold no table)
+            whole, by_row = [], []
+            for position, (start, count) in enumerate(self._local_tables()):
+                (whole if count <= ids_per_table else by_row).append((position, start, count))
+            whole_rows = torch.cat([torch.arange(start, start + count) for _, start, count in whole]) if whole else None
+            by_row = torch.tensor([position for position, _, _ in by_row]) if by_row else None
+            self._plans[key] = tuple(t if t is None else t.to(rows.device) for t in (whole_rows, by_row))
+        return self._plans[key]
+
+    def _local_tables(self) -> list[tuple[int, int]]:
+        """(first row in ``weight``, rows) of each table this process updates, in the order of the
+        tables' ids (dimension 1 of :meth:`apply_gradient`'s ``rows``)."""
+        if self.shard_group is None:
+            return list(zip(self.offsets.tolist(), self.sizes))
+        tables = self.owned[dist.get_rank(self.shard_group)]
+        starts = [sum(self.sizes[u] for u in tables[:i]) for i in range(len(tables))]
+        return [(start, self.sizes[t]) for start, t in zip(starts, tables)]
+
+    def _adagrad(self, rows: torch.Tensor) -> None:
+        """Row-wise Adagrad on ``rows`` (duplicates allowed) from their summed gradients, which it
+        clears."""
         summed = self._summed[rows]  # every occurrence of a row reads the same sum ...
         accumulated = self.accumulator[rows] + summed.square().mean(1)
         # ... so every write of a duplicated row writes the same value: the update happens once
@@ -223,12 +265,13 @@ class FusedEmbeddingTables(nn.Module):
         self._summed.index_fill_(0, rows, 0.0)
 
     def _gathered(self, rows: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every process's rows and gradients (fixed sizes: each process has the same batch)."""
+        """Every process's rows and gradients, one process's after another along dimension 0
+        (fixed sizes: each process has the same batch)."""
         world = dist.get_world_size(self.process_group)
-        all_rows = rows.new_empty(world * rows.numel())
+        all_rows = rows.new_empty(world * rows.shape[0], *rows.shape[1:])
         _all_gather(all_rows, rows.contiguous(), group=self.process_group)
         grad = grad.contiguous()
-        all_grad = grad.new_empty(world * grad.shape[0], grad.shape[1])
+        all_grad = grad.new_empty(world * grad.shape[0], *grad.shape[1:])
         _all_gather(all_grad, grad, group=self.process_group)
         return all_rows, all_grad
 
