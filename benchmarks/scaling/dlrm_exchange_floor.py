@@ -1,7 +1,9 @@
 """What a sharded DLRM step's exchanges and copies cost at its sizes on this host, apart from the
 step: all_to_all_single of the rows (bf16 and fp32) and of the ids, a plain copy of each, a 10 MB
 all-reduce (the MLPs' gradients), the gradient's gather into the exchange's layout against a
-transposing copy, and a lookup of the rows (fp32 table, bf16 result) against index_select. CUDA
+transposing copy and against the same gather of 8-byte words, a lookup of the rows (fp32 table, bf16
+result) against index_select, and the update's index_put_ and index_fill_ of fp32 rows against the
+same of 8-byte words (models/dlrm.py's _as_words). CUDA
 events, median / min / max of 20 after 5 warm-up calls; rank 0 writes the JSON.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/scaling/dlrm_exchange_floor.py OUT.json
@@ -14,6 +16,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+from gpuaccel.models.dlrm import _as_words
 
 RECORDS, TABLES, DIM = 32768, 26, 128  # dlrm_trainer.py --batch 32768: Criteo's 26 tables, 128 wide
 
@@ -53,10 +57,19 @@ def main() -> None:
     order = torch.arange(TABLES, device=device)
     results["by_slot_gather"] = timed_ms(lambda: interaction[:, 1:].transpose(0, 1)[order])
     results["transpose_copy"] = timed_ms(lambda: interaction[:, 1:].transpose(0, 1).contiguous())
+    words = _as_words(interaction[:, 1:])  # the same bits as 8-byte words: a quarter of the elements
+    results["by_slot_gather_words"] = timed_ms(lambda: words.transpose(0, 1)[order].view(torch.bfloat16))
     table = torch.randn(20_000_000, DIM, device=device)
     rows = torch.randint(0, table.shape[0], (RECORDS * TABLES,), device=device)
     results["lookup_fp32_to_bf16"] = timed_ms(lambda: table[rows].to(torch.bfloat16))
     results["lookup_index_select"] = timed_ms(lambda: torch.index_select(table, 0, rows))
+    # the update's writes: each looked-up row written back (index_put_) and its gradient sum cleared
+    # (index_fill_), fp32 elements against the same bits as 8-byte words
+    new_rows = table[rows]
+    results["index_put_fp32"] = timed_ms(lambda: table.index_put_((rows,), new_rows))
+    results["index_put_words"] = timed_ms(lambda: _as_words(table).index_put_((rows,), _as_words(new_rows)))
+    results["index_fill_fp32"] = timed_ms(lambda: table.index_fill_(0, rows, 0.0))
+    results["index_fill_words"] = timed_ms(lambda: _as_words(table).index_fill_(0, rows, 0))
     if rank == 0:
         out = {"world": dist.get_world_size(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "ms_median_min_max": results}

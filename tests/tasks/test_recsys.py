@@ -318,3 +318,31 @@ def test_a_dlrm_learns_clicks_through_the_trainer_with_its_tables_left_to_itself
     summary = trainer.fit()
     assert not torch.equal(before, table.detach()) and trainer.model.tables.accumulator.sum() > 0
     assert summary["metrics"]["accuracy"] > 0.9, summary["metrics"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_rows_move_as_words_where_their_layout_allows(device):
+    """DLRM's index kernels move rows as 8-byte words: the same bits (written back with duplicated
+    rows, cleared, gathered from a strided view), and rows whose layout does not allow it (or
+    integer ids) stay as they are."""
+    from gpuaccel.models.dlrm import _as_words
+
+    torch.manual_seed(0)
+    table = torch.randn(1000, 128, device=device)
+    rows = torch.randint(0, 1000, (4000,), device=device)  # duplicates: each writes its row's one value
+    new = torch.randn(4000, 128, device=device)[torch.unique(rows, return_inverse=True)[1]]
+    plain, words = table.clone(), table.clone()
+    plain.index_put_((rows,), new)
+    _as_words(words).index_put_((rows,), _as_words(new))
+    assert torch.equal(plain.view(torch.int32), words.view(torch.int32))
+    plain.index_fill_(0, rows, 0.0)
+    _as_words(words).index_fill_(0, rows, 0)
+    assert torch.equal(plain.view(torch.int32), words.view(torch.int32))
+    interaction = torch.randn(64, 27, 128, device=device).to(torch.bfloat16)
+    gradient = interaction[:, 1:]  # the tables' part of the interaction's gradient: a strided view
+    assert _as_words(gradient).dtype == torch.int64 and _as_words(gradient).shape == (64, 26, 32)
+    order = torch.tensor([3, 0, 25], device=device)
+    gathered = _as_words(gradient).transpose(0, 1)[order].view(torch.bfloat16)
+    assert torch.equal(gathered.view(torch.int16), gradient.transpose(0, 1)[order].view(torch.int16))
+    for unchanged in (interaction[:, :, 1:], torch.zeros(4, 26, dtype=torch.int64), torch.randn(8)):
+        assert _as_words(unchanged) is unchanged

@@ -178,7 +178,9 @@ class FusedEmbeddingTables(nn.Module):
         """(N, tables, ...) -> (world, slots, N, ...), contiguous, in one gather (a blank slot holds
         table 0's)."""
         n, rest = per_table.shape[0], per_table.shape[2:]
-        return per_table.transpose(0, 1)[self._slot_table].view(self.shard_world, self.slots, n, *rest)
+        words = _as_words(per_table) if per_table.dim() > 2 else per_table  # (rows, not the ids)
+        by_slot = words.transpose(0, 1)[self._slot_table].view(per_table.dtype)
+        return by_slot.view(self.shard_world, self.slots, n, *rest)
 
     def _owner_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """This process's rows of every process's ids for its tables: (world, slots, N); a blank
@@ -261,8 +263,8 @@ class FusedEmbeddingTables(nn.Module):
         # ... so every write of a duplicated row writes the same value: the update happens once
         self.accumulator.index_put_((rows,), accumulated)
         step = summed * (self.lr / (accumulated.sqrt() + self.eps)).unsqueeze(1)
-        self.weight.index_put_((rows,), self.weight[rows] - step.to(self.weight.dtype))
-        self._summed.index_fill_(0, rows, 0.0)
+        _as_words(self.weight).index_put_((rows,), _as_words(self.weight[rows] - step.to(self.weight.dtype)))
+        _as_words(self._summed).index_fill_(0, rows, 0)  # (0.0's bits)
 
     def _gathered(self, rows: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every process's rows and gradients, one process's after another along dimension 0
@@ -274,6 +276,18 @@ class FusedEmbeddingTables(nn.Module):
         all_grad = grad.new_empty(world * grad.shape[0], *grad.shape[1:])
         _all_gather(all_grad, grad, group=self.process_group)
         return all_rows, all_grad
+
+
+def _as_words(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (..., width) with each row's values read as 8-byte words, a view, where its layout
+    allows; else ``rows``. Why: PyTorch's element-wise index kernels (indexing a strided view,
+    index_put_, index_fill_) move one element per thread, so a row of 128 fp32 values moves as 64
+    elements, of 128 bf16 values as 32. The bits are moved as they are."""
+    ratio = 8 // rows.element_size()
+    if ratio <= 1 or rows.dim() < 2 or rows.stride(-1) != 1 or rows.shape[-1] % ratio or \
+            rows.storage_offset() % ratio or any(stride % ratio for stride in rows.stride()[:-1]):
+        return rows
+    return rows.view(torch.int64)
 
 
 def _whole_tables(module: FusedEmbeddingTables, state: dict, prefix: str, metadata) -> None:
