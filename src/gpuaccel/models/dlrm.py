@@ -224,7 +224,10 @@ class FusedEmbeddingTables(nn.Module):
             scale /= dist.get_world_size(self.process_group)
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
-        self._summed.index_add_(0, rows.reshape(-1), grad.reshape(-1, grad.shape[-1]).float(), alpha=scale)
+        # converted before it is flattened: a strided gradient (one process's: a slice of the
+        # interaction's) becomes contiguous fp32 in the conversion's one pass, not a copy and then it
+        grad = grad.float().reshape(-1, grad.shape[-1])
+        self._summed.index_add_(0, rows.reshape(-1), grad, alpha=scale)
         whole_rows, by_row = self._update_plan(rows)
         if whole_rows is not None:
             self._adagrad(whole_rows)
