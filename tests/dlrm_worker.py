@@ -2,7 +2,7 @@
 backward pass, sharded across the processes (whole tables) or replicated on each, which then
 gathers every process's rows and gradients (models/dlrm.py).
 
-    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|ddp-replicated|ema|state|updates
+    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|graph-chunks|ddp-replicated|ema|state|updates
 """
 import sys
 
@@ -13,9 +13,10 @@ from gpuaccel import GpuaccelError, TrainConfig, Trainer, create_model
 from gpuaccel.parallel import DataParallel, Distributed, GraphDataParallel
 
 
-def train(run_dir: str, batch: int, rank: int = 0, strategy=None, **settings) -> Trainer:
+def train(run_dir: str, batch: int, rank: int = 0, strategy=None, exchange_chunks: int = 1, **settings) -> Trainer:
     torch.manual_seed(rank)  # different tables on each process: the start must give every one rank 0's
-    model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], table_lr=0.1, required=())
+    model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], table_lr=0.1,
+                         exchange_chunks=exchange_chunks, required=())
     dense, sparse, labels = clicks()
     # 511 held-out samples in batches of 255: one process evaluates 256 (a batch of 255 and one of
     # 1), the other 255 (one batch): sharded tables pad the batches and run a blank pass
@@ -78,9 +79,13 @@ if __name__ == "__main__":
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused
     where = dict(device=torch.device("cpu"), rank=dist.rank, world_size=dist.world_size)
+    # "graph-chunks": "graph" with each exchange of rows and gradients in 2 chunks of the records
     chosen = {"graph": GraphDataParallel(**where, shard_tables=True), "ddp-replicated": DataParallel(**where)}
+    chosen["graph-chunks"] = chosen["graph"]
+    chunks = 2 if kind == "graph-chunks" else 1
     try:
-        train(run_dir, batch, dist.rank, chosen.get(kind), **({"ema": 0.99} if kind == "ema" else {})).dist.close()
+        train(run_dir, batch, dist.rank, chosen.get(kind), exchange_chunks=chunks,
+              **({"ema": 0.99} if kind == "ema" else {})).dist.close()
     except GpuaccelError as error:
         print(f"rank {dist.rank} refused: {error}", flush=True)
     end_worker()

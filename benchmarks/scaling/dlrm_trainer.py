@@ -7,7 +7,7 @@ the tables sharded across the processes (whole tables each), their all-to-alls i
 run's summary as one JSON line.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\
-        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000 --profile]
+        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000 --exchange-chunks 1 --profile]
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16384, help="records per process per step")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--max-rows", type=int, default=2_000_000)
+    ap.add_argument("--exchange-chunks", type=int, default=1,
+                    help="the chunks of records each all-to-all of rows and gradients is sent in (models/dlrm.py)")
     ap.add_argument("--profile", action="store_true",
                     help="rank 0 writes a torch.profiler trace of steps 6-12 and its costliest kernels "
                          "(RUN_DIR/profile/trace.json, ops.txt)")
@@ -51,7 +53,7 @@ def main():
         compile_mode="reduce-overhead", eval_every=10 ** 9, monitor=False, checkpoint_seconds=10 ** 9,
         checkpoint_epochs=0, run_dir=args.run_dir, profile=args.profile)
     torch.manual_seed(0)
-    model = create_model("dlrm", table_sizes=sizes, required=())
+    model = create_model("dlrm", table_sizes=sizes, exchange_chunks=args.exchange_chunks, required=())
     task = CustomTask(lambda out, y: F.binary_cross_entropy_with_logits(out.float(), y))
     trainer = gpuaccel.Trainer(config, model=model, train_data=train, eval_data=held, task=task, quiet=True)
     summary = trainer.fit()

@@ -113,12 +113,13 @@ def dlrm_one_process(tmp_path_factory) -> Path:
     return single
 
 
-@pytest.mark.parametrize("kind", ["ddp", "graph", "ddp-replicated"])
+@pytest.mark.parametrize("kind", ["ddp", "graph", "graph-chunks", "ddp-replicated"])
 def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind, dlrm_one_process):
     """Tables sharded across the processes (3 tables on 2 processes: one slot without a table;
-    each process looks up and updates its tables' rows for every process's ids) or replicated
-    (each process gathers every process's rows and gradients); either way the update is the one
-    a process with the whole batch takes, and model.pt holds the whole tables."""
+    each process looks up and updates its tables' rows for every process's ids; graph-chunks: the
+    rows and gradients cross in 2 chunks of the records) or replicated (each process gathers
+    every process's rows and gradients); either way the update is the one a process with the
+    whole batch takes, and model.pt holds the whole tables."""
     single, double = dlrm_one_process, tmp_path / "two"
     done = torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
@@ -129,10 +130,11 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
 
 
-def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path, dlrm_one_process):
+@pytest.mark.parametrize("kind", ["graph", "graph-chunks"])
+def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path, kind, dlrm_one_process):
     """3 tables on 4 processes: one process holds no table (its slot looks up the spare row)."""
     single, four = dlrm_one_process, tmp_path / "four"
-    torchrun(str(four), "16", "graph", nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
+    torchrun(str(four), "16", kind, nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, four, processes=4, global_batch=64, atol=2e-5)
     reference = json.loads((single / "summary.json").read_text())["metrics"]
     assert json.loads((four / "summary.json").read_text())["metrics"] == pytest.approx(reference, rel=1e-4)

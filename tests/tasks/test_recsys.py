@@ -346,3 +346,10 @@ def test_rows_move_as_words_where_their_layout_allows(device):
     assert torch.equal(gathered.view(torch.int16), gradient.transpose(0, 1)[order].view(torch.int16))
     for unchanged in (interaction[:, :, 1:], torch.zeros(4, 26, dtype=torch.int64), torch.randn(8)):
         assert _as_words(unchanged) is unchanged
+
+
+def test_exchange_chunks_below_one_are_refused():
+    from gpuaccel.models.dlrm import FusedEmbeddingTables
+
+    with pytest.raises(GpuaccelError, match="exchange_chunks must be 1 or more, not 0"):
+        FusedEmbeddingTables([5, 7], 4, exchange_chunks=0)

@@ -35,7 +35,10 @@ either way every process takes the step one process with the whole batch would t
   1 / world of the tables' memory. Every size is fixed (the step graph captures it);
   evaluation, whose batches may differ between processes, pads them to the largest.
   ``state_dict()`` gathers the whole tables (a collective: every process calls it), and loading
-  whole tables keeps this process's.
+  whole tables keeps this process's. With ``exchange_chunks`` > 1 the rows and the gradients
+  cross in that many chunks of the records, each all-to-all started as soon as its chunk is
+  ready and waited for only when its chunk is needed, so that NCCL moves chunk c while the GPU
+  looks up chunk c + 1 (forward) or sums chunk c - 1's gradients (backward).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..errors import GpuaccelError
 from .layers import eager_forward
 from .registry import register_model
 
@@ -76,25 +80,21 @@ class _ShardedLookup(torch.autograd.Function):
         rows = module._owner_rows(ids)
         ctx.save_for_backward(rows)
         ctx.module = module
-        return module._returned(weight[rows].to(dtype))  # (a view: the interaction's cat reads it as it is)
+        return module._rows_returned(rows, dtype)
 
     @staticmethod
     def backward(ctx, grad):
         (rows,) = ctx.saved_tensors
-        module = ctx.module
-        mine = module._exchange(module._by_slot(grad))  # every process's gradients for this process's rows
-        # this process's slots after its own tables are blank (their gradients are table 0's): every id
-        # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
-        tables = module.tables_here
-        # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
-        module.apply_gradient(rows[:, :tables], mine[:, :tables], scale=1 / module.shard_world)
+        ctx.module._gradient_returned(rows, grad)
         return None, None, None, None
 
 
 @eager_forward  # an update inside the backward pass is not for inductor; the step graph captures it
 class FusedEmbeddingTables(nn.Module):
-    def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8):
+    def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8, exchange_chunks: int = 1):
         super().__init__()
+        if exchange_chunks < 1:
+            raise GpuaccelError(f"exchange_chunks must be 1 or more, not {exchange_chunks}")
         self.sizes, self.lr, self.eps = list(sizes), lr, eps
         self.register_buffer("offsets", torch.tensor([0, *sizes[:-1]]).cumsum(0), persistent=False)
         total = sum(sizes)
@@ -109,6 +109,7 @@ class FusedEmbeddingTables(nn.Module):
         self._plans: dict = {}  # which tables apply_gradient updates whole, by the shape of the ids
         self.process_group = None  # replicated data parallel: the processes whose updates every replica takes
         self.shard_group, self.shard_world = None, 1  # sharded by tables: the processes holding the others
+        self.exchange_chunks = exchange_chunks  # sharded: the records' chunks each exchange is sent in
         self.register_state_dict_post_hook(_whole_tables)
         self.register_load_state_dict_pre_hook(_own_tables)
 
@@ -170,29 +171,81 @@ class FusedEmbeddingTables(nn.Module):
         dist.all_to_all_single(received, blocks, group=self.shard_group)
         return received
 
+    def _chunks(self, records: int) -> int:
+        """How many chunks of the records each exchange of rows or gradients goes in: with more than
+        one, chunk c crosses while chunk c + 1 is looked up (forward) or chunk c - 1 is summed
+        (backward), on NCCL's stream beside the computation."""
+        return self.exchange_chunks if records % self.exchange_chunks == 0 else 1
+
+    def _exchange_chunks(self, received: torch.Tensor, sent) -> list:
+        """All-to-alls of ``sent``'s chunks ((world, ...) each, contiguous) into ``received``'s
+        (chunks, world, ...), started in order; returns their works, to wait for."""
+        return [dist.all_to_all_single(received[c], chunk, group=self.shard_group, async_op=True)
+                for c, chunk in enumerate(sent)]
+
     # What crosses an all-to-all is laid out slot-major, (world, slots, N, ...): block j holds what
     # goes to process j, each slot's N values together. Either way one gather lays it out (each
     # table's values stay whole) and the exchange sends it as it is.
 
-    def _by_slot(self, per_table: torch.Tensor) -> torch.Tensor:
+    def _by_slot(self, per_table: torch.Tensor, chunks: int = 1) -> torch.Tensor:
         """(N, tables, ...) -> (world, slots, N, ...), contiguous, in one gather (a blank slot holds
-        table 0's)."""
-        n, rest = per_table.shape[0], per_table.shape[2:]
+        table 0's); with ``chunks`` > 1, (chunks, world, slots, N / chunks, ...): chunk c holds
+        records c x N / chunks onwards."""
+        n, rest = per_table.shape[0] // chunks, per_table.shape[2:]
         words = _as_words(per_table) if per_table.dim() > 2 else per_table  # (rows, not the ids)
-        by_slot = words.transpose(0, 1)[self._slot_table].view(per_table.dtype)
-        return by_slot.view(self.shard_world, self.slots, n, *rest)
+        if chunks == 1:
+            by_slot = words.transpose(0, 1)[self._slot_table].view(per_table.dtype)
+            return by_slot.view(self.shard_world, self.slots, n, *rest)
+        by_slot = words.view(chunks, n, *words.shape[1:]).transpose(1, 2)[:, self._slot_table]
+        return by_slot.view(per_table.dtype).view(chunks, self.shard_world, self.slots, n, *rest)
 
     def _owner_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """This process's rows of every process's ids for its tables: (world, slots, N); a blank
         slot's ids are 0, the spare row."""
         return self._exchange(self._by_slot(ids) * self._slot_used) + self._local_offsets
 
-    def _returned(self, looked_up: torch.Tensor) -> torch.Tensor:
-        """(world, slots, N, dim) rows from this process's tables -> (N, tables, dim) of this
-        process's samples from every process's tables: a transposed view of one gather."""
-        received = self._exchange(looked_up)
-        n, dim = received.shape[2], received.shape[-1]
-        return received.view(-1, n, dim)[self._table_slot].transpose(0, 1)
+    def _rows_returned(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(world, slots, N) rows of this process's tables, looked up in ``dtype`` and exchanged
+        -> (N, tables, dim) of this process's samples from every process's tables: a transposed
+        view of one gather (the interaction's cat reads it as it is), or with several chunks, the
+        gather's own (N, tables, dim)."""
+        chunks, dim = self._chunks(rows.shape[-1]), self.weight.shape[1]
+        if chunks == 1:
+            received = self._exchange(self.weight[rows].to(dtype))
+            return received.view(-1, rows.shape[-1], dim)[self._table_slot].transpose(0, 1)
+        n = rows.shape[-1] // chunks
+        received = self.weight.new_empty(chunks, *rows.shape[:2], n, dim, dtype=dtype)
+        by_chunk = rows.view(*rows.shape[:2], chunks, n)
+        # each chunk's lookup is started before the exchange of the one before it is waited for
+        works = self._exchange_chunks(received, (self.weight[by_chunk[:, :, c]].to(dtype) for c in range(chunks)))
+        for work in works:
+            work.wait()
+        # record j of chunk c, table t: received[c, t's slot, j]
+        words = _as_words(received.view(chunks, -1, n, dim))
+        device = rows.device
+        picked = words[torch.arange(chunks, device=device).view(-1, 1, 1), self._table_slot.view(1, 1, -1),
+                       torch.arange(n, device=device).view(1, -1, 1)]
+        return picked.view(dtype).view(chunks * n, -1, dim)
+
+    def _gradient_returned(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        """The backward pass: ``grad``, (N, tables, dim) of this process's samples, goes to the
+        tables' processes, and this process updates its tables with every process's."""
+        # this process's slots after its own tables are blank (their gradients are table 0's): every id
+        # of them is the spare row, and updating it would pile world x batch atomic adds onto one row
+        tables, chunks = self.tables_here, self._chunks(rows.shape[-1])
+        scale = 1 / self.shard_world  # each process's gradient is of its own mean loss: 1 / world of the whole batch's
+        if chunks == 1:
+            mine = self._exchange(self._by_slot(grad))  # every process's gradients for this process's rows
+            self.apply_gradient(rows[:, :tables], mine[:, :tables], scale=scale)
+            return
+        sent = self._by_slot(grad, chunks)
+        received = torch.empty_like(sent)
+        by_chunk = rows.view(*rows.shape[:2], chunks, -1)
+        # chunk c is summed while chunk c + 1 crosses
+        for c, work in enumerate(self._exchange_chunks(received, sent)):
+            work.wait()
+            self.accumulate(by_chunk[:, :tables, c], received[c, :, :tables], scale=scale)
+        self.update_from_sums(rows[:, :tables])
 
     def _evaluation_rows(self, ids: torch.Tensor, dtype) -> torch.Tensor:
         """As in training, each process's batch padded to the largest (evaluation's batches may
@@ -201,7 +254,7 @@ class FusedEmbeddingTables(nn.Module):
         counts = count.new_empty(self.shard_world)
         _all_gather(counts, count, group=self.shard_group)
         padded = torch.cat([ids, ids.new_zeros(int(counts.max()) - ids.shape[0], *ids.shape[1:])])
-        return self._returned(self.weight[self._owner_rows(padded)].to(dtype))[:ids.shape[0]]
+        return self._rows_returned(self._owner_rows(padded), dtype)[:ids.shape[0]]
 
     # ------------------------------------------------------------------ the update
 
@@ -222,12 +275,23 @@ class FusedEmbeddingTables(nn.Module):
             rows, grad = self._gathered(rows, grad)
             # each process's gradient is of its own mean loss: over the whole batch, 1 / world of it
             scale /= dist.get_world_size(self.process_group)
+        self.accumulate(rows, grad, scale)
+        self.update_from_sums(rows)
+
+    @torch.no_grad()
+    def accumulate(self, rows: torch.Tensor, grad: torch.Tensor, scale: float = 1.0) -> None:
+        """Adds ``scale`` x ``grad`` to the rows' gradient sums (:meth:`apply_gradient`'s first half)."""
         if self._summed is None or self._summed.device != grad.device:
             self._summed = torch.zeros(self.weight.shape, dtype=torch.float32, device=grad.device)
         # converted before it is flattened: a strided gradient (one process's: a slice of the
         # interaction's) becomes contiguous fp32 in the conversion's one pass, not a copy and then it
         grad = grad.float().reshape(-1, grad.shape[-1])
         self._summed.index_add_(0, rows.reshape(-1), grad, alpha=scale)
+
+    @torch.no_grad()
+    def update_from_sums(self, rows: torch.Tensor) -> None:
+        """Row-wise Adagrad on ``rows`` (:meth:`apply_gradient`'s) from their gradient sums, which it
+        clears (:meth:`apply_gradient`'s second half)."""
         whole_rows, by_row = self._update_plan(rows)
         if whole_rows is not None:
             self._adagrad(whole_rows)
@@ -338,9 +402,9 @@ def _mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
 
 class DLRM(nn.Module):
     def __init__(self, dense_features: int, table_sizes: list[int], dim: int, bottom: list[int], top: list[int],
-                 table_lr: float):
+                 table_lr: float, exchange_chunks: int = 1):
         super().__init__()
-        self.tables = FusedEmbeddingTables(table_sizes, dim, table_lr)
+        self.tables = FusedEmbeddingTables(table_sizes, dim, table_lr, exchange_chunks=exchange_chunks)
         self.bottom = _mlp([dense_features, *bottom, dim], last_activation=True)
         vectors = len(table_sizes) + 1
         self.register_buffer("pairs", torch.triu_indices(vectors, vectors, 1), persistent=False)
@@ -356,7 +420,9 @@ class DLRM(nn.Module):
 @register_model("dlrm")
 def dlrm(dense_features: int = 13, table_sizes: tuple[int, ...] = (1000,) * 26, dim: int = 128,
          bottom: tuple[int, ...] = (512, 256), top: tuple[int, ...] = (1024, 1024, 512, 256),
-         table_lr: float = 0.05) -> DLRM:
+         table_lr: float = 0.05, exchange_chunks: int = 1) -> DLRM:
     """DLRM: bottom MLP for dense features, fused embedding tables for sparse ones, pairwise dot
-    interactions, top MLP to one click logit (MLPerf's Criteo sizes by default, tables aside)."""
-    return DLRM(dense_features, list(table_sizes), dim, list(bottom), list(top), table_lr)
+    interactions, top MLP to one click logit (MLPerf's Criteo sizes by default, tables aside).
+    ``exchange_chunks``: with the tables sharded across processes, the chunks of records each
+    exchange of rows and gradients is sent in, so that it overlaps the lookups and the sums."""
+    return DLRM(dense_features, list(table_sizes), dim, list(bottom), list(top), table_lr, exchange_chunks)
