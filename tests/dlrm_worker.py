@@ -13,7 +13,8 @@ from gpuaccel import GpuaccelError, TrainConfig, Trainer, create_model
 from gpuaccel.parallel import DataParallel, Distributed, GraphDataParallel
 
 
-def train(run_dir: str, batch: int, rank: int = 0, strategy=None, exchange_chunks: int = 1, **settings) -> Trainer:
+def train(run_dir: str, batch: int, rank: int = 0, strategy=None, exchange_chunks: int | None = None,
+          **settings) -> Trainer:
     torch.manual_seed(rank)  # different tables on each process: the start must give every one rank 0's
     model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], table_lr=0.1,
                          exchange_chunks=exchange_chunks, required=())
@@ -56,8 +57,9 @@ def updated_rows(batch: int) -> None:
     model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], required=())
     share_backward_updates(model, shard_tables=True)
     tables, given = model.tables, []
-    update = tables.apply_gradient
-    tables.apply_gradient = lambda rows, grad, **kw: (given.append(rows.clone()), update(rows, grad, **kw))
+    # (the update's second half, which every path ends with: one exchange or several chunks)
+    update = tables.update_from_sums
+    tables.update_from_sums = lambda rows: (given.append(rows.clone()), update(rows))
     dense, sparse, _ = clicks()
     rank = torch.distributed.get_rank()
     model(dense[rank * batch:(rank + 1) * batch], sparse[rank * batch:(rank + 1) * batch]).sum().backward()
@@ -80,9 +82,10 @@ if __name__ == "__main__":
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused
     where = dict(device=torch.device("cpu"), rank=dist.rank, world_size=dist.world_size)
     # "graph-chunks": "graph" with each exchange of rows and gradients in 2 chunks of the records
+    # (the model's own choice otherwise: 4 chunks on 4 processes, 1 on 2)
     chosen = {"graph": GraphDataParallel(**where, shard_tables=True), "ddp-replicated": DataParallel(**where)}
     chosen["graph-chunks"] = chosen["graph"]
-    chunks = 2 if kind == "graph-chunks" else 1
+    chunks = 2 if kind == "graph-chunks" else None
     try:
         train(run_dir, batch, dist.rank, chosen.get(kind), exchange_chunks=chunks,
               **({"ema": 0.99} if kind == "ema" else {})).dist.close()

@@ -7,7 +7,7 @@ the tables sharded across the processes (whole tables each), their all-to-alls i
 run's summary as one JSON line.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\
-        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000 --exchange-chunks 1 --profile]
+        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000 --exchange-chunks K --profile]
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16384, help="records per process per step")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--max-rows", type=int, default=2_000_000)
-    ap.add_argument("--exchange-chunks", type=int, default=1,
-                    help="the chunks of records each all-to-all of rows and gradients is sent in (models/dlrm.py)")
+    ap.add_argument("--exchange-chunks", type=int, default=None,
+                    help="the chunks of records each all-to-all of rows and gradients is sent in "
+                         "(default: the model's choice, 4 on 4 or more GPUs, else 1; models/dlrm.py)")
     ap.add_argument("--profile", action="store_true",
                     help="rank 0 writes a torch.profiler trace of steps 6-12 and its costliest kernels "
                          "(RUN_DIR/profile/trace.json, ops.txt)")

@@ -353,3 +353,13 @@ def test_exchange_chunks_below_one_are_refused():
 
     with pytest.raises(GpuaccelError, match="exchange_chunks must be 1 or more, not 0"):
         FusedEmbeddingTables([5, 7], 4, exchange_chunks=0)
+
+
+def test_exchange_chunks_are_four_with_tables_sharded_over_four_or_more_processes_unless_given():
+    from gpuaccel.models.dlrm import FusedEmbeddingTables
+
+    chosen, given = FusedEmbeddingTables([5, 7], 4), FusedEmbeddingTables([5, 7], 4, exchange_chunks=2)
+    for world, records, expected, expected_given in ((1, 16, 1, 2), (2, 16, 1, 2), (4, 16, 4, 2), (8, 16, 4, 2),
+                                                      (4, 18, 1, 2), (4, 15, 1, 1)):
+        chosen.shard_world = given.shard_world = world
+        assert (chosen._chunks(records), given._chunks(records)) == (expected, expected_given), (world, records)

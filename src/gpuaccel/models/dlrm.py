@@ -38,7 +38,9 @@ either way every process takes the step one process with the whole batch would t
   whole tables keeps this process's. With ``exchange_chunks`` > 1 the rows and the gradients
   cross in that many chunks of the records, each all-to-all started as soon as its chunk is
   ready and waited for only when its chunk is needed, so that NCCL moves chunk c while the GPU
-  looks up chunk c + 1 (forward) or sums chunk c - 1's gradients (backward).
+  looks up chunk c + 1 (forward) or sums chunk c - 1's gradients (backward). By default 4 chunks
+  with the tables sharded over 4 or more processes (1.05x the records a second of one chunk on 4
+  H200s; on 2 the two were within a run's spread), else 1 (docs/parallel.md).
 """
 
 from __future__ import annotations
@@ -91,9 +93,10 @@ class _ShardedLookup(torch.autograd.Function):
 
 @eager_forward  # an update inside the backward pass is not for inductor; the step graph captures it
 class FusedEmbeddingTables(nn.Module):
-    def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8, exchange_chunks: int = 1):
+    def __init__(self, sizes: list[int], dim: int, lr: float = 0.05, eps: float = 1e-8,
+                 exchange_chunks: int | None = None):
         super().__init__()
-        if exchange_chunks < 1:
+        if exchange_chunks is not None and exchange_chunks < 1:
             raise GpuaccelError(f"exchange_chunks must be 1 or more, not {exchange_chunks}")
         self.sizes, self.lr, self.eps = list(sizes), lr, eps
         self.register_buffer("offsets", torch.tensor([0, *sizes[:-1]]).cumsum(0), persistent=False)
@@ -109,7 +112,7 @@ class FusedEmbeddingTables(nn.Module):
         self._plans: dict = {}  # which tables apply_gradient updates whole, by the shape of the ids
         self.process_group = None  # replicated data parallel: the processes whose updates every replica takes
         self.shard_group, self.shard_world = None, 1  # sharded by tables: the processes holding the others
-        self.exchange_chunks = exchange_chunks  # sharded: the records' chunks each exchange is sent in
+        self.exchange_chunks = exchange_chunks  # sharded: the records' chunks each exchange is sent in (None: chosen)
         self.register_state_dict_post_hook(_whole_tables)
         self.register_load_state_dict_pre_hook(_own_tables)
 
@@ -174,8 +177,10 @@ class FusedEmbeddingTables(nn.Module):
     def _chunks(self, records: int) -> int:
         """How many chunks of the records each exchange of rows or gradients goes in: with more than
         one, chunk c crosses while chunk c + 1 is looked up (forward) or chunk c - 1 is summed
-        (backward), on NCCL's stream beside the computation."""
-        return self.exchange_chunks if records % self.exchange_chunks == 0 else 1
+        (backward), on NCCL's stream beside the computation. Unless given, 4 where the tables are
+        sharded over 4 or more processes, else 1 (what was measured faster)."""
+        chunks = self.exchange_chunks or (4 if self.shard_world >= 4 else 1)
+        return chunks if records % chunks == 0 else 1
 
     def _exchange_chunks(self, received: torch.Tensor, sent) -> list:
         """All-to-alls of ``sent``'s chunks ((world, ...) each, contiguous) into ``received``'s
@@ -402,7 +407,7 @@ def _mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
 
 class DLRM(nn.Module):
     def __init__(self, dense_features: int, table_sizes: list[int], dim: int, bottom: list[int], top: list[int],
-                 table_lr: float, exchange_chunks: int = 1):
+                 table_lr: float, exchange_chunks: int | None = None):
         super().__init__()
         self.tables = FusedEmbeddingTables(table_sizes, dim, table_lr, exchange_chunks=exchange_chunks)
         self.bottom = _mlp([dense_features, *bottom, dim], last_activation=True)
@@ -420,9 +425,10 @@ class DLRM(nn.Module):
 @register_model("dlrm")
 def dlrm(dense_features: int = 13, table_sizes: tuple[int, ...] = (1000,) * 26, dim: int = 128,
          bottom: tuple[int, ...] = (512, 256), top: tuple[int, ...] = (1024, 1024, 512, 256),
-         table_lr: float = 0.05, exchange_chunks: int = 1) -> DLRM:
+         table_lr: float = 0.05, exchange_chunks: int | None = None) -> DLRM:
     """DLRM: bottom MLP for dense features, fused embedding tables for sparse ones, pairwise dot
     interactions, top MLP to one click logit (MLPerf's Criteo sizes by default, tables aside).
     ``exchange_chunks``: with the tables sharded across processes, the chunks of records each
-    exchange of rows and gradients is sent in, so that it overlaps the lookups and the sums."""
+    exchange of rows and gradients is sent in, so that it overlaps the lookups and the sums
+    (default: 4 with 4 or more processes, else 1)."""
     return DLRM(dense_features, list(table_sizes), dim, list(bottom), list(top), table_lr, exchange_chunks)

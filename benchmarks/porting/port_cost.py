@@ -1,0 +1,155 @@
+"""What a plain port costs a launch-bound loop, part by part, in one process.
+
+word_language_model's step at its own shapes (a 2-layer LSTM of 200 units, batch 20, 35 tokens,
+gradient clipping, the script's hand-written SGD update and ``loss.item()`` every step) is timed
+in rounds of each variant, the variants' order rotated from round to round, in one process, so
+that the host's drift between processes and between minutes cancels out of each round's ratios:
+
+- ``plain``: the script as written (fp32, cuBLAS without TF32);
+- ``sampler``: plain, with the GPU sampler ``Accelerator(monitor=True)`` starts (NVML, ten reads
+  a second) running;
+- ``plain_tf32``: plain, with cuBLAS's TF32 matrix multiplies (what ``precision="auto"`` turns on
+  for a model with recurrent layers);
+- ``port``: the plain port as ``benchmarks/porting/word_language_model/port.diff`` writes it: the
+  model through ``Accelerator().prepare``, the forward pass inside ``acc.autocast()``,
+  ``acc.backward(loss)``, TF32 on and the sampler running;
+- ``port_fp32``: the port with TF32 off (``port_fp32.diff``'s numerics), the sampler running.
+
+Every variant trains the same model object; each round's ratio is a variant's rate over
+``plain``'s in that round.
+
+    python benchmarks/porting/port_cost.py --rounds 16 --steps 300 --out port_cost.json
+    python benchmarks/porting/port_cost.py --variants plain sampler --rounds 8 --steps 400   # the sampler alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpuaccel import Accelerator
+from gpuaccel.monitor.gpu import GpuSampler
+
+VARIANTS = ("plain", "sampler", "plain_tf32", "port", "port_fp32")
+
+
+class LstmLanguageModel(nn.Module):
+    """word_language_model's RNNModel('LSTM'), untied, with its defaults."""
+
+    def __init__(self, vocab: int, width: int = 200, layers: int = 2, dropout: float = 0.2):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(vocab, width)
+        self.rnn = nn.LSTM(width, width, layers, dropout=dropout)
+        self.decoder = nn.Linear(width, vocab)
+
+    def forward(self, tokens, hidden):
+        output, hidden = self.rnn(self.drop(self.encoder(tokens)), hidden)
+        return F.log_softmax(self.decoder(self.drop(output)), dim=-1), hidden
+
+
+def steps_per_second(model, tokens: torch.Tensor, steps: int, autocast=contextlib.nullcontext,
+                     backward=torch.Tensor.backward) -> float:
+    """The script's training loop over ``steps`` batches of ``tokens`` (steps + 1, 35, batch)."""
+    vocab, hidden = model.decoder.out_features, None
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(steps):
+        hidden = tuple(h.detach() for h in hidden) if hidden is not None else None
+        model.zero_grad()
+        with autocast():
+            output, hidden = model(tokens[i], hidden)
+        loss = F.nll_loss(output.view(-1, vocab), tokens[i + 1].view(-1))
+        backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-20.0)
+        loss.item()
+    torch.cuda.synchronize()
+    return steps / (time.perf_counter() - start)
+
+
+def timed_round(variant: str, model, acc: Accelerator, tokens, steps: int) -> tuple[float, int]:
+    """One variant's rate, and how many GPU samples its sampler took (0 without one)."""
+    torch.backends.cuda.matmul.allow_tf32 = variant in ("plain_tf32", "port")
+    sampler = GpuSampler(None, [torch.cuda.current_device()]) if variant in ("sampler", "port", "port_fp32") \
+        else None
+    if sampler is not None:
+        sampler.start()
+    if variant.startswith("port"):
+        rate = steps_per_second(model, tokens, steps, acc.autocast, acc.backward)
+    else:
+        rate = steps_per_second(model, tokens, steps)
+    if sampler is not None:
+        sampler.stop()
+    return rate, len(sampler.samples) if sampler is not None else 0
+
+
+def interval95(values: list[float]) -> list[float]:
+    """The mean's 95% interval (Student's t, two-sided) from the values' spread."""
+    t975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+            11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09,
+            20: 2.09, 21: 2.08, 22: 2.07, 23: 2.07, 24: 2.06, 25: 2.06, 26: 2.06, 27: 2.05, 28: 2.05, 29: 2.05}
+    n = len(values)
+    if n < 2:
+        return [values[0], values[0]] if values else []
+    half = t975.get(n - 1, 2.04 if n <= 41 else 1.98) * statistics.stdev(values) / math.sqrt(n)
+    mean = statistics.fmean(values)
+    return [round(mean - half, 4), round(mean + half, 4)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="plain is always timed (the ratios' denominator)")
+    ap.add_argument("--rounds", type=int, default=16, help="rounds of every variant, the order rotated")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--vocab", type=int, default=25671, help="tiny Shakespeare's words, as the script reads them")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    variants = ["plain", *[v for v in args.variants if v != "plain"]]
+    torch.manual_seed(0)
+    # the model and batches as the port has them; monitor=False: the rounds that need the sampler start their own
+    acc = Accelerator(monitor=False)
+    model = acc.prepare(LstmLanguageModel(args.vocab))
+    tokens = torch.randint(args.vocab, (max(args.steps, 50) + 1, 35, 20), device=acc.device)
+    for variant in variants:  # cuDNN's and cuBLAS's first calls in each setting, the allocator's pools
+        timed_round(variant, model, acc, tokens, 50)
+    rows = []
+    for round_ in range(args.rounds):
+        shift = round_ % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            rate, samples = timed_round(variant, model, acc, tokens, args.steps)
+            rows.append({"round": round_, "variant": variant, "steps_per_second": round(rate, 2),
+                         "gpu_samples": samples})
+            print(json.dumps(rows[-1]), flush=True)
+    rate = {(r["round"], r["variant"]): r["steps_per_second"] for r in rows}
+    summary = {}
+    for variant in variants[1:]:
+        ratios = [rate[k, variant] / rate[k, "plain"] for k in range(args.rounds)]
+        summary[variant] = {"over_plain_by_round": [round(r, 4) for r in ratios],
+                            "median": round(statistics.median(ratios), 4),
+                            "mean": round(statistics.fmean(ratios), 4), "mean_95_interval": interval95(ratios)}
+    summary["plain_steps_per_second_median"] = round(statistics.median(rate[k, "plain"] for k in range(args.rounds)), 2)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "vocab": args.vocab,
+              "rows": rows, "summary": summary}
+    print(json.dumps(summary), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
