@@ -40,16 +40,45 @@ CRITEO_SIZES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951
 BOTTOM, TOP, DIM, DENSE = [512, 256], [1024, 1024, 512, 256], 128, 13
 
 
+def click_logits(dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+    """The synthetic records' true click log-odds: a fixed linear function of the dense features
+    plus, for each table, a fixed effect of the id (a hash of table and id, uniform in +-0.44),
+    so that a model can learn who clicks (hot ids are seen often) and a held-out loss says how
+    well it did; the labels are drawn from it. Logits spread about 1.5 around logit(0.25)."""
+    weights = torch.linspace(-1.0, 1.0, DENSE, device=dense.device) * (0.7 / (DENSE / 3) ** 0.5)
+    table = torch.arange(1, sparse.shape[1] + 1, device=sparse.device)
+    mask = 0x7FFFFFFF
+    h = (sparse * 0x9E3779B1 + table * 0x85EBCA77) & mask  # (a 32-bit multiplicative hash, kept in int64)
+    h = ((h ^ (h >> 15)) * 0x2C1B3C6D) & mask
+    h = h ^ (h >> 12)
+    effects = (h.double() / 2 ** 31 * 2 - 1) * 0.44
+    return dense.double() @ weights.double() + effects.sum(1) - 1.1
+
+
 def synthetic_batches(sizes, batch, count, device, seed=0):
+    """``count`` batches of Criteo-shaped records (dense features, ids, labels drawn from
+    :func:`click_logits`)."""
     g = torch.Generator(device).manual_seed(seed)
     out = []
     for _ in range(count):
         dense = torch.randn(batch, DENSE, device=device, generator=g)
         u = torch.rand(batch, len(sizes), device=device, generator=g)
         sparse = (u ** 3 * torch.tensor(sizes, device=device)).long().clamp_max(torch.tensor(sizes, device=device) - 1)
-        labels = (torch.rand(batch, device=device, generator=g) < 0.25).float()
-        out.append((dense, sparse, labels))
+        # (the draws as before the labels had a cause: the same dense features and ids)
+        clicked = torch.rand(batch, device=device, generator=g) < torch.sigmoid(click_logits(dense, sparse)).float()
+        out.append((dense, sparse, clicked.float()))
     return out
+
+
+def label_losses(dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> dict:
+    """What a held-out loss is to be read against: the loss of the true click probabilities (the
+    floor no model beats on average) and of a constant prediction of the click rate (what a model
+    that learnt nothing gets)."""
+    rate = labels.double().mean()
+    constant = F.binary_cross_entropy(rate.expand_as(labels), labels.double())
+    floor = F.binary_cross_entropy_with_logits(click_logits(dense, sparse), labels.double())
+    return {"floor_loss": round(float(floor), 5), "constant_loss": round(float(constant), 5),
+            "click_rate": round(float(rate), 4)}
 
 
 def mlp(sizes, last_relu):
@@ -150,7 +179,7 @@ def run_trainer(sizes, args) -> dict:
                                quiet=True).fit()
     return {"records_per_second": summary["samples_per_second"], "train_seconds": summary["train_seconds"],
             "warmup_seconds": summary["warmup_seconds"], "step_graph": summary["step_graph"],
-            "steps": summary["steps"]}
+            "steps": summary["steps"], "held_out": {"loss": summary["metrics"]["loss"], **label_losses(*held)}}
 
 
 RUNNERS = {"baseline": run_baseline, "model": run_model, "trainer": run_trainer}

@@ -4,10 +4,12 @@ MLPerf's table sizes capped at --max-rows), --batch records per process per step
 steps whatever the number of processes (weak scaling), the whole step as one CUDA graph with
 the tables sharded across the processes (whole tables each), their all-to-alls inside it
 (models/dlrm.py). Rank 0 prints the
-run's summary as one JSON line.
+run's summary as one JSON line; its ``held_out`` holds the loss on records the run never trained
+on beside the floor the true click probabilities give and a constant prediction's loss (the
+labels are drawn from a fixed function of the features: recsys_throughput.click_logits).
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\
-        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --max-rows 2000000 --exchange-chunks K --profile]
+        benchmarks/scaling/dlrm_trainer.py --run-dir DIR [--batch 16384 --steps 200 --epoch-steps 50 --max-rows 2000000 --exchange-chunks K --profile]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recsys_throughput"))
-from recsys_throughput import CRITEO_SIZES, synthetic_batches  # noqa: E402
+from recsys_throughput import CRITEO_SIZES, label_losses, synthetic_batches  # noqa: E402
 
 import gpuaccel  # noqa: E402
 from gpuaccel.models import create_model  # noqa: E402
@@ -34,6 +36,10 @@ def main():
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--batch", type=int, default=16384, help="records per process per step")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--epoch-steps", type=int, default=50,
+                    help="steps' worth of records generated, seen steps / epoch-steps times (50: a short set-up; "
+                         "--epoch-steps equal to --steps sees each record once, so that the held-out loss "
+                         "measures learning rather than memorising)")
     ap.add_argument("--max-rows", type=int, default=2_000_000)
     ap.add_argument("--exchange-chunks", type=int, default=None,
                     help="the chunks of records each all-to-all of rows and gradients is sent in "
@@ -44,12 +50,11 @@ def main():
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sizes = [min(n, args.max_rows) for n in CRITEO_SIZES]
-    epoch_steps = 50  # records for 50 steps of every process, seen steps / 50 times
-    records = synthetic_batches(sizes, args.batch * world, epoch_steps, "cpu")
+    records = synthetic_batches(sizes, args.batch * world, args.epoch_steps, "cpu")
     train = tuple(torch.cat([b[k] for b in records]) for k in range(3))
     held = synthetic_batches(sizes, args.batch, 1, "cpu", seed=1)[0]
     config = gpuaccel.TrainConfig(
-        batch_size=args.batch, eval_batch_size=args.batch, epochs=args.steps / epoch_steps, optimizer="adamw",
+        batch_size=args.batch, eval_batch_size=args.batch, epochs=args.steps / args.epoch_steps, optimizer="adamw",
         lr=1e-3, weight_decay=0.0, schedule="constant", warmup_epochs=0.0, compile=True,
         compile_mode="reduce-overhead", eval_every=10 ** 9, monitor=False, checkpoint_seconds=10 ** 9,
         checkpoint_epochs=0, run_dir=args.run_dir, profile=args.profile)
@@ -59,6 +64,7 @@ def main():
     trainer = gpuaccel.Trainer(config, model=model, train_data=train, eval_data=held, task=task, quiet=True)
     summary = trainer.fit()
     if trainer.dist.rank == 0:
+        summary["held_out"] = {"loss": summary["metrics"]["loss"], **label_losses(*held)}
         print("SUMMARY " + json.dumps(summary), flush=True)
     trainer.dist.close()
 
