@@ -3,6 +3,7 @@ two processes, and a save/load round trip."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,6 +33,52 @@ def test_the_same_loop_gives_the_same_losses_with_and_without_the_accelerator(tm
     assert max(abs(a - b) for a, b in zip(plain["losses"], acc["losses"])) < 1e-6
     for key, value in plain["params"].items():
         torch.testing.assert_close(acc["params"][key], value, atol=1e-6, rtol=0)
+
+
+class _WordModel(nn.Module):
+    """pytorch/examples' word language model in small: embedding, 2-layer LSTM, decoder."""
+
+    def __init__(self, vocab: int = 50, width: int = 16):
+        super().__init__()
+        self.encoder, self.decoder = nn.Embedding(vocab, width), nn.Linear(width, vocab)
+        self.rnn = nn.LSTM(width, width, 2)
+
+    def forward(self, tokens):
+        return torch.log_softmax(self.decoder(self.rnn(self.encoder(tokens))[0]), -1)
+
+
+def test_a_plain_port_runs_the_same_operations_a_step_as_the_loop_it_ports():
+    """``prepare``, ``autocast`` and ``backward`` add no operation to a one-device step (a plain
+    port's speed rests on it: benchmarks/porting): the profiler records the same operators, in
+    the same order, for the script's step and for its port."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model, tokens = _WordModel(), torch.randint(50, (2, 7, 4))
+
+    def step(net, autocast, backward):
+        net.zero_grad()
+        with autocast():
+            output = net(tokens[0])
+        loss = nn.functional.nll_loss(output.view(-1, 50), tokens[1].view(-1))
+        backward(loss)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.25)
+        for p in net.parameters():
+            p.data.add_(p.grad, alpha=-20.0)
+        return loss.item()
+
+    def operators(run) -> list[str]:
+        run()  # (first calls: the allocator's and the LSTM's set-up)
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            run()
+        return [event.name for event in recorded.events()]
+
+    plain = operators(lambda: step(model, contextlib.nullcontext, torch.Tensor.backward))
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    ported = acc.prepare(model)
+    port = operators(lambda: step(ported, acc.autocast, acc.backward))
+    assert len(plain) > 50 and "aten::lstm" in plain, plain[:20]
+    assert port == plain
 
 
 def _torchrun(out, mode="fsdp-resume", *args):
