@@ -64,7 +64,8 @@ def synthetic_batches(sizes, batch, count, device, seed=0):
         dense = torch.randn(batch, DENSE, device=device, generator=g)
         u = torch.rand(batch, len(sizes), device=device, generator=g)
         sparse = (u ** 3 * torch.tensor(sizes, device=device)).long().clamp_max(torch.tensor(sizes, device=device) - 1)
-        # (the draws as before the labels had a cause: the same dense features and ids)
+        # one float32 uniform per record, as when the labels were random: the generator's later draws,
+        # so every batch's dense features and ids, stay what they were
         clicked = torch.rand(batch, device=device, generator=g) < torch.sigmoid(click_logits(dense, sparse)).float()
         out.append((dense, sparse, clicked.float()))
     return out
