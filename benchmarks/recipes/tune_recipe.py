@@ -5,6 +5,13 @@
 
 A variant's "inductor" key sets Inductor's options for its runs (a probe of kernels that the
 recipe cannot choose), e.g. ``--variant '{"inductor": {"coordinate_descent_tuning": true}}'``.
+Its "batch_norm_groups" key N has every batch norm normalise each of N equal slices of a batch
+on its own, as N GPUs with a share each would: one GPU then trains as N do (the gradient of the
+mean loss is the mean of the slices' gradients, as data parallelism's all-reduce makes it), so a
+global batch for N GPUs can be tuned on one, e.g.
+``--variant '{"batch_norm_groups": 4, "batch_size": 2048, "epochs": 8}'``. The running statistics
+follow the first slice's, as each process keeps its own; with ``"batch_norm_running": "mean"``
+they follow the slices' mean.
 
 Prints one line per variant: the task's main metric (accuracy, RMSE, ...) per seed and its
 mean, and the mean training time. Image data is decoded
@@ -12,6 +19,7 @@ once and shared by every run; other data (text, recordings) is read from gpuacce
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -24,16 +32,56 @@ from gpuaccel.data import NON_IMAGE_KINDS, parse_spec
 from gpuaccel.train.recipes import load_recipe
 
 
+@contextlib.contextmanager
+def batch_norm_groups(groups: int, running: str = "first"):
+    """Training-mode batch norms (4-D inputs) normalise each of ``groups`` equal slices of the batch
+    with that slice's statistics, as on ``groups`` GPUs without synchronised batch norm. The running
+    statistics move towards the first slice's (``running="first"``: as each process keeps its own)
+    or towards the slices' mean (``"mean"``: as if the processes averaged theirs)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    original = _BatchNorm.forward
+
+    def forward(self, x):
+        if not self.training or x.dim() != 4 or groups == 1:
+            return original(self, x)
+        if x.shape[0] % groups:
+            raise ValueError(f"a batch of {x.shape[0]} does not split into {groups} equal slices")
+        n = x.shape[0] // groups
+        slices = x.float().reshape(groups, n, *x.shape[1:])
+        mean = slices.mean(dim=(1, 3, 4), keepdim=True)
+        var = slices.var(dim=(1, 3, 4), unbiased=False, keepdim=True)
+        y = (slices - mean) * torch.rsqrt(var + self.eps)
+        if self.affine:
+            y = y * self.weight.view(1, 1, -1, 1, 1) + self.bias.view(1, 1, -1, 1, 1)
+        if self.track_running_stats:
+            count = n * x.shape[2] * x.shape[3]
+            batch_mean, batch_var = (mean[0], var[0]) if running == "first" else (mean.mean(0), var.mean(0))
+            with torch.no_grad():
+                self.running_mean.lerp_(batch_mean.flatten(), self.momentum)
+                self.running_var.lerp_(batch_var.flatten() * count / (count - 1), self.momentum)
+        return y.reshape(x.shape).to(x.dtype)
+
+    _BatchNorm.forward = forward
+    try:
+        yield
+    finally:
+        _BatchNorm.forward = original
+
+
 def run_seeds(base: dict, data_spec: str, dataset, overrides: dict, seeds) -> list[dict]:
     """The recipe ``base`` with ``overrides`` trained once per seed in this process, on
     ``dataset`` when given (decoded images, shared by the runs); each run's summary.
-    ``overrides["inductor"]``, if any, patches Inductor's options for these runs."""
+    ``overrides["inductor"]``, if any, patches Inductor's options for these runs;
+    ``overrides["batch_norm_groups"]`` splits the batch norms' batches (``batch_norm_groups``)."""
     import torch._inductor.config as inductor_config
 
     overrides = dict(overrides)
     inductor = overrides.pop("inductor", {})
+    groups = overrides.pop("batch_norm_groups", 1)
+    running = overrides.pop("batch_norm_running", "first")
     torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
-    with inductor_config.patch(inductor):
+    with inductor_config.patch(inductor), batch_norm_groups(groups, running):
         return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict({**base, "data": data_spec, **overrides, "seed": seed,
                                                                  "run_dir": tempfile.mkdtemp()}),
                                  dataset=dataset, quiet=True).fit()
