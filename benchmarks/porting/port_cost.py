@@ -20,6 +20,14 @@ Every variant trains the same model object; each round's ratio is a variant's ra
 
     python benchmarks/porting/port_cost.py --rounds 16 --steps 300 --out port_cost.json
     python benchmarks/porting/port_cost.py --variants plain sampler --rounds 8 --steps 400   # the sampler alone
+
+Rounds of hundreds of steps resolve little on a host whose step time drifts by 10-20% from one
+second to the next. ``--step-pairs N`` times the plain step and the port's step alternately, step
+by step (each step ends with ``loss.item()``, so its wall time is its own), and the sampler in
+short blocks on and off; each pair's ratio then sees the same host:
+
+    python benchmarks/porting/port_cost.py --step-pairs 10000 --block 25 --out port_steps.json
+    python benchmarks/porting/port_cost.py --step-pairs 10000 --block 25 --step-variant port_fp32
 """
 
 from __future__ import annotations
@@ -59,23 +67,29 @@ class LstmLanguageModel(nn.Module):
         return F.log_softmax(self.decoder(self.drop(output)), dim=-1), hidden
 
 
+def train_step(model, inputs, targets, hidden, autocast=contextlib.nullcontext, backward=torch.Tensor.backward):
+    """One step of the script's training loop, its ``loss.item()`` included; the new hidden state."""
+    hidden = tuple(h.detach() for h in hidden) if hidden is not None else None
+    model.zero_grad()
+    with autocast():
+        output, hidden = model(inputs, hidden)
+    loss = F.nll_loss(output.view(-1, model.decoder.out_features), targets.view(-1))
+    backward(loss)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-20.0)
+    loss.item()
+    return hidden
+
+
 def steps_per_second(model, tokens: torch.Tensor, steps: int, autocast=contextlib.nullcontext,
                      backward=torch.Tensor.backward) -> float:
     """The script's training loop over ``steps`` batches of ``tokens`` (steps + 1, 35, batch)."""
-    vocab, hidden = model.decoder.out_features, None
+    hidden = None
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i in range(steps):
-        hidden = tuple(h.detach() for h in hidden) if hidden is not None else None
-        model.zero_grad()
-        with autocast():
-            output, hidden = model(tokens[i], hidden)
-        loss = F.nll_loss(output.view(-1, vocab), tokens[i + 1].view(-1))
-        backward(loss)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-        for p in model.parameters():
-            p.data.add_(p.grad, alpha=-20.0)
-        loss.item()
+        hidden = train_step(model, tokens[i], tokens[i + 1], hidden, autocast, backward)
     torch.cuda.synchronize()
     return steps / (time.perf_counter() - start)
 
@@ -94,6 +108,59 @@ def timed_round(variant: str, model, acc: Accelerator, tokens, steps: int) -> tu
     if sampler is not None:
         sampler.stop()
     return rate, len(sampler.samples) if sampler is not None else 0
+
+
+def median_interval95(values: list[float]) -> list[float]:
+    """The median's 95% interval without assuming a distribution: the order statistics n/2 -+ 1.96 sqrt(n)/2."""
+    ordered, n = sorted(values), len(values)
+    half = 1.96 * math.sqrt(n) / 2
+    return [round(ordered[max(0, math.floor(n / 2 - half))], 4), round(ordered[min(n - 1, math.ceil(n / 2 + half))], 4)]
+
+
+def step_by_step(model, acc: Accelerator, tokens, pairs: int, block: int, port_tf32: bool = True) -> dict:
+    """The plain step and the port's step alternating step by step (which goes first swaps every
+    pair), each step timed on its own (it ends with ``loss.item()``, which waits for the GPU); the
+    GPU sampler runs in half the blocks of ``block`` pairs (off, on, on, off, ...), as it runs for a
+    whole process. The port's cost per step is each pair's ratio; the sampler's, each pair of
+    blocks' ratio of median step times (plain's and port's summed), so short blocks keep the host's
+    drift out of it. ``port_tf32=False``: the port's step without TF32 (``port_fp32``)."""
+    variants = {"plain": (False, contextlib.nullcontext, torch.Tensor.backward),
+                "port": (port_tf32, acc.autocast, acc.backward)}
+    batches, hidden, index = tokens.shape[0] - 1, None, 0
+    ratios, block_medians = [], []
+    for block_index in range(2 * math.ceil(pairs / block / 2)):
+        sampler = GpuSampler(None, [torch.cuda.current_device()]) if block_index % 4 in (1, 2) else None
+        if sampler is not None:
+            sampler.start()
+        seconds = {"plain": [], "port": []}
+        for pair in range(block):
+            for name in ("plain", "port") if pair % 2 == 0 else ("port", "plain"):
+                tf32, autocast, backward = variants[name]
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                start = time.perf_counter()
+                hidden = train_step(model, tokens[index % batches], tokens[index % batches + 1], hidden,
+                                    autocast, backward)
+                seconds[name].append(time.perf_counter() - start)
+                index += 1
+            ratios.append(seconds["port"][-1] / seconds["plain"][-1])
+        if sampler is not None:
+            sampler.stop()
+        block_medians.append({"sampler": sampler is not None,
+                              **{name: statistics.median(values) for name, values in seconds.items()}})
+    sampler_ratios = [(on["plain"] + on["port"]) / (off["plain"] + off["port"])
+                      for first, second in zip(block_medians[::2], block_medians[1::2])
+                      for off, on in [(second, first) if first["sampler"] else (first, second)]]
+    return {"pairs": len(ratios), "block": block,
+            "port_over_plain_per_step": {"median": round(statistics.median(ratios), 4),
+                                         "median_95_interval": median_interval95(ratios),
+                                         "geometric_mean": round(math.exp(statistics.fmean(map(math.log, ratios))), 4)},
+            "sampler_over_none_per_block_pair": {"median": round(statistics.median(sampler_ratios), 4),
+                                                 "median_95_interval": median_interval95(sampler_ratios),
+                                                 "mean": round(statistics.fmean(sampler_ratios), 4),
+                                                 "mean_95_interval": interval95(sampler_ratios)},
+            "step_ms_median": {name: round(1e3 * statistics.median(b[name] for b in block_medians), 4)
+                               for name in variants},
+            "blocks": [{k: round(1e3 * v, 4) if k != "sampler" else v for k, v in b.items()} for b in block_medians]}
 
 
 def interval95(values: list[float]) -> list[float]:
@@ -116,6 +183,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=16, help="rounds of every variant, the order rotated")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--vocab", type=int, default=25671, help="tiny Shakespeare's words, as the script reads them")
+    ap.add_argument("--step-pairs", type=int, default=0,
+                    help="time plain and port step by step, alternating, this many pairs (instead of rounds)")
+    ap.add_argument("--block", type=int, default=25, help="with --step-pairs: pairs per sampler on/off block")
+    ap.add_argument("--step-variant", choices=("port", "port_fp32"), default="port",
+                    help="with --step-pairs: the port's step as shipped (TF32) or forced to fp32")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     variants = ["plain", *[v for v in args.variants if v != "plain"]]
@@ -126,6 +198,10 @@ def main() -> None:
     tokens = torch.randint(args.vocab, (max(args.steps, 50) + 1, 35, 20), device=acc.device)
     for variant in variants:  # cuDNN's and cuBLAS's first calls in each setting, the allocator's pools
         timed_round(variant, model, acc, tokens, 50)
+    if args.step_pairs:
+        summary = step_by_step(model, acc, tokens, args.step_pairs, args.block, args.step_variant == "port")
+        write_result(args, {"step_by_step": summary})
+        return
     rows = []
     for round_ in range(args.rounds):
         shift = round_ % len(variants)
@@ -142,11 +218,15 @@ def main() -> None:
                             "median": round(statistics.median(ratios), 4),
                             "mean": round(statistics.fmean(ratios), 4), "mean_95_interval": interval95(ratios)}
     summary["plain_steps_per_second_median"] = round(statistics.median(rate[k, "plain"] for k in range(args.rounds)), 2)
+    write_result(args, {"rows": rows, "summary": summary})
+
+
+def write_result(args, measured: dict) -> None:
+    summary = measured.get("summary", measured.get("step_by_step"))
+    print(json.dumps({k: v for k, v in summary.items() if k != "blocks"}), flush=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "vocab": args.vocab,
-              "rows": rows, "summary": summary}
-    print(json.dumps(summary), flush=True)
+              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "vocab": args.vocab, **measured}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
