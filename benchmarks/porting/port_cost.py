@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from gpuaccel import Accelerator
 from gpuaccel.monitor.gpu import GpuSampler
+from ratio_stats import interval95, median_interval95  # (this folder)
 
 VARIANTS = ("plain", "sampler", "plain_tf32", "port", "port_fp32")
 
@@ -110,13 +111,6 @@ def timed_round(variant: str, model, acc: Accelerator, tokens, steps: int) -> tu
     return rate, len(sampler.samples) if sampler is not None else 0
 
 
-def median_interval95(values: list[float]) -> list[float]:
-    """The median's 95% interval without assuming a distribution: the order statistics n/2 -+ 1.96 sqrt(n)/2."""
-    ordered, n = sorted(values), len(values)
-    half = 1.96 * math.sqrt(n) / 2
-    return [round(ordered[max(0, math.floor(n / 2 - half))], 4), round(ordered[min(n - 1, math.ceil(n / 2 + half))], 4)]
-
-
 def step_by_step(model, acc: Accelerator, tokens, pairs: int, block: int, port_tf32: bool = True) -> dict:
     """The plain step and the port's step alternating step by step (which goes first swaps every
     pair), each step timed on its own (it ends with ``loss.item()``, which waits for the GPU); the
@@ -161,19 +155,6 @@ def step_by_step(model, acc: Accelerator, tokens, pairs: int, block: int, port_t
             "step_ms_median": {name: round(1e3 * statistics.median(b[name] for b in block_medians), 4)
                                for name in variants},
             "blocks": [{k: round(1e3 * v, 4) if k != "sampler" else v for k, v in b.items()} for b in block_medians]}
-
-
-def interval95(values: list[float]) -> list[float]:
-    """The mean's 95% interval (Student's t, two-sided) from the values' spread."""
-    t975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-            11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09,
-            20: 2.09, 21: 2.08, 22: 2.07, 23: 2.07, 24: 2.06, 25: 2.06, 26: 2.06, 27: 2.05, 28: 2.05, 29: 2.05}
-    n = len(values)
-    if n < 2:
-        return [values[0], values[0]] if values else []
-    half = t975.get(n - 1, 2.04 if n <= 41 else 1.98) * statistics.stdev(values) / math.sqrt(n)
-    mean = statistics.fmean(values)
-    return [round(mean - half, 4), round(mean + half, 4)]
 
 
 def main() -> None:

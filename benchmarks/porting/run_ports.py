@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ratio_stats import median_interval95  # (this folder)
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 VARIANTS = ("original", "port", "capture")
@@ -78,7 +80,8 @@ def prepare(examples: Path, script: str, variant: str, root: Path, args) -> Path
     return work
 
 
-def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
+def launch(work: Path, script: str, variant: str, repeat: int, args, **env_extra) -> dict:
+    """Starts one variant's process; ``finish`` waits for it and reads what steptimer wrote."""
     arguments, steps = SCRIPTS[script]
     steps = args.steps or steps
     cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve() if args.cifar else ""
@@ -87,17 +90,88 @@ def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
     out = work / f"result-{repeat}.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC), os.environ.get("PYTHONPATH", "")]),
            "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
-           "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1"}
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=work / "run" if script == "mnist" else work, env=env, capture_output=True,
-                          text=True, timeout=args.timeout)
-    record = {"script": script, "variant": variant, "repeat": repeat, "command": " ".join(command[1:]),
-              "process_seconds": round(time.perf_counter() - start, 2)}
-    if out.exists():
-        record.update(json.loads(out.read_text().splitlines()[-1]))
+           "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1", **env_extra}
+    process = subprocess.Popen(command, cwd=work / "run" if script == "mnist" else work, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return {"process": process, "out": out, "start": time.perf_counter(),
+            "record": {"script": script, "variant": variant, "repeat": repeat, "command": " ".join(command[1:])}}
+
+
+def finish(run: dict, timeout: float) -> dict:
+    try:
+        stdout, stderr = run["process"].communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run["process"].kill()
+        stdout, stderr = run["process"].communicate()
+        stderr += f"\n(killed after {timeout:.0f} s)"
+    record = {**run["record"], "process_seconds": round(time.perf_counter() - run["start"], 2)}
+    if run["out"].exists():
+        record.update(json.loads(run["out"].read_text().splitlines()[-1]))
     else:
-        record["error"] = (done.stdout[-800:] + done.stderr[-1500:]).strip()
+        record["error"] = (stdout[-800:] + stderr[-1500:]).strip()
     return record
+
+
+def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
+    return finish(launch(work, script, variant, repeat, args), args.timeout)
+
+
+def run_pair(works: dict, script: str, variants: list[str], repeat: int, args) -> list[dict]:
+    """Two variants at once, taking turns step by step (steptimer's paired mode); which one
+    takes the first turn alternates from repeat to repeat."""
+    first, second = variants if repeat % 2 == 0 else variants[::-1]
+    with tempfile.TemporaryDirectory() as folder:
+        for name in ("first_to_second", "second_to_first"):
+            os.mkfifo(Path(folder) / name)
+        runs = [launch(works[script, variant], script, variant, repeat, args, STEPTIMER_PAIR=role,
+                       STEPTIMER_PAIR_DIR=folder) for role, variant in (("first", first), ("second", second))]
+        deadline = time.perf_counter() + args.timeout
+        records = []
+        for run in runs:
+            records.append(finish(run, max(1.0, deadline - time.perf_counter())))
+            if "error" in records[-1]:  # the other waits for a turn that will not come
+                for other in runs:
+                    other["process"].kill()
+    return records
+
+
+def neighbour_ratios(records: list[dict], variant: str) -> list[float]:
+    """Each of ``variant``'s steps over the mean of the other variant's two steps either side of it
+    (the turns interleave the two), as time ratios: under 1, ``variant``'s step was shorter."""
+    first, second = sorted(records, key=lambda r: r["pair"] != "first")
+    turns = [(name, t) for a, b in zip(first["step_seconds"], second["step_seconds"])
+             for name, t in ((first["variant"], a), (second["variant"], b))]
+    return [t / ((turns[j - 1][1] + turns[j + 1][1]) / 2) for j, (name, t) in enumerate(turns)
+            if name == variant and 0 < j < len(turns) - 1]
+
+
+def paired_summary(runs: list[dict], variants: list[str]) -> dict:
+    """Per script: ``variants[1]``'s step time over its neighbours' (``variants[0]``), per repeat
+    and over all, as medians with their 95% intervals; each variant's median step time."""
+    table = {}
+    for script in dict.fromkeys(r["script"] for r in runs):
+        by_repeat = {}
+        for r in runs:
+            if r["script"] == script:
+                by_repeat.setdefault(r["repeat"], []).append(r)
+        pooled, rows = [], []
+        for repeat, records in sorted(by_repeat.items()):
+            if len(records) != 2 or any("error" in r for r in records):
+                continue
+            ratios = neighbour_ratios(records, variants[1])
+            pooled += ratios
+            rows.append({"repeat": repeat, "first": next(r["variant"] for r in records if r["pair"] == "first"),
+                         "steps": len(ratios), "median": round(statistics.median(ratios), 4),
+                         "median_95_interval": median_interval95(ratios)})
+        step_ms = {}
+        for v in variants:
+            times = [t for r in runs if r["script"] == script and r["variant"] == v for t in r.get("step_seconds", [])]
+            step_ms[v] = round(1e3 * statistics.median(times), 4) if times else None
+        table[script] = {"time_over_neighbours": variants[1] + " / " + variants[0], "repeats": rows,
+                         "all": {"steps": len(pooled), "median": round(statistics.median(pooled), 4),
+                                 "median_95_interval": median_interval95(pooled)} if pooled else None,
+                         "step_ms_median": step_ms}
+    return table
 
 
 def summary(runs: list[dict]) -> dict:
@@ -137,12 +211,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=30, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, help="timed steps of every script (default: each script's own)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--paired", action="store_true",
+                    help="run two --variants at once, taking turns step by step (steptimer.py's paired mode): "
+                         "each step of the second over its neighbours of the first")
     ap.add_argument("--out", help="write the results here (JSON)")
     args = ap.parse_args()
     missing = [f"{s}/{v}.diff" for s in args.scripts for v in args.variants
                if v != "original" and not (HERE / s / f"{v}.diff").exists()]
     if missing:
         ap.error(f"no such variant here: {', '.join(missing)}")
+    if args.paired and len(args.variants) != 2:
+        ap.error("--paired compares two --variants, e.g. --variants original port")
     examples = Path(args.examples)
     results = {"examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
                else None, "changed_lines": {}, "runs": []}
@@ -158,11 +237,14 @@ def main() -> None:
             # each round starts with another variant: none always runs first (or last) in a round
             order = args.variants[repeat % len(args.variants):] + args.variants[:repeat % len(args.variants)]
             for script in args.scripts:
-                for variant in order:
-                    record = run_one(works[script, variant], script, variant, repeat, args)
+                if args.paired:
+                    records = run_pair(works, script, args.variants, repeat, args)
+                else:
+                    records = [run_one(works[script, variant], script, variant, repeat, args) for variant in order]
+                for record in records:
                     results["runs"].append(record)
-                    print(json.dumps(record), flush=True)
-    results["summary"] = summary(results["runs"])
+                    print(json.dumps({k: v for k, v in record.items() if k != "step_seconds"}), flush=True)
+    results["summary"] = paired_summary(results["runs"], args.variants) if args.paired else summary(results["runs"])
     print(json.dumps(results["summary"]), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
