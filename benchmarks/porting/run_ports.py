@@ -91,24 +91,29 @@ def launch(work: Path, script: str, variant: str, repeat: int, args, **env_extra
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC), os.environ.get("PYTHONPATH", "")]),
            "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
            "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1", **env_extra}
-    process = subprocess.Popen(command, cwd=work / "run" if script == "mnist" else work, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return {"process": process, "out": out, "start": time.perf_counter(),
+    # the script's output goes to a file, not a pipe: a paired process whose pipe nobody reads
+    # while the other is waited for would block on a full pipe, and its partner on the baton
+    log = work / f"log-{repeat}.txt"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, cwd=work / "run" if script == "mnist" else work, env=env,
+                                   stdout=sink, stderr=subprocess.STDOUT)
+    return {"process": process, "out": out, "log": log, "start": time.perf_counter(),
             "record": {"script": script, "variant": variant, "repeat": repeat, "command": " ".join(command[1:])}}
 
 
 def finish(run: dict, timeout: float) -> dict:
+    killed = ""
     try:
-        stdout, stderr = run["process"].communicate(timeout=timeout)
+        run["process"].wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         run["process"].kill()
-        stdout, stderr = run["process"].communicate()
-        stderr += f"\n(killed after {timeout:.0f} s)"
+        run["process"].wait()
+        killed = f"\n(killed after {timeout:.0f} s)"
     record = {**run["record"], "process_seconds": round(time.perf_counter() - run["start"], 2)}
     if run["out"].exists():
         record.update(json.loads(run["out"].read_text().splitlines()[-1]))
     else:
-        record["error"] = (stdout[-800:] + stderr[-1500:]).strip()
+        record["error"] = (run["log"].read_text(errors="replace")[-2300:] + killed).strip()
     return record
 
 
@@ -126,13 +131,14 @@ def run_pair(works: dict, script: str, variants: list[str], repeat: int, args) -
         runs = [launch(works[script, variant], script, variant, repeat, args, STEPTIMER_PAIR=role,
                        STEPTIMER_PAIR_DIR=folder) for role, variant in (("first", first), ("second", second))]
         deadline = time.perf_counter() + args.timeout
-        records = []
+        while any(r["process"].poll() is None for r in runs) and time.perf_counter() < deadline:
+            if any(r["process"].poll() is not None and not r["out"].exists() for r in runs):
+                break  # one ended without a result: the other would wait for its turn for ever
+            time.sleep(0.2)
         for run in runs:
-            records.append(finish(run, max(1.0, deadline - time.perf_counter())))
-            if "error" in records[-1]:  # the other waits for a turn that will not come
-                for other in runs:
-                    other["process"].kill()
-    return records
+            if run["process"].poll() is None:
+                run["process"].kill()
+        return [finish(run, 10) for run in runs]
 
 
 def neighbour_ratios(records: list[dict], variant: str) -> list[float]:
