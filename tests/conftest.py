@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import struct
 import tarfile
@@ -16,6 +17,13 @@ from PIL import Image
 from gpuaccel.cli import main
 
 CLASSES = ["circle", "square", "stripe"]
+
+# Tests start ``python -m gpuaccel`` and helper programs from other working directories (a run's
+# tmp_path, say): a relative PYTHONPATH (``PYTHONPATH=src:tests``, the GPU tests' documented
+# command) would no longer find the package there, so its entries are made absolute once.
+if os.environ.get("PYTHONPATH"):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        os.path.abspath(entry) if entry else entry for entry in os.environ["PYTHONPATH"].split(os.pathsep))
 
 
 def pytest_collection_modifyitems(config, items):

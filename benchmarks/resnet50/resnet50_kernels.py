@@ -1,5 +1,5 @@
 """Where gpuaccel's compiled ResNet-50 training step (224 px, batch 256, bf16, channels_last)
-spends its GPU time, kernel by kernel, and what single changes to it are worth (issue 7 (b)).
+spends its GPU time, kernel by kernel, and what single changes to it are worth.
 
 Parts (each runs in a child process of its own, because cuDNN's and inductor's settings are
 global):

@@ -3,7 +3,8 @@ and, where the interpreter is told not to write it beside the sources, Python by
 
 This module imports nothing heavy: the ``gpuaccel`` command calls :func:`use_bytecode_cache` and
 :func:`use_compile_cache` before anything imports torch; ``Trainer`` and ``Accelerator`` call
-:func:`use_compile_cache` when they compile (importing the package changes nothing).
+both when they compile, before Dynamo and Inductor are imported (importing the package changes
+nothing).
 """
 
 from __future__ import annotations

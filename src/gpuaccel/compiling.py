@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from .caches import use_compile_cache
+from .caches import use_bytecode_cache, use_compile_cache
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "tuned")
 
@@ -65,7 +65,14 @@ def import_compiler() -> None:
     """Imports what ``torch.compile`` imports on its first call, Dynamo and Inductor, with their
     kernel cache set up first. It is most of what setting a compiled run up costs besides the data
     (cifar10-fast on a 2-core CPU: 1.9 of the 2.4 s between building the model and the run's
-    start), so ``Trainer`` imports it as a phase of its own."""
+    start), so ``Trainer`` imports it as a phase of its own.
+
+    Where the interpreter is told not to write bytecode, it is kept in gpuaccel's cache first
+    (``caches.use_bytecode_cache``, which the ``gpuaccel`` command does as it starts): from
+    Python too, Dynamo's and Inductor's sources are then compiled once per machine, not in
+    every process (on an H200 machine whose image sets ``PYTHONDONTWRITEBYTECODE``: 5.5-7.7 s
+    of a Trainer's set-up against 1.2-1.6 s; docs/results.md)."""
+    use_bytecode_cache()
     use_compile_cache()
     import_cpp_extension_quietly()
     import torch._dynamo  # noqa: F401

@@ -69,6 +69,22 @@ def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_besid
     assert off[0] is None and off[1] is True and off[3] == "1"
 
 
+def test_compiling_from_python_keeps_dynamos_and_inductors_bytecode_where_it_may_not_be_written(tmp_path):
+    """Trainer and Accelerator compile through ``compile_module``: without the command's set-up,
+    the ~1,000 modules of Dynamo and Inductor that it imports are compiled into the cache too, once
+    per machine rather than in every process."""
+    code = ("import json, sys, torch; from gpuaccel.compiling import compile_module; "
+            "compile_module(torch.nn.Linear(2, 2), 'default'); "
+            "print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode]))")
+    folder = tmp_path / "bytecode"
+    assert _interpreter_state(tmp_path, code, PYTHONDONTWRITEBYTECODE="1") == [str(folder), False]
+    assert any(p.parent.name == "_dynamo" for p in folder.rglob("*.pyc"))
+    assert any(p.parent.name == "_inductor" for p in folder.rglob("*.pyc"))
+    off = tmp_path / "off"
+    assert _interpreter_state(off, code, PYTHONDONTWRITEBYTECODE="1", GPUACCEL_BYTECODE_CACHE="0") == [None, True]
+    assert not (off / "bytecode").exists()
+
+
 def test_importing_gpuaccel_changes_nothing_in_the_importing_process(tmp_path):
     """A library import leaves the interpreter's settings and the environment as they were, also
     with the parts a user touches imported (the command sets its caches up itself)."""

@@ -64,14 +64,14 @@ def test_a_model_that_takes_labels_is_trained_on_its_own_loss(tmp_path):
     x, y = _separable()
     data = {"input_ids": x, "labels": y}
     own = Trainer(_config(tmp_path / "own", epochs=1, precision="fp32"), model=WithOwnLoss(6, 3), train_data=data,
-                  task="classification", quiet=True)  # (fp32: the check below computes in fp32 on a GPU too)
+                  task="classification", quiet=True)  # (fp32, both: the checks compute in fp32 on a GPU too)
     batch = own.task.split(next(iter(own.train_loader.batches(0))))
     with torch.no_grad():
         logits = own.model.score(batch[0])
         weighted = F.cross_entropy(logits, batch[1], weight=torch.tensor([10., 1, 1], device=logits.device))
     assert own.train_step(*batch).item() == pytest.approx(weighted.item(), rel=1e-5)  # the model's own loss
     # with a loss_fn of the user's, the user's loss is trained on
-    mine = Trainer(_config(tmp_path / "mine", epochs=1), model=WithOwnLoss(6, 3), train_data=data,
+    mine = Trainer(_config(tmp_path / "mine", epochs=1, precision="fp32"), model=WithOwnLoss(6, 3), train_data=data,
                    loss_fn=F.cross_entropy, quiet=True)
     batch = mine.task.split(next(iter(mine.train_loader.batches(0))))
     with torch.no_grad():
