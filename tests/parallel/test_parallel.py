@@ -121,7 +121,7 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     every process's rows and gradients); either way the update is the one a process with the
     whole batch takes, and model.pt holds the whole tables."""
     single, double = dlrm_one_process, tmp_path / "two"
-    done = torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
+    torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
     summary = json.loads((double / "summary.json").read_text())
