@@ -70,8 +70,8 @@ def import_compiler() -> None:
     Where the interpreter is told not to write bytecode, it is kept in gpuaccel's cache first
     (``caches.use_bytecode_cache``, which the ``gpuaccel`` command does as it starts): from
     Python too, Dynamo's and Inductor's sources are then compiled once per machine, not in
-    every process (on an H200 machine whose image sets ``PYTHONDONTWRITEBYTECODE``: 5.5-7.7 s
-    of a Trainer's set-up against 1.2-1.6 s; docs/results.md)."""
+    every process (on an H200 machine whose image sets ``PYTHONDONTWRITEBYTECODE``: 5.4-7.6 s
+    of a Trainer's set-up against 1.6-2.1 s; docs/results.md)."""
     use_bytecode_cache()
     use_compile_cache()
     import_cpp_extension_quietly()
