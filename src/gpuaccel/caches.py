@@ -29,8 +29,11 @@ def use_bytecode_cache() -> str | None:
     torch.compile imports Dynamo and Inductor (docs/results.md). Nothing is written beside the
     sources, which is what the setting is for; child processes (compile workers, loader workers,
     torchrun's) are pointed at the same folder. ``GPUACCEL_BYTECODE_CACHE=0`` leaves the
-    interpreter as it was told."""
-    if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0":
+    interpreter as it was told, and so does a PyTorch installed with its bytecode (pip writes it
+    whatever the setting says): the interpreter reads that, where a folder of its own would have
+    it compile every source once more (on a 2-core CPU, 2-5 s of each test's first compile)."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0" \
+            or torch_has_bytecode():
         return None
     folder = cache_root() / "bytecode"
     try:
@@ -42,6 +45,16 @@ def use_bytecode_cache() -> str | None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children write into the folder, not beside sources
     return str(folder)
+
+
+def torch_has_bytecode(package: str = "torch") -> bool:
+    """Whether PyTorch's (``package``'s) bytecode lies beside its sources, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin or sys.pycache_prefix:
+        return False
+    return os.path.exists(importlib.util.cache_from_source(spec.origin))
 
 
 def use_compile_cache() -> str | None:

@@ -28,6 +28,8 @@ def test_env_json_and_measure_on_this_machine(capsys):
 
 # the gpuaccel command's first step, then what the interpreter was told
 _COMMAND = "from gpuaccel.cli import set_up_process; set_up_process(); "
+# as where PyTorch was installed without its bytecode (a container image's, say)
+_NO_TORCH_BYTECODE = "import gpuaccel.caches as caches; caches.torch_has_bytecode = lambda: False; "
 _BYTECODE_STATE = (_COMMAND + "import json, os, sys, torch; print(json.dumps([sys.pycache_prefix, "
                    "sys.dont_write_bytecode, os.environ.get('PYTHONPYCACHEPREFIX'), "
                    "os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
@@ -59,21 +61,41 @@ def test_compiled_kernels_go_to_gpuaccels_cache_whatever_imports_dynamo_first(tm
 
 def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_beside_sources(tmp_path):
     folder = tmp_path / "bytecode"
-    prefix, no_bytecode, env_prefix, env_setting = _interpreter_state(tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    prefix, no_bytecode, env_prefix, env_setting = _interpreter_state(
+        tmp_path, _NO_TORCH_BYTECODE + _BYTECODE_STATE, PYTHONDONTWRITEBYTECODE="1")
     assert prefix == env_prefix == str(folder) and not no_bytecode and env_setting is None
     # torch, imported after the command's first lines, was compiled into the folder, not beside its sources
     assert any("torch" in p.parts for p in folder.rglob("*.pyc"))
     # a user's own choices stand: bytecode allowed (the default), or the cache turned off
     assert _interpreter_state(tmp_path)[0] is None
-    off = _interpreter_state(tmp_path, PYTHONDONTWRITEBYTECODE="1", GPUACCEL_BYTECODE_CACHE="0")
+    off = _interpreter_state(tmp_path, _NO_TORCH_BYTECODE + _BYTECODE_STATE, PYTHONDONTWRITEBYTECODE="1",
+                             GPUACCEL_BYTECODE_CACHE="0")
     assert off[0] is None and off[1] is True and off[3] == "1"
+    # a PyTorch installed with its bytecode (pip writes it whatever the setting) is read as it lies
+    installed = "import gpuaccel.caches as caches; caches.torch_has_bytecode = lambda: True; " + _BYTECODE_STATE
+    assert _interpreter_state(tmp_path, installed, PYTHONDONTWRITEBYTECODE="1") == [None, True, None, "1"]
+
+
+def test_a_package_has_bytecode_where_its_compiled_sources_lie_beside_them(tmp_path, monkeypatch):
+    import py_compile
+    import sys
+
+    from gpuaccel.caches import torch_has_bytecode
+    monkeypatch.setattr(sys, "pycache_prefix", None)  # (bytecode beside the sources is what is asked about)
+    source = tmp_path / "plainpackage" / "__init__.py"
+    source.parent.mkdir()
+    source.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not torch_has_bytecode("plainpackage")
+    py_compile.compile(str(source))  # (into plainpackage/__pycache__, as pip's install does)
+    assert torch_has_bytecode("plainpackage")
 
 
 def test_compiling_from_python_keeps_dynamos_and_inductors_bytecode_where_it_may_not_be_written(tmp_path):
     """Trainer and Accelerator compile through ``compile_module``: without the command's set-up,
     the ~1,000 modules of Dynamo and Inductor that it imports are compiled into the cache too, once
     per machine rather than in every process."""
-    code = ("import json, sys, torch; from gpuaccel.compiling import compile_module; "
+    code = (_NO_TORCH_BYTECODE + "import json, sys, torch; from gpuaccel.compiling import compile_module; "
             "compile_module(torch.nn.Linear(2, 2), 'default'); "
             "print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode]))")
     folder = tmp_path / "bytecode"
