@@ -31,7 +31,8 @@ def use_bytecode_cache() -> str | None:
     torchrun's) are pointed at the same folder. ``GPUACCEL_BYTECODE_CACHE=0`` leaves the
     interpreter as it was told, and so does a PyTorch installed with its bytecode (pip writes it
     whatever the setting says): the interpreter reads that, where a folder of its own would have
-    it compile every source once more (on a 2-core CPU, 2-5 s of each test's first compile)."""
+    it compile every source once more (Dynamo and Inductor on a 2-core CPU: 7.2-7.4 s instead of
+    2.2-2.6 s, each time the cache folder is new)."""
     if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0" \
             or torch_has_bytecode():
         return None

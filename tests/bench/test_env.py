@@ -91,18 +91,25 @@ def test_a_package_has_bytecode_where_its_compiled_sources_lie_beside_them(tmp_p
     assert torch_has_bytecode("plainpackage")
 
 
-def test_compiling_from_python_keeps_dynamos_and_inductors_bytecode_where_it_may_not_be_written(tmp_path):
-    """Trainer and Accelerator compile through ``compile_module``: without the command's set-up,
-    the ~1,000 modules of Dynamo and Inductor that it imports are compiled into the cache too, once
-    per machine rather than in every process."""
-    code = (_NO_TORCH_BYTECODE + "import json, sys, torch; from gpuaccel.compiling import compile_module; "
-            "compile_module(torch.nn.Linear(2, 2), 'default'); "
-            "print(json.dumps([sys.pycache_prefix, sys.dont_write_bytecode]))")
-    folder = tmp_path / "bytecode"
-    assert _interpreter_state(tmp_path, code, PYTHONDONTWRITEBYTECODE="1") == [str(folder), False]
-    assert any(p.parent.name == "_dynamo" for p in folder.rglob("*.pyc"))
-    assert any(p.parent.name == "_inductor" for p in folder.rglob("*.pyc"))
-    # (GPUACCEL_BYTECODE_CACHE=0 is the same function's, tested with the command above)
+def test_compiling_from_python_sets_the_bytecode_cache_up_before_importing_dynamo(monkeypatch):
+    """Trainer and Accelerator compile through ``import_compiler``: without the command's set-up,
+    the ~1,000 modules of Dynamo and Inductor it imports need the bytecode cache set up first
+    (what that does is the test above's)."""
+    import builtins
+
+    import gpuaccel.compiling as compiling
+    calls = []
+    monkeypatch.setattr(compiling, "use_bytecode_cache", lambda: calls.append("bytecode cache"))
+    real_import = builtins.__import__
+
+    def recording_import(name, *args, **kwargs):
+        if name.startswith(("torch._dynamo", "torch._inductor")):
+            calls.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", recording_import)
+    compiling.import_compiler()
+    assert calls[0] == "bytecode cache" and "torch._dynamo" in calls
 
 
 def test_importing_gpuaccel_changes_nothing_in_the_importing_process(tmp_path):
