@@ -19,8 +19,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 STARTED = time.time()  # (before the imports below: a process's imports are part of its set-up)
 
@@ -40,18 +42,25 @@ def one_run(recipe: str, data: str, device: str, launched: float) -> dict:
 
 
 def launch(args, count: int) -> list[dict]:
-    """``count`` processes started at once; each one's result."""
+    """``count`` processes started at once; each one's result. Their output goes to files, not
+    pipes: a process whose pipe nobody reads while another is waited for could block on it, and
+    arrive late."""
     launched = time.time()
     command = [sys.executable, __file__, "--one", "--recipe", args.recipe, "--data", args.data,
                "--device", args.device, "--launched", repr(launched)]
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(count)]
-    results = []
-    for process in processes:
-        out, err = process.communicate()
-        if process.returncode != 0:
-            raise SystemExit(f"a set-up process failed ({process.returncode}):\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = [Path(folder) / f"process-{i}.txt" for i in range(count)]
+        processes = []
+        for output in outputs:
+            with open(output, "w") as sink:
+                processes.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True))
+        results = []
+        for process, output in zip(processes, outputs):
+            process.wait()
+            text = output.read_text(errors="replace")
+            if process.returncode != 0:
+                raise SystemExit(f"a set-up process failed ({process.returncode}):\n{text[-3000:]}")
+            results.append(json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{"))))
     return results
 
 
@@ -82,8 +91,8 @@ def main():
     summary = {}
     for count in args.concurrent:
         mine = [run for run in runs if run["concurrent"] == count]
-        summary[str(count)] = {"last_arrival_s_median": round(statistics.median(r["last_arrival_s"] for r in mine), 3),
-                               "arrival_spread_s_median": round(statistics.median(r["arrival_spread_s"] for r in mine), 3)}
+        summary[str(count)] = {key + "_median": round(statistics.median(r[key] for r in mine), 3)
+                               for key in ("last_arrival_s", "arrival_spread_s")}
     print(json.dumps(summary))
     result = {"command": " ".join(sys.argv), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "cpu_cores": os.cpu_count(), "summary": summary, "runs": runs}

@@ -34,7 +34,7 @@ def use_bytecode_cache() -> str | None:
     it compile every source once more (Dynamo and Inductor on a 2-core CPU: 7.2-7.4 s instead of
     2.2-2.6 s, each time the cache folder is new)."""
     if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0" \
-            or torch_has_bytecode():
+            or has_bytecode("torch"):
         return None
     folder = cache_root() / "bytecode"
     try:
@@ -48,8 +48,9 @@ def use_bytecode_cache() -> str | None:
     return str(folder)
 
 
-def torch_has_bytecode(package: str = "torch") -> bool:
-    """Whether PyTorch's (``package``'s) bytecode lies beside its sources, found without importing it."""
+def has_bytecode(package: str) -> bool:
+    """Whether ``package``'s bytecode lies beside its sources (pip's install writes it), found without
+    importing the package."""
     import importlib.util
 
     spec = importlib.util.find_spec(package)

@@ -29,7 +29,7 @@ def test_env_json_and_measure_on_this_machine(capsys):
 # the gpuaccel command's first step, then what the interpreter was told
 _COMMAND = "from gpuaccel.cli import set_up_process; set_up_process(); "
 # as where PyTorch was installed without its bytecode (a container image's, say)
-_NO_TORCH_BYTECODE = "import gpuaccel.caches as caches; caches.torch_has_bytecode = lambda: False; "
+_NO_TORCH_BYTECODE = "import gpuaccel.caches as caches; caches.has_bytecode = lambda package: False; "
 _BYTECODE_STATE = (_COMMAND + "import json, os, sys, torch; print(json.dumps([sys.pycache_prefix, "
                    "sys.dont_write_bytecode, os.environ.get('PYTHONPYCACHEPREFIX'), "
                    "os.environ.get('PYTHONDONTWRITEBYTECODE')]))")
@@ -72,7 +72,7 @@ def test_bytecode_goes_to_the_cache_where_the_interpreter_may_not_write_it_besid
                              GPUACCEL_BYTECODE_CACHE="0")
     assert off[0] is None and off[1] is True and off[3] == "1"
     # a PyTorch installed with its bytecode (pip writes it whatever the setting) is read as it lies
-    installed = "import gpuaccel.caches as caches; caches.torch_has_bytecode = lambda: True; " + _BYTECODE_STATE
+    installed = "import gpuaccel.caches as caches; caches.has_bytecode = lambda package: True; " + _BYTECODE_STATE
     assert _interpreter_state(tmp_path, installed, PYTHONDONTWRITEBYTECODE="1") == [None, True, None, "1"]
 
 
@@ -80,15 +80,15 @@ def test_a_package_has_bytecode_where_its_compiled_sources_lie_beside_them(tmp_p
     import py_compile
     import sys
 
-    from gpuaccel.caches import torch_has_bytecode
+    from gpuaccel.caches import has_bytecode
     monkeypatch.setattr(sys, "pycache_prefix", None)  # (bytecode beside the sources is what is asked about)
     source = tmp_path / "plainpackage" / "__init__.py"
     source.parent.mkdir()
     source.write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert not torch_has_bytecode("plainpackage")
+    assert not has_bytecode("plainpackage")
     py_compile.compile(str(source))  # (into plainpackage/__pycache__, as pip's install does)
-    assert torch_has_bytecode("plainpackage")
+    assert has_bytecode("plainpackage")
 
 
 def test_compiling_from_python_sets_the_bytecode_cache_up_before_importing_dynamo(monkeypatch):
