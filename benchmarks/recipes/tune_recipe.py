@@ -28,7 +28,8 @@ import time
 import torch
 
 import gpuaccel
-from gpuaccel.data import NON_IMAGE_KINDS, parse_spec
+from gpuaccel.data import parse_spec
+from gpuaccel.data.kinds import kind_named
 from gpuaccel.train.recipes import load_recipe
 
 
@@ -88,6 +89,17 @@ def run_seeds(base: dict, data_spec: str, dataset, overrides: dict, seeds) -> li
                 for seed in seeds]
 
 
+def _curve(summary: dict) -> list[dict]:
+    """A run's evaluations (metrics.jsonl): step, training seconds and the metrics at each."""
+    from pathlib import Path
+
+    path = Path(summary["run_dir"]) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    keep = ("step", "epoch", "elapsed", "loss", summary.get("main_metric") or "accuracy")
+    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, path.read_text().splitlines()) if r]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", required=True)
@@ -100,7 +112,7 @@ def main():
     base = load_recipe(args.recipe)
     t0 = time.perf_counter()
     data = None
-    if parse_spec(args.data)[0] not in NON_IMAGE_KINDS:
+    if kind_named(parse_spec(args.data)[0]).name == "images":
         data = gpuaccel.load_dataset(args.data)
         print(f"data loaded in {time.perf_counter() - t0:.1f} s: {data.describe()}", flush=True)
     rows = []
@@ -111,6 +123,7 @@ def main():
         values = [r["metrics"][metric] for r in runs]
         secs = [r["train_seconds"] for r in runs]
         row = {"variant": overrides, "metric": metric, "mean": statistics.mean(values), "values": values,
+               "best": [r["best_metrics"].get(metric) for r in runs], "curves": [_curve(r) for r in runs],
                "train_seconds_mean": statistics.mean(secs), "train_seconds": secs,
                "warmup_seconds": [r["warmup_seconds"] for r in runs], "device": runs[0]["device_name"],
                "torch": torch.__version__}

@@ -36,7 +36,8 @@ def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
     return {"options": {**torch._inductor.list_mode_options(mode), "coordinate_descent_tuning": True}}
 
 
-def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes: int | None = None):
+def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes: int | None = None,
+                   dynamic: bool = False):
     """``torch.compile(module)`` as gpuaccel compiles, for ``Trainer`` and ``Accelerator`` alike: in
     ``mode`` (above), with static shapes, its kernels cached on disk (``caches.use_compile_cache``:
     only a machine's first run pays for them). Static shapes: a short last batch gets a graph of
@@ -47,13 +48,17 @@ def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes
     in reverse order, each compiled on its own, so that its backward pass hands gradients back
     piece by piece (for an all-reduce in buckets during the backward pass,
     parallel/gradient_buckets.py). The cutting is Dynamo's DDPOptimizer, what torch.compile does
-    to a model wrapped by DDP, here in front of the same Inductor compilation."""
+    to a model wrapped by DDP, here in front of the same Inductor compilation.
+
+    ``dynamic``: the inputs' sizes symbolic, one compilation for data whose batches come in
+    several shapes by design (translation's length buckets), instead of one per shape; each shape
+    is still recorded as its own CUDA graph."""
     import torch
 
     import_compiler()
     arguments = compile_arguments(mode, tune_kernels)
     if split_bytes is None:
-        return torch.compile(module, dynamic=False, **arguments)
+        return torch.compile(module, dynamic=dynamic, **arguments)
     from torch._dynamo.backends.distributed import DDPOptimizer
 
     inductor = torch._TorchCompileInductorWrapper(arguments.get("mode"), arguments.get("options"), False)

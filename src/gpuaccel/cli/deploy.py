@@ -10,8 +10,8 @@ from ..errors import GpuaccelError
 
 
 def add_deploy_parsers(sub) -> None:
-    for add in (_export_parser, _infer_parser, _generate_parser, _recommend_parser, _quantize_parser,
-                _prune_parser, _bench_infer_parser):
+    for add in (_export_parser, _infer_parser, _generate_parser, _translate_parser, _recommend_parser,
+                _quantize_parser, _prune_parser, _bench_infer_parser):
         add(sub)
 
 
@@ -24,16 +24,21 @@ def _export_parser(sub) -> None:
                                    "class names and input shape are written to <artefact>.json beside it. A text "
                                    "classifier exports as onnx or pt2 (token ids in, any batch and length), its "
                                    "tokeniser in the .json, verified on held-out sentences; an audio classifier "
-                                   "as onnx or pt2 (waveforms in), verified on held-out recordings. 'gpuaccel "
-                                   "infer' and 'gpuaccel quantize' take every artefact export writes.")
+                                   "as onnx or pt2 (waveforms in), verified on held-out recordings. A translation "
+                                   "model exports as one archive (translator.zip: its encoder and decoder step as "
+                                   "torch.export programs, and its tokeniser), verified by translating held-out "
+                                   "sentences. 'gpuaccel infer' and 'gpuaccel quantize' take every artefact export "
+                                   "writes.")
     e.add_argument("checkpoint", metavar="RUN", help="a run directory, or its model.pt / checkpoint.pt")
-    e.add_argument("--format", default="onnx", help="onnx (default), pt2 (torch.export) or torchscript")
+    e.add_argument("--format", help="onnx (the default for classifiers, detectors and segmenters), pt2 "
+                                    "(torch.export; a translation model's only format) or torchscript")
     e.add_argument("--out", metavar="PATH", help="where to write (default: next to the checkpoint)")
     e.add_argument("--static-batch", type=int, metavar="N",
                    help="fix the batch size at N, for runtimes that need static shapes (default: any batch size)")
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset version (default: the exporter's)")
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
-    e.add_argument("--verify-images", type=int, default=1000, metavar="N", help="held-out images (sentences, recordings) to compare (1000)")
+    e.add_argument("--verify-images", "--verify", type=int, default=1000, metavar="N",
+                   help="held-out images (sentences, recordings) to compare (1000)")
     e.add_argument("--json", action="store_true", help="print the verification as JSON")
     e.set_defaults(handler=_run_export)
 
@@ -45,7 +50,9 @@ def _infer_parser(sub) -> None:
                                    "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
                                    ".ts file; or, with a run of a text classifier, for text files (a sentence per "
                                    "line) or a labelled .tsv/.csv/.jsonl (scored); with a run of an audio classifier, for WAV files "
-                                   "and folders of them (the same with their exported or quantised files). Writes CSV "
+                                   "and folders of them (the same with their exported or quantised files); with a "
+                                   "translation model, text files, a translation per line (as 'gpuaccel "
+                                   "translate'). Writes CSV "
                                    "(input, class_1, "
                                    "prob_1, ...) and prints latency statistics.")
     i.add_argument("model", metavar="MODEL", help="run directory, model.pt, .onnx, .pt2 or .ts")
@@ -91,6 +98,29 @@ def _generate_parser(sub) -> None:
                    help="recompute the whole context for every token (for comparison; slower)")
     g.add_argument("--json", action="store_true", help="print the texts and the speed as JSON")
     g.set_defaults(handler=_run_generate)
+
+
+def _translate_parser(sub) -> None:
+    t = sub.add_parser("translate", help="translate text with a trained translation model (or its export)",
+                       description="Translate a file (or standard input), a sentence per line, with a model trained "
+                                   "by 'gpuaccel train' on sentence pairs, or its export (translator.zip). Writes one "
+                                   "translation per input line, in order; an empty line gives an empty line. Lines "
+                                   "are read and written in chunks, so any length of input fits in memory. With "
+                                   "--reference, prints sacreBLEU's BLEU and chrF (cased, detokenized) and their "
+                                   "signatures on standard error.")
+    t.add_argument("model", metavar="MODEL", help="a run directory, its model.pt / best.pt, or translator.zip")
+    t.add_argument("input", nargs="?", default="-", metavar="FILE", help="the text to translate (default: - , "
+                                                                           "standard input)")
+    t.add_argument("--out", metavar="FILE", help="write the translations here (default: standard output)")
+    t.add_argument("--beam", type=int, metavar="K", help="beam size (default: the run's; 1: greedy)")
+    t.add_argument("--length-penalty", type=float, metavar="P",
+                   help="rank hypotheses by log-probability / length ** P (default: the run's)")
+    t.add_argument("--batch-tokens", type=int, default=16384, metavar="N",
+                   help="source tokens x beam per decoding batch (default 16384)")
+    t.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    t.add_argument("--reference", metavar="FILE", help="score the translations against these reference lines")
+    t.add_argument("--json", action="store_true", help="print the statistics (and scores) as JSON on standard error")
+    t.set_defaults(handler=_run_translate)
 
 
 def _recommend_parser(sub) -> None:
@@ -259,6 +289,10 @@ def _export_report(args, report: dict, what: str, count: int) -> int:
         print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
               f"{report['detections_compared']} detections, boxes within {report['max_box_diff']:.2e} px; after "
               f"NMS {report['boxes_after_nms']} boxes, within {report['max_box_diff_after_nms']:.2e} px")
+    elif "same_translations" in report:  # a translation model
+        print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: "
+              f"{100 * report['same_translations']:.1f}% of the translations the same, BLEU "
+              f"{report['bleu_export']:.2f} against {report['bleu_original']:.2f} in PyTorch")
     elif "pixel_agreement" in report:  # a segmenter
         print(f"exported {report['artifact']} ({report['size_bytes'] / 1e6:.2f} MB); on {count} {what}: class maps "
               f"agree on {100 * report['pixel_agreement']:.3f}% of pixels, max |diff| {report['max_abs_diff']:.2e}")
@@ -268,6 +302,8 @@ def _export_report(args, report: dict, what: str, count: int) -> int:
               f"mean |diff| {report['mean_abs_diff']:.2e}")
     if not report["passed"]:
         reason = ("boxes further than 1e-3 px apart or different after NMS" if "max_box_diff" in report else
+                  "under 99% of the translations the same, or BLEU more than 0.1 apart" if "same_translations" in report
+                  else
                   "class maps agree on under 99.9% of pixels" if "pixel_agreement" in report else
                   "top-1 agreement under 99.9%")
         print(f"gpuaccel: export verification FAILED: {reason}", file=sys.stderr)
@@ -319,6 +355,8 @@ def _run_infer(args) -> int:
         torch.set_num_threads(args.threads)
     from ..tasks import SCENE_TASKS
 
+    if _is_translation(args.model):  # text in, text out: as 'gpuaccel translate', over every input in order
+        return _translate(args.model, args.inputs, out=args.out, device=args.device, batch_tokens=16384)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     if args.out and runner.task.name != "segmentation":  # before any work: a run that cannot write is wasted
@@ -397,3 +435,84 @@ def _write_predictions(out: str | None, text: str) -> None:
         atomic_write(out, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
+
+
+def _is_translation(model: str) -> bool:
+    from pathlib import Path
+
+    from ..deploy.translation import is_translation_export
+
+    path = Path(model)
+    if is_translation_export(path):
+        return True
+    from ..deploy.artifact import load_run_state
+
+    if not (path.is_dir() or path.suffix == ".pt"):
+        return False
+    try:
+        return load_run_state(path)[0].get("data_kind") == "translation"
+    except GpuaccelError:
+        return False
+
+
+def _run_translate(args) -> int:
+    if args.batch_tokens < 1:
+        raise GpuaccelError("--batch-tokens must be at least 1")
+    return _translate(args.model, [args.input], out=args.out, device=args.device, beam_size=args.beam,
+                      length_penalty=args.length_penalty, batch_tokens=args.batch_tokens, reference=args.reference,
+                      as_json=args.json)
+
+
+def _translate(model: str, inputs: list[str], *, out: str | None, device: str, batch_tokens: int,
+               reference: str | None = None, as_json: bool = False, **decoding) -> int:
+    """Translates the lines of ``inputs`` (files, or - for standard input) in order into ``out``
+    (or standard output), written as a new file that replaces any old one only when whole."""
+    from pathlib import Path
+
+    from ..deploy.translation import Translator, is_translation_export, read_lines, score
+    from ..files import atomic_write
+
+    if out:
+        _output_file(out)
+    translator = (Translator.from_export if is_translation_export(model) else Translator.from_run)(
+        model, device=device, **decoding)
+    lines = read_lines(inputs)
+    kept: list[str] = [] if reference else None
+
+    def emit(write):
+        def each(text):
+            write(text + "\n")
+            if kept is not None:
+                kept.append(text)
+        return translator.translate_stream(lines, each, batch_tokens)
+
+    if out:
+        stats = None
+
+        def write_file(f):
+            nonlocal stats
+            stats = emit(lambda text: f.write(text.encode("utf-8")))
+        atomic_write(Path(out), write_file)
+    else:
+        stats = emit(sys.stdout.write)
+        sys.stdout.flush()
+    report = {"lines": stats.lines, "target_tokens": stats.tokens, "seconds": round(stats.seconds, 3),
+              "tokens_per_second": round(stats.tokens / stats.seconds, 1) if stats.seconds else None,
+              "device": str(translator.device), "beam": translator.beam_size}
+    if reference:
+        refs = read_lines([reference])
+        report.update(score(kept, [r.rstrip("\n").rstrip("\r") for r in refs]))
+    for note in stats.notes:
+        print(f"gpuaccel: {note}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(report), file=sys.stderr)
+    elif stats.lines == 0:
+        print("gpuaccel: the input is empty: nothing to translate", file=sys.stderr)
+    else:
+        line = (f"gpuaccel: {stats.lines} lines, {stats.tokens} tokens in {stats.seconds:.2f} s on {translator.device}"
+                f" (beam {translator.beam_size}): {report['tokens_per_second'] or 0:,.0f} tokens/s")
+        if reference:
+            line += (f"; BLEU {report['bleu']:.2f} ({report['bleu_signature']}), chrF {report['chrf']:.2f} "
+                     f"({report['chrf_signature']})")
+        print(line, file=sys.stderr)
+    return 0

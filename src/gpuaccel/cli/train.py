@@ -175,8 +175,10 @@ def _print_summary(s: dict) -> None:
     for name, value in s["metrics"].items():
         if name != "loss" or len(s["metrics"]) == 1 or s.get("main_metric") == "loss":
             best = s["best_metrics"].get(name)
+            signature = (s.get("metric_signatures") or {}).get(name)  # (sacreBLEU's: which BLEU this is)
             rows.append((f"test {name}", _metric_text(name, value) +
-                         (f" (best {_metric_text(name, best)})" if best is not None else "")))
+                         (f" (best {_metric_text(name, best)})" if best is not None else "") +
+                         (f"  {signature}" if signature else "")))
     if not s["metrics"]:
         rows.append(("test metrics", "n/a (no evaluation finished)"))
     if s["target"] is not None:

@@ -2,12 +2,10 @@
 
 ``load_dataset(spec)`` accepts ``digits`` (the embedded default), a path whose format
 is detected (IDX directory, CIFAR pickle directory, ImageFolder tree, .tar[.gz] of such
-a tree, .npz), or ``KIND:PATH`` to name the format explicitly. Text (a .txt file or a
-folder of them, kind ``text``) is read by ``text.load_corpus``; labelled sentences (kind
-``sentences``) by ``sentences.load_sentences``; recordings (a folder or .tar[.gz] of .wav files,
-kind ``audio``) by ``audio.load_audio``; ratings (MovieLens files, or a CSV/TSV with user, item
-and rating columns, kind ``ratings``) by ``ratings.load_ratings``; detection and segmentation
-folders (kinds ``coco``, ``yolo`` and ``masks``) by ``scenes.load_scenes``.
+a tree, .npz), or ``KIND:PATH`` to name the format explicitly. Which kind of data a path
+holds, and what reads it, is the registered data kinds' (``kinds.py``: text corpora, labelled
+sentences, sentence pairs, recordings, ratings, detection and segmentation scenes, images);
+``parse_spec`` asks them.
 """
 
 from __future__ import annotations
@@ -17,73 +15,34 @@ from pathlib import Path
 from ..errors import GpuaccelError, choice_error
 from . import cache
 from .dataset import ImageDataset
-from .formats import READERS, ReadOptions, detect_kind
+from .formats import READERS, ReadOptions
+from .kinds import find_kind, kind_named, spec_names
 from .stream import StreamingDataset, find_shards, open_stream
-from .audio import is_audio_source
-from .ratings import is_ratings_source
-from .scenes import SCENE_KINDS, scene_kind
-from .sentences import SENTENCE_SUFFIXES
-from .text import TEXT_SUFFIXES
 
-__all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "resolved_spec",
-           "DATA_KINDS"]
+__all__ = ["ImageDataset", "StreamingDataset", "load_dataset", "open_dataset", "parse_spec", "resolved_spec"]
 
-TEXT_KINDS = ("text", "sentences")  # read into token ids (data/text.py, data/sentences.py), not images
-AUDIO_KIND = "audio"  # read into waveforms (data/audio.py)
-RATINGS_KIND = "ratings"  # read into (user, item, rating) triples (data/ratings.py)
-NON_IMAGE_KINDS = (*TEXT_KINDS, AUDIO_KIND, RATINGS_KIND)
-DATA_KINDS = tuple(sorted((*READERS, *NON_IMAGE_KINDS, *SCENE_KINDS)))
 STREAMABLE_KINDS = ("imagefolder",)
 
 
-def detect(path: Path) -> str:
-    """The format at ``path``: text (a .txt file, or a folder of text files only), labelled
-    sentences (a .tsv/.csv/.jsonl file, or a folder with train.tsv/.csv/.jsonl; ratings first: a
-    file or folder data/ratings.py recognises), recordings (a
-    folder or archive whose first file is a .wav), detection or segmentation folders (COCO
-    annotations, YOLO labels or masks beside images/), else an image format (formats.detect_kind)."""
-    if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
-        return "text"
-    if is_ratings_source(path):
-        return RATINGS_KIND
-    if path.is_file() and path.suffix.lower() in SENTENCE_SUFFIXES or \
-            path.is_dir() and any((path / f"train{suffix}").is_file() for suffix in SENTENCE_SUFFIXES):
-        return "sentences"
-    if is_audio_source(path):
-        return AUDIO_KIND
-    scenes = scene_kind(path)
-    if scenes is not None:
-        return scenes
-    if path.is_dir():
-        seen_text = False
-        for p in path.rglob("*"):  # (stops at the first other file: an image tree is not walked)
-            if p.is_file() and not p.name.startswith("."):
-                if p.suffix.lower() not in TEXT_SUFFIXES:
-                    break
-                seen_text = True
-        else:
-            if seen_text:
-                return "text"
-    return detect_kind(path)
-
-
 def parse_spec(spec: str) -> tuple[str, Path | None]:
-    """'digits' | PATH | KIND:PATH  ->  (kind, path)."""
+    """'digits' | PATH | KIND:PATH  ->  (format, path): the format named, or the one the
+    registered data kinds find at the path (data/kinds.py)."""
     spec = str(spec).strip()
     if spec.lower() == "digits":
         return "digits", None
     kind, sep, rest = spec.partition(":")
-    if sep and kind.lower() in DATA_KINDS and len(kind) > 1:
+    names = spec_names()
+    if sep and kind.lower() in names and len(kind) > 1:
         path = Path(rest).expanduser()
         kind = kind.lower()
     elif sep and not Path(spec).exists() and len(kind) > 1 and "/" not in kind:
-        raise choice_error("data kind", kind, DATA_KINDS)
+        raise choice_error("data kind", kind, sorted(names))
     else:
         path, kind = Path(spec).expanduser(), None
     if not path.exists():
         raise GpuaccelError(f"data path {str(path)!r} does not exist; give a data directory or file, "
                             f"or 'digits' for the built-in data set")
-    return kind or detect(path), path
+    return kind or find_kind(path)[1], path
 
 
 def resolved_spec(spec: str) -> str:
@@ -93,7 +52,7 @@ def resolved_spec(spec: str) -> str:
     kind, sep, rest = text.partition(":")
     if text.lower() == "digits" or text == "python":
         return text
-    if sep and kind.lower() in DATA_KINDS and len(kind) > 1:
+    if sep and kind.lower() in spec_names() and len(kind) > 1:
         return f"{kind.lower()}:{Path(rest).expanduser().resolve()}"
     path = Path(text).expanduser()
     return str(path.resolve()) if path.exists() else text
@@ -109,11 +68,10 @@ def load_dataset(spec: str = "digits", *, val_split: float | None = None, image_
     (and torchvision installed), JPEG files are decoded on that GPU in batches (nvJPEG), whose
     pixels differ from Pillow's; gpuaccel's trainer decodes with Pillow."""
     kind, path = parse_spec(spec)
-    if kind in NON_IMAGE_KINDS:
-        raise GpuaccelError(f"{path} is {'text' if kind in TEXT_KINDS else kind}; image tools read image data")
-    if kind in SCENE_KINDS:
-        raise GpuaccelError(f"{path} is {'segmentation' if kind == 'masks' else 'detection'} data ({kind}); "
-                            f"this reads images with one class each")
+    if kind not in READERS:
+        owner = kind_named(kind).name
+        what = {"masks": "segmentation", "coco": "detection", "yolo": "detection"}.get(kind, owner)
+        raise GpuaccelError(f"{path} is {what} data ({kind}); image tools read images with one class each")
     if cache_dir == "default":
         cache_dir = cache.default_cache_dir()
     if image_size is not None and image_size < 4:

@@ -42,7 +42,7 @@ _LENGTH_STEP = 8  # batch lengths are rounded up to a multiple of this: few dist
 
 # ---------------------------------------------------------------------------------- reading
 
-def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
+def table_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     """(column names, rows) of a .tsv, .csv or .jsonl file."""
     text = read_text(path)
     if not text.strip():
@@ -88,7 +88,7 @@ def _column(columns: list[str], asked: str | None, usual: tuple[str, ...], what:
 
 def read_labelled(path: Path, text_column: str | None, label_column: str | None) -> tuple[list[str], list[str]]:
     """(texts, raw labels) of one file."""
-    columns, rows = _rows(path)
+    columns, rows = table_rows(path)
     label = _column(columns, label_column, LABEL_NAMES, "label", path)
     text = _column(columns, text_column, TEXT_NAMES, "text", path, other=label)
     texts, labels = [], []
@@ -157,7 +157,7 @@ def sentence_files(path: Path) -> tuple[Path, Path | None]:
 
 def _has_labels(path: Path) -> bool:
     try:
-        columns, _ = _rows(path)
+        columns, _ = table_rows(path)
     except GpuaccelError:
         return False
     return any(c.lower() in LABEL_NAMES for c in columns)

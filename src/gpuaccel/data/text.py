@@ -29,7 +29,7 @@ import torch
 from ..errors import GpuaccelError, choice_error
 from . import cache
 
-TOKENIZERS = ("char", "byte", "bpe", "word")
+TOKENIZERS = ("char", "byte", "bpe", "word", "unigram")
 PAD, UNKNOWN = 0, 1  # word ids: padding, a word not in the vocabulary
 _WORDS = re.compile(r"\w+|[^\w\s]")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
@@ -94,15 +94,25 @@ class ByteTokenizer(Tokenizer):
         return {"kind": self.kind}
 
 
-class BpeTokenizer(Tokenizer):
-    """HuggingFace ``tokenizers``' byte-level BPE: no unknown tokens, a vocabulary learned from
-    the training text."""
-
-    kind = "bpe"
+class HuggingFaceTokenizer(Tokenizer):
+    """A vocabulary learned with HuggingFace ``tokenizers`` (``train``), saved as its JSON."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def state(self) -> dict:
+        return {"kind": self.kind, "json": self.tokenizer.to_str()}
+
+
+class BpeTokenizer(HuggingFaceTokenizer):
+    """HuggingFace ``tokenizers``' byte-level BPE: no unknown tokens, a vocabulary learned from
+    the training text."""
+
+    kind = "bpe"
 
     @classmethod
     def train(cls, texts: list[str], vocab_size: int) -> "BpeTokenizer":
@@ -122,11 +132,34 @@ class BpeTokenizer(Tokenizer):
         encoded = self.tokenizer.encode_batch(lines)
         return np.fromiter((i for e in encoded for i in e.ids), dtype=np.int32)
 
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
 
-    def state(self) -> dict:
-        return {"kind": self.kind, "json": self.tokenizer.to_str()}
+class UnigramTokenizer(HuggingFaceTokenizer):
+    """HuggingFace ``tokenizers``' unigram language model over words marked by a leading "▁"
+    (sentencepiece's scheme): a joint subword vocabulary learned from the training split, with
+    NFKC normalisation, that decodes back to the text as written. Ids 0-3 are padding,
+    unknown, begin and end (a sentence's ``<s>`` and ``</s>``)."""
+
+    kind = "unigram"
+    SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+
+    @classmethod
+    def train(cls, texts: list[str], vocab_size: int) -> "UnigramTokenizer":
+        tokenizers = _require_tokenizers()
+        model = tokenizers.Tokenizer(tokenizers.models.Unigram())
+        model.normalizer = tokenizers.normalizers.NFKC()
+        model.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+        model.decoder = tokenizers.decoders.Metaspace()
+        trainer = tokenizers.trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(cls.SPECIALS),
+                                                     unk_token="<unk>", show_progress=False)
+        model.train_from_iterator(texts, trainer=trainer)
+        return cls(model)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+        """Each line's ids (encoded in parallel)."""
+        return [e.ids for e in self.tokenizer.encode_batch(lines, add_special_tokens=False)]
 
 
 class WordTokenizer(Tokenizer):
@@ -159,8 +192,8 @@ def _require_tokenizers():
     try:
         import tokenizers
     except ImportError:
-        raise GpuaccelError("--tokenizer bpe needs HuggingFace tokenizers: pip install tokenizers "
-                            "(or gpuaccel[text])") from None
+        raise GpuaccelError("--tokenizer bpe and unigram (translation) need HuggingFace tokenizers: pip install "
+                            "tokenizers (or gpuaccel[text])") from None
     return tokenizers
 
 
@@ -175,6 +208,8 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
         return WordTokenizer(state["words"])
     if kind == "bpe":
         return BpeTokenizer(_require_tokenizers().Tokenizer.from_str(state["json"]))
+    if kind == "unigram":
+        return UnigramTokenizer(_require_tokenizers().Tokenizer.from_str(state["json"]))
     raise GpuaccelError(f"unknown tokenizer {kind!r} in the checkpoint")
 
 
@@ -192,14 +227,18 @@ def text_files(path: Path) -> list[Path]:
 
 def read_text(path: Path) -> str:
     """A file's text, which must be UTF-8; a byte order mark is dropped."""
-    data = path.read_bytes()
+    return decode_utf8(path.read_bytes(), path)
+
+
+def decode_utf8(data: bytes, path: Path) -> str:
+    """``data`` (read from ``path``) as text; bytes that are not UTF-8 are an error naming the
+    file and the line."""
     try:
-        text = data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise GpuaccelError(f"{path}: line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x}); convert the "
                             f"file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    return text
 
 
 @dataclass

@@ -100,6 +100,19 @@ def run_kind(path) -> str | None:
     return "text" if state.get("tokenizer") else "audio" if state.get("audio") else "image"
 
 
+def run_data_kind(path):
+    """The registered data kind (``data.kinds``) of the run at ``path``, which exports it and
+    makes its held-out data; a one-line error for a run with none (its data came from Python)."""
+    from ..data.kinds import kind_of_run
+
+    state, source = load_run_state(path)
+    kind = kind_of_run(state)
+    if kind is None:
+        raise GpuaccelError(f"{source} was trained on data passed from Python (config data 'python'); export and "
+                            f"evaluate it in Python, or train on data gpuaccel reads (--data)")
+    return kind
+
+
 def max_tokens(state: dict) -> int:
     """The most tokens of a sentence a run's text classifier takes."""
     return state["model_args"].get("context_length") or state["config"].get("context", 256)

@@ -1,5 +1,6 @@
-"""Exporting any run ``gpuaccel train`` made (an image, text or audio classifier) and verifying the
-artefact against the original model on held-out data."""
+"""Exporting any run ``gpuaccel train`` made and verifying the artefact against the original model on
+held-out data: the run's data kind (``gpuaccel/kinds/``) exports it, with the pieces below and in
+this package's modules."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ from pathlib import Path
 
 from ..errors import choice_error
 from ..files import run_directory_lock
-from ..tasks import SCENE_TASKS
-from .artifact import load_trained, run_kind
+from .artifact import load_trained, run_data_kind
 from .export import FORMAT_SUFFIX, FORMATS, export, verify
 
 
-def export_run(checkpoint, fmt: str = "onnx", out=None, *, data: str | None = None, verify_count: int = 1000,
+def export_run(checkpoint, fmt: str | None = None, out=None, *, data: str | None = None, verify_count: int = 1000,
                static_batch: int | None = None, opset: int | None = None) -> tuple[dict, str]:
     """Exports the run (a run directory, or its model.pt / checkpoint.pt) as ``fmt`` and verifies it
     on ``verify_count`` held-out samples of ``data`` (default: the run's). Returns (the report,
@@ -25,22 +25,14 @@ def export_run(checkpoint, fmt: str = "onnx", out=None, *, data: str | None = No
 
 
 def _export_run(checkpoint, fmt, out, *, data, verify_count, static_batch, opset) -> tuple[dict, str]:
-    kind = run_kind(checkpoint)
-    if kind == "text":
-        from .text import export_text_classifier
+    kind = run_data_kind(checkpoint)
+    return kind.export(checkpoint, fmt or kind.export_format, out, data=data, verify_count=verify_count, static_batch=static_batch,
+                       opset=opset)
 
-        return export_text_classifier(checkpoint, fmt, out, data=data, verify_sentences=verify_count,
-                                      opset=opset), "sentences"
-    if kind == "audio":
-        from .audio import export_audio_classifier
 
-        return export_audio_classifier(checkpoint, fmt, out, data=data, verify_recordings=verify_count,
-                                       opset=opset), "recordings"
-    if kind in SCENE_TASKS:
-        from .vision import export_scene_model
-
-        return export_scene_model(checkpoint, fmt, out, data=data, verify_count=verify_count,
-                                  static_batch=static_batch, opset=opset)
+def export_image_classifier(checkpoint, fmt: str, out=None, *, data: str | None = None, verify_count: int = 1000,
+                            static_batch: int | None = None, opset: int | None = None) -> dict:
+    """An image classifier exported as ``fmt`` (normalisation inside) and verified on held-out images."""
     if fmt not in FORMATS:
         raise choice_error("export format", fmt, FORMATS)
     trained = load_trained(checkpoint)
@@ -51,5 +43,4 @@ def _export_run(checkpoint, fmt, out, *, data, verify_count, static_batch, opset
     report = verify(trained, path, held_out.test_images[:verify_count], dynamic_batch=not static,
                     static_batch=static_batch or 2)
     report.update(artifact=str(path), format=fmt, size_bytes=path.stat().st_size)
-    return report, "images"
-
+    return report

@@ -1,7 +1,7 @@
 """Tasks: what a kind of problem brings to training (loss, metrics, evaluation).
 
-``Classification``, ``MultiLabel``, ``Regression``, ``LanguageModelling``, ``Ranking``, ``Detection`` and
-``Segmentation`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
+``Classification``, ``MultiLabel``, ``Regression``, ``LanguageModelling``, ``Ranking``, ``Detection``,
+``Segmentation`` and ``Translation`` are built in; ``CustomTask(loss_fn, metrics)`` wraps
 a user's own. ``create_task(name, **settings)`` builds one by name (the ``task`` setting); ``resolve_task`` one from
 what a user gave.
 """
@@ -15,10 +15,11 @@ from .multilabel import MultiLabel
 from .ranking import Ranking
 from .regression import Regression
 from .segmentation import Segmentation
+from .translation import Translation
 
 TASKS = {"classification": Classification, "regression": Regression,
          "language_modelling": LanguageModelling, "ranking": Ranking, "multilabel": MultiLabel,
-         "detection": Detection, "segmentation": Segmentation}
+         "detection": Detection, "segmentation": Segmentation, "translation": Translation}
 SCENE_TASKS = ("detection", "segmentation")  # image in, boxes or class maps out (deployed apart from classifiers)
 
 
@@ -68,5 +69,5 @@ def resolve_task(task=None, *, loss_fn=None, metrics: dict | None = None, defaul
 
 
 __all__ = ["Accuracy", "BatchMean", "Classification", "CustomTask", "Detection", "LanguageModelling", "Metric", "MetricTracker",
-           "MultiLabel", "Ranking", "Regression", "Segmentation", "TASKS", "Task", "as_metric", "call_model", "create_task",
+           "MultiLabel", "Ranking", "Regression", "Segmentation", "TASKS", "Translation", "Task", "as_metric", "call_model", "create_task",
            "resolve_task", "task_of", "SCENE_TASKS"]

@@ -103,6 +103,7 @@ class Metric:
 
     higher_is_better = True
     width = 2  # how many sums
+    uses_generated = False  # scored on what the task's ``generate`` made (decoded text), not on the outputs
 
     def sums(self, outputs, targets) -> torch.Tensor:
         raise NotImplementedError
@@ -275,6 +276,12 @@ class Task:
         """The outputs evaluation scores; ``call(inputs)`` runs the model once."""
         return call(inputs)
 
+    def generate(self, model: torch.nn.Module, inputs):
+        """What the model makes of the inputs over several calls, for the metrics that score it
+        (``Metric.uses_generated``: translation decodes sentences); None for tasks that score the
+        outputs of one call only. ``model`` is the plain module (or its weight average)."""
+        return None
+
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """What inference reports for a model's outputs (classification: class probabilities)."""
         return outputs.float()
@@ -363,11 +370,13 @@ class MetricTracker:
         for metric in self.metrics.values():
             metric.reset()
 
-    def update(self, outputs, targets) -> None:
+    def update(self, outputs, targets, generated=None) -> None:
         self.loss_sum += self.task.eval_loss_sum(outputs, targets).float()
         self.count += leading_size(targets)
         for name, metric in self.metrics.items():
-            part = metric.sums(outputs, targets)
+            if metric.uses_generated and generated is None:
+                continue
+            part = metric.sums(generated if metric.uses_generated else outputs, targets)
             if part is not None:
                 self.sums[name] = part.float() if self.sums[name] is None else self.sums[name] + part
 

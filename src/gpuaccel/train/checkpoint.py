@@ -50,6 +50,7 @@ def training_state(trainer, full: bool) -> dict:
     state = {"model_name": config.model, "model_args": trainer.model_args, "model_path": config.model_path,
              "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
              "tokenizer": inputs.tokenizer, "audio": inputs.audio, "ratings": inputs.ratings,
+             "data_kind": inputs.data_kind, **inputs.record,
              "data_identity": inputs.identity, "config": config.to_dict(), "model": model_state,
              "ema_model": {k: v.detach().cpu() for k, v in trainer.ema.module.state_dict().items()}
              if trainer.ema else None,

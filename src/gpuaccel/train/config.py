@@ -45,8 +45,10 @@ class TrainConfig:
         "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
         "directory of .tar shards (streamed), .npz, text (.txt; labelled sentences .tsv/.csv/.jsonl), or "
         "recordings (a folder or .tar.gz of .wav files), detection (annotations/instances_train.json: COCO; images/ + "
-        "labels/: YOLO) or segmentation (images/ + masks/) folders; or KIND:PATH with KIND one of audio, cifar10, "
-        "cifar100, coco, digits, fashion-mnist, idx, imagefolder, masks, mnist, npz, sentences, tar, text, yolo ('python' in a run whose data came from Python)",
+        "labels/: YOLO) or segmentation (images/ + masks/) folders, sentence pairs to translate (train.de + train.en, "
+        "...); or KIND:PATH with KIND one of audio, cifar10, cifar100, coco, digits, fashion-mnist, idx, "
+        "imagefolder, masks, mnist, npz, ratings, sentences, tar, text, translation, yolo ('python' in a run whose "
+        "data came from Python)",
         metavar="SPEC")
     val_split: float | None = setting(
         None, "data", "hold out fraction F of the training samples for evaluation, for data without a test split "
@@ -94,6 +96,13 @@ class TrainConfig:
                                                        "longer ones to their loudest stretch of this length (default: "
                                                        "the length 99% of the training recordings fit in)",
                                          metavar="SECONDS")
+    source_lang: str | None = setting(None, "data", "translation: the language (or column) translated from, e.g. "
+                                                    "de (as fairseq names it)", metavar="LANG")
+    target_lang: str | None = setting(None, "data", "translation: the language (or column) translated into, e.g. en",
+                                      metavar="LANG")
+    batch_tokens: int = setting(8192, "data", "translation: tokens per training batch (source or target, whichever "
+                                              "is longer, padding included); batches of similar lengths",
+                                metavar="TOKENS")
     negatives: int = setting(4, "data", "ratings with --task ranking: random items drawn per interaction as negatives "
                                         "in training, each epoch", metavar="N")
     eval_negatives: int = setting(99, "data", "ratings with --task ranking: unseen items each user's held-out item is "
@@ -116,14 +125,14 @@ class TrainConfig:
         "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
         "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for "
         "text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for ratings, "
-        "centernet for detection, unet for segmentation", metavar="NAME")
+        "centernet for detection, unet for segmentation, transformer_seq2seq for translation", metavar="NAME")
     model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
                                      cli=False)
     model_args: dict | None = setting(
         None, "model", "keyword arguments for the model factory beyond what the data gives (e.g. "
         "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
     task: str | None = setting(None, "model", "classification, multilabel, regression, language_modelling, ranking, "
-                                              "detection or segmentation (default: the data's own: classification "
+                                              "detection, segmentation or translation (default: the data's own: classification "
                                               "for images and recordings, language_modelling for text, regression "
                                               "for ratings, detection for COCO or YOLO folders, segmentation for "
                                               "mask folders; ranking: top-k recommendation from ratings as implicit "
@@ -237,6 +246,10 @@ class TrainConfig:
                                                "accuracy=0.99, or loss=0.05: lower is better for losses and "
                                                "errors); records the time to it", metavar="METRIC=VALUE")
     target_acc: float | None = setting(None, "loop", "the same as --target accuracy=F", metavar="F")
+    beam_size: int = setting(5, "loop", "translation: hypotheses kept by the beam search that decodes the held-out "
+                                        "sentences (1: greedy)", metavar="K")
+    length_penalty: float = setting(1.0, "loop", "translation: the beam search ranks hypotheses by log-probability / "
+                                                 "length ** P", metavar="P")
     eval_every: int | None = setting(None, "loop", "evaluate every STEPS optimizer steps (default: each epoch)",
                                      metavar="STEPS")
     # -- logging: what the run directory receives
@@ -295,6 +308,7 @@ class TrainConfig:
             raise GpuaccelError(f"--clip-seconds must be positive, got {self.clip_seconds}")
         _whole(self, "negatives")
         _whole(self, "eval_negatives")
+        _whole(self, "batch_tokens")
         if self.test_where is not None and self.label_pattern is None:
             raise GpuaccelError("--test-where needs --label-pattern: its fields come from the file names")
 
@@ -356,6 +370,9 @@ class TrainConfig:
             raise GpuaccelError(f"--time-limit must be positive, got {self.time_limit}")
         if self.eval_every is not None:
             _whole(self, "eval_every")
+        _whole(self, "beam_size")
+        if not self.length_penalty >= 0:
+            raise GpuaccelError(f"--length-penalty must be >= 0, got {self.length_penalty}")
         if self.target_acc is not None:
             if not 0 < self.target_acc <= 1:
                 raise GpuaccelError(f"--target-acc is a fraction in (0, 1] (e.g. 0.99), got {self.target_acc}")

@@ -31,6 +31,7 @@ def evaluate(trainer, each_shape: bool = False) -> dict:
     only the batches of an input shape not yet seen twice, which is what compiling and
     recording CUDA graphs need; the rest of the held-out split would only cost time."""
     net = trainer.eval_forward
+    plain = trainer.ema.module if trainer.ema is not None else trainer.model  # (what decoding runs)
     was_training = trainer.model.training
     trainer.model.eval()
     tracker = trainer.metric_tracker
@@ -45,8 +46,10 @@ def evaluate(trainer, each_shape: bool = False) -> dict:
                 continue
         with trainer.precision.autocast(trainer.device):
             outputs = trainer.task.eval_outputs(lambda x: _call(trainer, net, x), inputs)
+            # (not in the warm-up's pass: decoding is eager, nothing in it is compiled or recorded)
+            generated = None if each_shape else trainer.task.generate(plain, inputs)
         if trainer.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
-            tracker.update(outputs, targets)
+            tracker.update(outputs, targets, generated)
     for _ in range(blanks):  # (where the forward pass is a collective: as many as the process with the most)
         _blank_pass(trainer, net)
     trainer.model.train(was_training)

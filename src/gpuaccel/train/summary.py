@@ -51,6 +51,8 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "train_seconds": round(trainer.train_seconds, 3), "samples_per_second": rate, "sample_unit": inputs.unit,
         "tokens_per_second": round(rate * inputs.tokens_per_sample) if inputs.tokens_per_sample else None,
         "main_metric": trainer.task.default_target,
+        # how a metric was computed where a library names it (translation: sacreBLEU's signatures)
+        "metric_signatures": dict(getattr(trainer.task, "signatures", None) or {}) or None,
         "metrics": dict(trainer.last_eval), "best_metrics": dict(trainer.best_metrics),
         "best_model": best_model(trainer),
         "target": config.target, "target_metric": target[0] if target else None,

@@ -87,7 +87,8 @@ class Trainer:
         self._open_data(dataset, train_data, eval_data)
         self.task = resolve_task(task or config.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
                                  label_smoothing=config.label_smoothing, tta=config.tta,
-                                 num_classes=len(self.inputs.classes) if self.inputs.classes else None)
+                                 num_classes=len(self.inputs.classes) if self.inputs.classes else None,
+                                 **self.inputs.task_args)
         if config.target_metric is not None:
             self.task.check_target(config.target_metric[0])
         torch.manual_seed(config.seed)
@@ -261,7 +262,8 @@ class Trainer:
         ``compile_module``); as it is without ``compile``."""
         if self._compile_mode is None:
             return module
-        return compile_module(module, self._compile_mode, self.config.tune_kernels, split_bytes=split_bytes)
+        return compile_module(module, self._compile_mode, self.config.tune_kernels, split_bytes=split_bytes,
+                              dynamic=self.inputs.shapes_vary)
 
     @property
     def jpeg_decoder(self) -> str | None:

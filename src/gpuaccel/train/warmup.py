@@ -58,9 +58,13 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
 
 
 def training_shapes(trainer, inputs, targets) -> list[tuple]:
-    """(inputs, targets) of each shape training will see: the first batch, and with progressive
-    resizing its images at full size and at each size of the schedule."""
+    """(inputs, targets) of each shape training will see: the first batch; a batch of each shape a
+    loader says it makes (``shape_examples``: translation's length buckets); and with progressive
+    resizing the first batch's images at full size and at each size of the schedule."""
     batches = {signature((inputs, targets)): (inputs, targets)}
+    for example in getattr(trainer.train_loader, "shape_examples", lambda: [])():
+        split = trainer.task.split(example)
+        batches.setdefault(signature(split), split)
     if trainer.config.size_schedule and isinstance(trainer.dataset, ImageDataset):
         sizes = [tuple(trainer.dataset.train_images.shape[2:])]
         sizes += [(size, size) for size, _ in parse_size_schedule(trainer.config.size_schedule)]

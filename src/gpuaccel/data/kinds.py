@@ -1,0 +1,134 @@
+"""Data kinds as plug-ins: what each kind of data brings, found by name or by looking at a path.
+
+A kind (images, detection and segmentation scenes, a text corpus, labelled sentences,
+recordings, ratings, sentence pairs for translation) is one :class:`DataKind` object in one
+file under ``gpuaccel/kinds/``, registered with :func:`register_kind`, in the way timm registers
+models and torchtitan its train specs. It brings its reader (``detect`` and ``open``, which
+returns the trainer's ``TrainingInputs``: the loaders, the defaults, what a checkpoint
+records), and what deployment asks of a run of its kind (``export``, ``held_out``,
+``read_inputs``). Everything that used to ask "which kind is this?" in an if-chain asks the
+registry once.
+
+The built-in kinds are registered on the first lookup (``gpuaccel.kinds`` imports each of
+them), as a package's entry points would be: importing ``gpuaccel`` or ``gpuaccel.data`` loads
+none of them. A kind of a user's own is registered by calling :func:`register_kind` before
+training; ``--data NAME:PATH`` then reaches it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from ..errors import GpuaccelError, choice_error
+
+BUILTIN_KINDS = "gpuaccel.kinds"  # the package whose import registers the built-in kinds
+
+_KINDS: dict[str, "DataKind"] = {}
+_loaded = False
+
+
+class DataKind:
+    """What one kind of data brings. ``name`` is what ``--data NAME:PATH`` says and what a run
+    records; ``formats`` are further names of formats it reads (an image kind: mnist, cifar10,
+    ...). ``detect_order``: kinds are asked in this order which of them a path is (the first to
+    answer wins), so specific layouts come before general ones."""
+
+    name = ""
+    formats: tuple[str, ...] = ()
+    detect_order = 100
+    description = ""  # one line for --data's help: what it reads
+    # the model and task a run of this kind takes when none is named (shown in --model's help)
+    default_model: str | None = None
+    default_task: str | None = None
+    export_format = "onnx"  # what 'gpuaccel export' writes when no --format is given
+
+    def detect(self, path: Path) -> str | None:
+        """The format of this kind found at ``path`` (``name`` or one of ``formats``), or None."""
+        return None
+
+    def open(self, config, path: Path | None, fmt: str, *, dist=None):
+        """The trainer's ``TrainingInputs`` for ``path`` (read as ``fmt``) under ``config``;
+        ``dist``: the process group, whose rank 0 reads (and caches) first."""
+        raise NotImplementedError
+
+    # -- what deployment asks of a run of this kind (its checkpoint state)
+
+    def owns_run(self, state: dict) -> bool:
+        """Whether a run (its checkpoint state) trained on data of this kind: the kind it recorded,
+        or for a run from before kinds were recorded, what its checkpoint holds."""
+        if "data_kind" in state:
+            return state["data_kind"] == self.name
+        return self.owned_before_kinds(state)
+
+    def owned_before_kinds(self, state: dict) -> bool:
+        """Whether a checkpoint that recorded no kind is of this kind (by its tokeniser, task, ...)."""
+        return False
+
+    def export(self, run, fmt: str, out, *, data, verify_count: int, static_batch, opset):
+        """Exports the run and verifies the artefact: (the report, what was compared)."""
+        raise GpuaccelError(f"'gpuaccel export' does not take runs on {self.name} data")
+
+    def held_out(self, run, data, why: str):
+        """The run's data as its deployed model takes it (``deploy.heldout.HeldOut``): for int8
+        calibration and accuracy (quantize, prune, bench-infer)."""
+        raise GpuaccelError(f"{run} was trained on {self.name} data: 'gpuaccel export' and 'gpuaccel infer' take "
+                            f"it; quantize, prune and bench-infer work on classifiers")
+
+    def read_inputs(self, runner, inputs: list[str], skip_bad: bool = False):
+        """What 'gpuaccel infer' predicts for (``deploy.infer.ModelInputs``)."""
+        raise GpuaccelError(f"'gpuaccel infer' does not take runs on {self.name} data")
+
+
+def register_kind(kind: DataKind) -> DataKind:
+    """Adds ``kind`` to the registry (replacing one of the same name); returns it."""
+    if not kind.name:
+        raise GpuaccelError(f"a data kind needs a name ({type(kind).__name__} has none)")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        importlib.import_module(BUILTIN_KINDS)
+
+
+def data_kinds() -> list[DataKind]:
+    """Every registered kind, in the order they are asked which a path is."""
+    _load_builtin()
+    return sorted(_KINDS.values(), key=lambda k: k.detect_order)
+
+
+def spec_names() -> dict[str, DataKind]:
+    """Every name ``--data NAME:PATH`` takes, and the kind that reads it."""
+    return {name: kind for kind in data_kinds() for name in (kind.name, *kind.formats)}
+
+
+def kind_named(name: str) -> DataKind:
+    """The kind that reads ``name`` (a kind's name or one of its formats)."""
+    names = spec_names()
+    if name not in names:
+        raise choice_error("data kind", name, sorted(names))
+    return names[name]
+
+
+def find_kind(path: Path) -> tuple[DataKind, str]:
+    """(the kind, the format) of what is at ``path``, asking each kind in its order; an error
+    names what was looked for when none recognises it."""
+    for kind in data_kinds():
+        found = kind.detect(path)
+        if found is not None:
+            return kind, found
+    raise GpuaccelError(f"cannot tell what data {path} holds; name its kind: --data KIND:{path} with KIND one of "
+                        f"{', '.join(sorted(spec_names()))}")
+
+
+def kind_of_run(state: dict) -> DataKind | None:
+    """The kind of data a run (its checkpoint state) trained on; None for a run of a user's own
+    data from Python."""
+    for kind in data_kinds():
+        if kind.owns_run(state):
+            return kind
+    return None

@@ -1,0 +1,66 @@
+"""Text for language modelling: a .txt file or a folder of text files (data/text.py), served as
+windows cut on the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..data.kinds import DataKind, register_kind
+from ..data.text import TEXT_SUFFIXES, WindowLoader, load_corpus, validation_windows
+from ..runtime.loaders import ResidentLoader
+from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+
+
+def _only_text(path: Path) -> bool:
+    """A folder of text files only (stops at the first other file: an image tree is not walked)."""
+    seen_text = False
+    for p in path.rglob("*"):
+        if p.is_file() and not p.name.startswith("."):
+            if p.suffix.lower() not in TEXT_SUFFIXES:
+                return False
+            seen_text = True
+    return seen_text
+
+
+class Corpus(DataKind):
+    name = "text"
+    detect_order = 10
+    description = "a text corpus for language modelling (a .txt file, or a folder of text files)"
+    default_model = "gpt"
+    default_task = "language_modelling"
+
+    def detect(self, path: Path) -> str | None:
+        if path.is_file():
+            return self.name if path.suffix.lower() in TEXT_SUFFIXES else None
+        return self.name if path.is_dir() and _only_text(path) else None
+
+    def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        corpus = shared_read(dist, lambda: load_corpus(
+            path, tokenizer=config.tokenizer or "char", vocab_size=config.vocab_size or 2048,
+            val_split=config.val_split, cache_dir=cache_dir_of(config)))
+        corpus.check_context(config.context)
+        identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.context,
+                    "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}
+
+        def build(config, *, device, dtype, channels_last, rank, world_size):
+            train = WindowLoader(torch.from_numpy(corpus.train), context=config.context,
+                                 batch_size=config.batch_size, device=device, seed=config.seed, rank=rank,
+                                 world_size=world_size)
+            val = ResidentLoader(validation_windows(corpus.val, config.context), batch_size=config.eval_batch_size,
+                                 device=device, train=False, rank=rank, world_size=world_size)
+            return train, val
+
+        return TrainingInputs(
+            name=corpus.name, description=corpus.describe(), train_samples=(len(corpus.train) - 1) // config.context,
+            test_samples=(len(corpus.val) - 1) // config.context,
+            model_args={"vocab_size": corpus.vocab_size, "context_length": config.context}, identity=identity,
+            task="language_modelling", tokenizer=corpus.tokenizer.state(), unit="windows", default_model="gpt",
+            tokens_per_sample=config.context, build=build, data_kind=self.name)
+
+    def owned_before_kinds(self, state: dict) -> bool:
+        return bool(state.get("tokenizer")) and (state.get("task") or {}).get("name") == "language_modelling"
+
+
+register_kind(Corpus())

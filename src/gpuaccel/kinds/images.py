@@ -1,0 +1,99 @@
+"""Images with one class each: MNIST IDX files, CIFAR pickles, an image folder (or a .tar of
+one), .npz arrays, a directory of .tar shards (streamed), or the built-in 8x8 digits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import ImageDataset, StreamingDataset, open_dataset
+from ..data.formats import READERS, detect_kind
+from ..data.kinds import DataKind, register_kind
+from ..data.loader import build_loader
+from ..errors import GpuaccelError
+from ..train.inputs import TrainingInputs, augment_config, shared_read
+
+
+class Images(DataKind):
+    name = "images"
+    formats = tuple(READERS)
+    detect_order = 1000  # last: an image folder is what a folder is when nothing more specific is found
+    description = "images with a class each (MNIST, CIFAR, an image folder or .tar of one, .npz, .tar shards)"
+    default_model = "lenet5"
+    default_task = "classification"
+    streams = True  # --loader stream decodes image folders every step
+
+    def detect(self, path: Path) -> str | None:
+        return detect_kind(path)
+
+    def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        # Decoded once into the cache with Pillow (libjpeg), the reference decoder, also on a GPU machine:
+        # nvJPEG's pixels differ (half of CIFAR-10's by 1-94 levels) and cost cifar10-fast 0.3% of
+        # accuracy, and for small images its batches were slower than Pillow in 16 processes.
+        # nvJPEG decodes where it pays: streamed batches (--loader stream).
+        dataset = shared_read(dist, lambda: open_dataset(
+            config.data, stream=config.loader == "stream", val_split=config.val_split, image_size=config.image_size,
+            skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir))
+        return self.inputs_of(dataset)
+
+    def inputs_of(self, ds: ImageDataset | StreamingDataset) -> TrainingInputs:
+        """The trainer's inputs of an image data set a gpuaccel reader made."""
+        mean, std = ds.channel_stats()
+        streamed = isinstance(ds, StreamingDataset)
+        shape = (ds.in_channels, ds.image_size, ds.image_size) if streamed else tuple(ds.train_images.shape[1:])
+        identity = {"classes": list(ds.classes), "train_samples": len(ds.train_labels),
+                    "test_samples": len(ds.test_labels), "sample_shape": list(shape),
+                    "label_counts": np.bincount(ds.train_labels, minlength=ds.num_classes).tolist()}
+
+        def build(config, *, device, dtype, channels_last, rank, world_size):
+            common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
+                          seed=config.seed, rank=rank, world_size=world_size)
+            if streamed:
+                if config.crop_padding or config.cutout or config.brightness or config.contrast or \
+                        config.size_schedule:
+                    raise GpuaccelError("--crop-padding, --cutout, --brightness, --contrast and --size-schedule are "
+                                        "for in-memory data; streamed images are random-resized crops with random "
+                                        "flips")
+                common.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
+                return (ds.loader(train=True, batch_size=config.batch_size, **common),
+                        ds.loader(train=False, batch_size=config.eval_batch_size, **common))
+            common.update(placement=config.loader, workers=config.workers)
+            train = build_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
+                                 batch_size=config.batch_size, train=True, augment=augment_config(config), **common)
+            test = build_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
+                                batch_size=config.eval_batch_size, train=False, **common)
+            return train, test
+
+        return TrainingInputs(
+            name=ds.name, description=ds.describe(), train_samples=len(ds.train_labels),
+            test_samples=len(ds.test_labels),
+            model_args={"num_classes": ds.num_classes, "in_channels": ds.in_channels, "image_size": ds.image_size},
+            identity=identity, classes=list(ds.classes), mean=mean, std=std, images=ds, task="classification",
+            unit="images", build=build, data_kind=self.name,
+            # data_init: a sample of normalised images, e.g. for patch whitening
+            init_sample=lambda loader: (loader.normalised_sample(5000),) if hasattr(loader, "normalised_sample")
+            else None)
+
+    def owned_before_kinds(self, state: dict) -> bool:
+        return state.get("mean") is not None and (state.get("task") or {}).get("name") not in ("detection",
+                                                                                              "segmentation")
+
+    def export(self, run, fmt, out, *, data, verify_count, static_batch, opset):
+        from ..deploy.exports import export_image_classifier
+
+        return export_image_classifier(run, fmt, out, data=data, verify_count=verify_count,
+                                       static_batch=static_batch, opset=opset), "images"
+
+    def held_out(self, run, data, why):
+        from ..deploy.artifact import load_trained
+        from ..deploy.heldout import HeldOut
+        from ..deploy.infer import images_for_model
+
+        trained = load_trained(run)
+        d = trained.load_data(data, why)
+        return HeldOut("images", d.train_images, d.test_images, d.test_labels, images_for_model, trained.source)
+
+
+register_kind(Images())

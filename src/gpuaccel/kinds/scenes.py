@@ -1,0 +1,78 @@
+"""Detection and segmentation scenes: COCO annotations, YOLO labels or class masks beside their
+images (data/scenes.py reads them); batches augmented on the device with their boxes and masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data.kinds import DataKind, register_kind
+from ..data.scene_loader import SceneAugment, SceneLoader
+from ..data.scenes import SCENE_KINDS, load_scenes, scene_kind
+from ..errors import GpuaccelError
+from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+
+
+class Scenes(DataKind):
+    name = "scenes"
+    formats = SCENE_KINDS
+    detect_order = 50
+    description = "detection (COCO annotations, YOLO labels) or segmentation (masks) folders beside images/"
+    default_model = "centernet (detection), unet (segmentation)"
+    default_task = "detection or segmentation"
+
+    def detect(self, path: Path) -> str | None:
+        return scene_kind(path)
+
+    def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        if fmt == self.name or not config.data.lower().startswith(f"{fmt}:"):  # (found, not named: the task chooses)
+            fmt = scene_kind(path, config.task) or fmt
+        if fmt == self.name:
+            raise GpuaccelError(f"{path} holds no COCO annotations, YOLO labels or masks beside images/")
+        if config.crop_padding or config.cutout or config.size_schedule:
+            raise GpuaccelError("--crop-padding, --cutout and --size-schedule are for image classification; "
+                                "detection and segmentation augment with --flip, --zoom, --brightness and --contrast, "
+                                "which move the boxes and masks with the pixels")
+        data = shared_read(dist, lambda: load_scenes(
+            path, fmt, image_size=config.image_size, skip_bad=config.skip_bad, val_split=config.val_split,
+            seed=config.seed, cache_dir=cache_dir_of(config)))
+        if config.tta and data.kind == "detection":
+            raise GpuaccelError("--tta averages class scores or masks over mirrored images; detection takes 0 (boxes "
+                                "from two images would need merging)")
+        mean, std = data.channel_stats()
+        detection = data.kind == "detection"
+        classes = list(data.classes) if detection else ["background", *data.classes]  # (mask value = class index)
+        identity = {"classes": classes, "train_samples": len(data.train), "test_samples": len(data.test),
+                    "sample_shape": list(data.train.images.shape[1:]), "files": data.fingerprint}
+        augment = SceneAugment(flip=config.flip != "none", zoom=config.zoom, brightness=config.brightness,
+                               contrast=config.contrast)
+
+        def build(config, *, device, dtype, channels_last, rank, world_size):
+            common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
+                          seed=config.seed, rank=rank, world_size=world_size)
+            return (SceneLoader(data.train, batch_size=config.batch_size, train=True, augment=augment, **common),
+                    SceneLoader(data.test, batch_size=config.eval_batch_size, train=False, **common))
+
+        return TrainingInputs(
+            name=data.name, description=data.describe(), train_samples=len(data.train), test_samples=len(data.test),
+            model_args={"num_classes": len(classes), "in_channels": data.in_channels, "image_size": data.image_size},
+            identity=identity, classes=classes, mean=mean, std=std, task=data.kind, unit="images", build=build,
+            default_model="centernet" if detection else "unet", data_kind=self.name)
+
+    def owned_before_kinds(self, state: dict) -> bool:
+        return (state.get("task") or {}).get("name") in ("detection", "segmentation")
+
+    def export(self, run, fmt, out, *, data, verify_count, static_batch, opset):
+        from ..deploy.vision import export_scene_model
+
+        return export_scene_model(run, fmt, out, data=data, verify_count=verify_count, static_batch=static_batch,
+                                  opset=opset)
+
+    def held_out(self, run, data, why):
+        from ..deploy.artifact import load_run_state
+
+        task = (load_run_state(run)[0].get("task") or {}).get("name", "detection or segmentation")
+        raise GpuaccelError(f"{run} is a {task} model: 'gpuaccel export' and 'gpuaccel infer' take it; quantize, "
+                            f"prune and bench-infer work on classifiers")
+
+
+register_kind(Scenes())

@@ -1,0 +1,72 @@
+"""Labelled sentences for classification: .tsv/.csv/.jsonl files with a text and a label column
+(data/sentences.py), padded and bucketed on the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..data.kinds import DataKind, register_kind
+from ..data.sentences import SENTENCE_SUFFIXES, SentenceLoader, load_sentences
+from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+
+
+class Sentences(DataKind):
+    name = "sentences"
+    detect_order = 30
+    description = "labelled sentences (.tsv/.csv/.jsonl, or a folder with train.tsv and dev.tsv)"
+    default_model = "text_transformer"
+    default_task = "classification"
+
+    def detect(self, path: Path) -> str | None:
+        if path.is_file() and path.suffix.lower() in SENTENCE_SUFFIXES or \
+                path.is_dir() and any((path / f"train{suffix}").is_file() for suffix in SENTENCE_SUFFIXES):
+            return self.name
+        return None
+
+    def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        data = shared_read(dist, lambda: load_sentences(
+            path, tokenizer=config.tokenizer or "word", vocab_size=config.vocab_size, max_tokens=config.context,
+            val_split=config.val_split, seed=config.seed, text_column=config.text_column,
+            label_column=config.label_column, cache_dir=cache_dir_of(config)))
+        identity = {"classes": data.classes, "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size,
+                    "train_samples": len(data.train_labels), "test_samples": len(data.test_labels),
+                    "label_counts": np.bincount(data.train_labels, minlength=data.num_classes).tolist(),
+                    "files": data.fingerprint}
+
+        def build(config, *, device, dtype, channels_last, rank, world_size):
+            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            return (SentenceLoader(data.train_ids, data.train_lengths, data.train_labels,
+                                   batch_size=config.batch_size, train=True, **common),
+                    SentenceLoader(data.test_ids, data.test_lengths, data.test_labels,
+                                   batch_size=config.eval_batch_size, train=False, **common))
+
+        return TrainingInputs(
+            name=data.name, description=data.describe(), train_samples=len(data.train_labels),
+            test_samples=len(data.test_labels),
+            model_args={"vocab_size": data.tokenizer.vocab_size, "num_classes": data.num_classes,
+                        "context_length": data.train_ids.shape[1]},
+            identity=identity, classes=data.classes, task="classification", tokenizer=data.tokenizer.state(),
+            unit="sentences", default_model="text_transformer", build=build, data_kind=self.name)
+
+    def owned_before_kinds(self, state: dict) -> bool:
+        return bool(state.get("tokenizer")) and (state.get("task") or {}).get("name") != "language_modelling"
+
+    def export(self, run, fmt, out, *, data, verify_count, static_batch, opset):
+        from ..deploy.text import export_text_classifier
+
+        return export_text_classifier(run, fmt, out, data=data, verify_sentences=verify_count, opset=opset), \
+            "sentences"
+
+    def held_out(self, run, data, why):
+        from ..deploy.heldout import HeldOut
+        from ..deploy.infer import ids_for_model
+        from ..deploy.text import held_out_sentences, text_classifier_state
+
+        state, path = text_classifier_state(run)
+        s = held_out_sentences(state, data, why)
+        return HeldOut("sentences", s.train_ids, s.test_ids, s.test_labels, ids_for_model, path)
+
+
+register_kind(Sentences())

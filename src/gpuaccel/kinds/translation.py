@@ -1,0 +1,76 @@
+"""Sentence pairs for translation: two files per split (``train.de`` + ``train.en``, plain or
+.gz) or a .tsv/.jsonl with a column per side (data/parallel.py); a joint unigram vocabulary
+learned from the training split; batches of about ``--batch-tokens`` tokens in a few shapes;
+an encoder-decoder transformer (``transformer_seq2seq``) scored by sacreBLEU on decoded text.
+
+Deployment: ``gpuaccel translate`` and ``gpuaccel infer`` read text (a sentence per line) and
+write one translation per line, from a run or from its export (deploy/translation.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data.kinds import DataKind, register_kind
+from ..data.parallel import TranslationLoader, is_parallel_source, load_parallel
+from ..errors import GpuaccelError
+from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+
+
+class Translation(DataKind):
+    name = "translation"
+    detect_order = 25  # (before labelled sentences: a .tsv of pairs is named translation:PATH)
+    description = "sentence pairs (train.<source> + train.<target> files, or a .tsv/.jsonl with a column per side)"
+    default_model = "transformer_seq2seq"
+    default_task = "translation"
+    export_format = "pt2"
+
+    def detect(self, path: Path) -> str | None:
+        return self.name if is_parallel_source(path) else None
+
+    def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        if config.tta:
+            raise GpuaccelError("--tta flips and shifts images; translation takes 0")
+        data = shared_read(dist, lambda: load_parallel(
+            path, source=config.source_lang, target=config.target_lang, vocab_size=config.vocab_size,
+            max_tokens=config.context, val_split=config.val_split, seed=config.seed,
+            cache_dir=cache_dir_of(config)))
+        if data.truncated:
+            import warnings
+
+            warnings.warn(f"{data.truncated:,} sentences are longer than --context {config.context} tokens and were "
+                          f"cut to it", stacklevel=2)
+        identity = {"source": data.source_language, "target": data.target_language, "tokenizer": data.tokenizer.kind,
+                    "vocab_size": data.vocab_size, "train_samples": len(data.train),
+                    "test_samples": len(data.eval), "max_tokens": config.context, "files": data.fingerprint}
+
+        def build(config, *, device, dtype, channels_last, rank, world_size):
+            tokens = config.batch_tokens // world_size if config.global_batch else config.batch_tokens
+            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            return (TranslationLoader(data.train, batch_tokens=tokens, train=True, **common),
+                    TranslationLoader(data.eval, batch_tokens=max(tokens, config.eval_batch_size), train=False,
+                                      **common))
+
+        return TrainingInputs(
+            name=data.name, description=data.describe(), train_samples=len(data.train),
+            test_samples=len(data.eval),
+            model_args={"vocab_size": data.vocab_size, "context_length": config.context + 1}, identity=identity,
+            task="translation", tokenizer=data.tokenizer.state(), unit="sentence pairs",
+            default_model=self.default_model, build=build, data_kind=self.name, shapes_vary=True,
+            task_args={"tokenizer": data.tokenizer.state(), "references": data.eval.references,
+                       "beam_size": config.beam_size, "length_penalty": config.length_penalty},
+            record={"translation": {"source": data.source_language, "target": data.target_language,
+                                    "max_tokens": config.context, "beam_size": config.beam_size,
+                                    "length_penalty": config.length_penalty}})
+
+    def export(self, run, fmt, out, *, data, verify_count, static_batch, opset):
+        from ..deploy.translation import export_translator
+
+        return export_translator(run, fmt, out, data=data, verify_count=verify_count, opset=opset), "sentences"
+
+    def held_out(self, run, data, why):
+        raise GpuaccelError(f"{run} is a translation model: 'gpuaccel export', 'gpuaccel translate' and 'gpuaccel "
+                            f"infer' take it; quantize, prune and bench-infer work on classifiers")
+
+
+register_kind(Translation())
