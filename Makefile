@@ -2,6 +2,10 @@
 # Both create .venv and install gpuaccel into it on first use: the demo only what training
 # needs, the tests also the test extras (ONNX, OpenVINO, a browser driver, ...).
 #
+# The test extras are installed at the versions in constraints.txt (what the suite last passed
+# with), so that a new release elsewhere cannot turn `make test` red; `make test-latest` tries the
+# newest releases instead, in a venv of its own (.venv-latest), to run now and then.
+#
 # PyTorch: TORCH is the pip requirement (default `torch`, the newest). On a machine without an
 # NVIDIA GPU (nvidia-smi lists none), PyTorch's CPU wheel index is added where it can be reached,
 # so pip takes the CPU build (a few hundred MB) rather than the default one with several GB of
@@ -24,7 +28,7 @@ TEST_STAMP := $(VENV)/.installed-test
 TORCH_CHOICE := $(VENV)/.torch-choice
 TORCH_PIP_ARGS = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) )$(TORCH)
 
-.PHONY: demo test venv clean FORCE
+.PHONY: demo test test-latest venv clean FORCE
 
 demo: $(STAMP)
 	$(BIN)/gpuaccel train --recipe digits
@@ -45,9 +49,17 @@ $(STAMP): pyproject.toml $(TORCH_CHOICE)
 	$(BIN)/python -m pip install -q -e .
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[test]"
+$(TEST_STAMP): $(STAMP) constraints.txt
+	$(BIN)/python -m pip install -q -e ".[test]" -c constraints.txt
 	touch $(TEST_STAMP)
 
+# the newest releases of every dependency, unpinned, in their own venv
+LATEST := .venv-latest
+test-latest: FORCE
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade $(TORCH_PIP_ARGS)
+	$(LATEST)/bin/python -m pip install -q --upgrade -e ".[test]"
+	$(LATEST)/bin/python -m pytest -q
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(LATEST) runs .pytest_cache

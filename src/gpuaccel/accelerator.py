@@ -213,9 +213,23 @@ class Accelerator:
 
     # ------------------------------------------------------------------ the step
 
+    @contextlib.contextmanager
     def autocast(self):
-        """The precision's autocast context: put the forward pass and the loss inside it."""
-        return self.precision.autocast(self.device)
+        """The precision's autocast context: put the forward pass and the loss inside it. A loss
+        PyTorch refuses to run under autocast (binary cross-entropy on probabilities) is one
+        line saying what to use instead."""
+        with self.precision.autocast(self.device):
+            try:
+                yield
+            except RuntimeError as exc:
+                if "unsafe to autocast" not in str(exc):
+                    raise
+                raise GpuaccelError(
+                    f"F.binary_cross_entropy (nn.BCELoss) cannot run under acc.autocast() ({self.precision.name}: "
+                    f"PyTorch refuses it, its log of a low-precision probability is unsafe); give the logits to "
+                    f"F.binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss), which autocast runs in float32, or "
+                    f"compute the loss after the with-block on float32 probabilities: "
+                    f"F.binary_cross_entropy(probs.float(), target)") from None
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled where fp16 needs it (and, in a captured step with several

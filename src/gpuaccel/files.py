@@ -119,6 +119,32 @@ def new_directory(path) -> Path:
             raise _cannot_create(candidate, exc) from None
 
 
+# the files a run directory holds for itself (train/run_dir.py): no command's --out replaces them
+RUN_FILES = frozenset({"config.json", "metrics.jsonl", "checkpoint.pt", "checkpoint.json", "model.pt", "best.pt",
+                       "summary.json", ".lock"})
+
+
+def owned_by_run(path) -> bool:
+    """Whether ``path`` is one of a run directory's own files (checkpoints, settings, logs)."""
+    path = Path(path)
+    return (path.parent / "config.json").is_file() and (
+        path.name in RUN_FILES or (path.name.startswith("gpu") and path.name.endswith(".jsonl")))
+
+
+def output_file(path, *, force: bool = False, option: str = "--out") -> Path:
+    """``path`` checked before any work: not a directory, not a run's own file (never replaced),
+    not an existing file unless ``force``; its directory made where missing."""
+    path = Path(path)
+    if path.is_dir():
+        raise GpuaccelError(f"{option} {path} is a directory; give a file name, e.g. {path / 'predictions.csv'}")
+    if owned_by_run(path):
+        raise GpuaccelError(f"{option} {path} is the run's own {path.name}; write the output elsewhere")
+    if path.exists() and not force:
+        raise GpuaccelError(f"{option} {path} exists; pass --force to replace it, or choose another file")
+    make_directory(path.parent)
+    return path
+
+
 def make_directory(path) -> Path:
     """``path`` and its parents, made where missing; a one-line error where they cannot be (a
     read-only file system, no permission, a file in the way)."""
@@ -270,6 +296,12 @@ class RunLock:
                 except FileNotFoundError:
                     pass
                 continue
+            except OSError as exc:
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise GpuaccelError(f"cannot write into {self.path.parent} ({exc.strerror}): a command locks a "
+                                        f"run directory while it writes there; copy the run to a folder you can "
+                                        f"write, or write the output elsewhere (--out)") from None
+                raise
             with os.fdopen(fd, "w") as f:
                 f.write(me + "\n")
             self.held = True

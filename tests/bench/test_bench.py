@@ -165,6 +165,17 @@ def test_a_report_that_cannot_be_made_leaves_no_results_file(capsys, tmp_path):
     assert not (tmp_path / "results.json").exists()
 
 
+def test_a_report_into_a_run_it_cannot_write_says_so(train_run, capsys, monkeypatch):
+    """A run on a read-only disk is read, not "unreadable": the write is what fails, and is named."""
+    import gpuaccel.bench.report as report
+
+    def read_only(path, write):
+        raise PermissionError(30, "Read-only file system", str(path))
+    monkeypatch.setattr(report, "atomic_write", read_only)
+    assert_user_error(capsys, ["report", str(train_run)], f"cannot write the report into {train_run} "
+                                                          "(Read-only file system)")
+
+
 def test_a_bench_directory_is_one_benchmarks_alone(bench_run, capsys, tmp_path):
     from gpuaccel.files import RunLock
 

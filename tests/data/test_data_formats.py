@@ -206,3 +206,17 @@ def test_channel_stats_are_the_mean_and_deviation_of_the_pixels_as_floats():
     np.testing.assert_allclose(mean, pixels.mean(axis=(0, 2, 3)), rtol=1e-12)
     np.testing.assert_allclose(std[:2], pixels.std(axis=(0, 2, 3))[:2], rtol=1e-12)
     assert std[2] == 1e-3
+
+
+def test_a_fifo_or_device_named_like_an_image_is_named_not_waited_on(tmp_path, cache_dir):
+    """A FIFO would block its reader for ever, /dev/zero never ends: each is one line, or with
+    --skip-bad skipped and named, and never opened."""
+    root = make_image_folder(tmp_path / "imgs", per_class=(6, 2), split=False)
+    os.mkfifo(root / CLASSES[0] / "y.jpg")
+    os.symlink("/dev/zero", root / CLASSES[1] / "z.png")
+    with pytest.raises(GpuaccelError, match=r"cannot decode image .*(y\.jpg|z\.png) \((a FIFO|a device)"):
+        load_dataset(str(root), cache_dir=cache_dir)
+    data = load_dataset(str(root), cache_dir=cache_dir, skip_bad=True)
+    assert sorted(os.path.basename(n) for n in data.skipped) == ["y.jpg", "z.png"]
+    with pytest.raises(GpuaccelError, match=r"is a FIFO \(named pipe\), not a regular file"):
+        parse_spec(str(root / CLASSES[0] / "y.jpg"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_infer_on_a_folder_writes_the_expected_csv(run_dir, tmp_path, capsys):
 def test_infer_on_a_data_set_reports_accuracy_with_every_backend(run_dir, tmp_path, capsys):
     onnx_path = export(load_trained(run_dir), "onnx", tmp_path / "m.onnx", dynamic_batch=True)
     for model in (str(run_dir), str(onnx_path)):
-        assert main(["infer", model, "digits", "--out", str(tmp_path / "p.csv")]) == 0
+        assert main(["infer", model, "digits", "--out", str(tmp_path / "p.csv"), "--force"]) == 0
         err = capsys.readouterr().err
         accuracy = float(err.split("accuracy ")[1].rstrip("%\n"))
         assert accuracy > 80
@@ -134,7 +135,8 @@ def test_unexportable_model_names_the_problem_and_suggests_another_format(tmp_pa
 
     trained = TrainedModel(Normalized(DataDependent(), [0.0], [1.0]), ["a", "b"], "custom",
                            {"in_channels": 1, "image_size": 4, "num_classes": 2}, {}, tmp_path)
-    with pytest.raises(GpuaccelError, match="cannot be exported as pt2.*try format onnx, torchscript"):
+    with pytest.raises(GpuaccelError, match="cannot be exported as pt2: its forward pass branches on a tensor's "
+                                            r"value \(test_deploy.py:\d+\).*torch.where"):
         export(trained, "pt2", tmp_path / "m.pt2")
 
 
@@ -360,3 +362,69 @@ def test_an_export_to_a_place_that_cannot_be_written_names_the_place_not_the_for
     _one_line_error(capsys, ["export", str(run_dir), "--out", "/proc/gpuaccel-m.onnx"],
                     "cannot write /proc/gpuaccel-m.onnx")
     _one_line_error(capsys, ["export", str(run_dir), "--out", "/proc/gpuaccel-dir/m.onnx"], "cannot create /proc/gpuaccel-dir")
+
+
+BRANCHY = """
+import torch.nn as nn
+
+class Branchy(nn.Module):
+    def __init__(self, num_classes=10, in_channels=1, image_size=8):
+        super().__init__()
+        self.a = nn.Linear(in_channels * image_size * image_size, num_classes)
+        self.b = nn.Linear(in_channels * image_size * image_size, num_classes)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        if x.sum() > 0:  # a branch on a value: an export keeps one way or refuses
+            return self.a(x)
+        return self.b(x) * 3.0
+
+def branchy(num_classes=10, in_channels=1, image_size=8):
+    return Branchy(num_classes, in_channels, image_size)
+"""
+
+
+def test_a_branch_on_a_tensor_value_is_one_line_and_an_unverified_export_is_removed(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "branchy.py").write_text(BRANCHY)
+    run = tmp_path / "run"
+    assert main(["train", "--model", "branchy:branchy", "--epochs", "1", "--run-dir", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    for fmt in ("onnx", "pt2"):
+        code = main(["export", str(run), "--format", fmt])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err  # (not the traced graph)
+        assert "branches on a tensor's value (branchy.py:12)" in err[0]
+    code = main(["export", str(run), "--format", "torchscript"])  # traced: one branch kept, the outputs differ
+    err = capsys.readouterr().err
+    assert code == 1 and "the outputs differ" in err and "removed it" in err
+    assert not (run / "model.ts").exists() and not (run / "model.ts.json").exists()
+    assert main(["export", str(run), "--format", "torchscript", "--keep-unverified"]) == 1
+    assert (run / "model.ts").exists()
+
+
+def test_infer_never_replaces_a_file_of_the_run_and_another_file_only_with_force(run_dir, tmp_path, capsys):
+    before = (run_dir / "model.pt").read_bytes()
+    _one_line_error(capsys, ["infer", str(run_dir), "digits", "--out", str(run_dir / "model.pt")],
+                    "is the run's own model.pt")
+    _one_line_error(capsys, ["infer", str(run_dir), "digits", "--out", str(run_dir / "model.pt"), "--force"],
+                    "is the run's own model.pt")
+    assert (run_dir / "model.pt").read_bytes() == before
+    out = tmp_path / "predictions.csv"
+    out.write_text("keep me")
+    _one_line_error(capsys, ["infer", str(run_dir), "digits", "--out", str(out)], "exists; pass --force")
+    assert out.read_text() == "keep me"
+    assert main(["infer", str(run_dir), "digits", "--out", str(out), "--force"]) == 0
+    assert out.read_text().startswith("input,class_1,prob_1")
+    capsys.readouterr()
+    _one_line_error(capsys, ["export", str(run_dir), "--out", str(run_dir / "checkpoint.pt")],
+                    "is the run's own checkpoint.pt")
+
+
+def test_infer_on_a_fifo_is_one_line(run_dir, tmp_path, capsys):
+    fifo = tmp_path / "x.png"
+    os.mkfifo(fifo)
+    _one_line_error(capsys, ["infer", str(run_dir), str(fifo)], "is a FIFO (named pipe), not a regular file")
+    zero = tmp_path / "z.png"
+    os.symlink("/dev/zero", zero)
+    _one_line_error(capsys, ["infer", str(run_dir), str(zero)], "is a device, not a regular file")

@@ -721,3 +721,61 @@ def test_overlap_gradients_gives_the_step_graphs_data_parallel_its_buckets():
     assert isinstance(default, GraphDataParallel) and default.bucket_bytes is None
     assert isinstance(overlap, GraphDataParallel) and overlap.bucket_bytes == 4 * 2**20
     assert isinstance(eager, DataParallel)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux: read off /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_stop_when_their_launcher_is_killed(tmp_path):
+    """SIGKILL to torchrun cannot be passed on by torchrun: the workers ask the kernel for SIGTERM
+    at their launcher's death, and stop (checkpointing) instead of training on, holding the lock."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    with open(tmp_path / "log", "w") as log:
+        launcher = torchrun("--device", "cpu", "--epochs", "1000", "--run-dir", str(run), "--no-monitor",
+                            "--quiet", log=log)
+        workers = []
+        try:
+            deadline = time.time() + 120
+            while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+                assert launcher.poll() is None and time.time() < deadline, (tmp_path / "log").read_text()[-2000:]
+                time.sleep(0.5)
+            workers = _descendants(launcher.pid)
+            assert len(workers) >= 2
+            os.kill(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+            deadline = time.time() + 20  # (they stop in about a second; without the signal they trained on)
+            while any(_alive(p) for p in workers) and time.time() < deadline:
+                time.sleep(0.2)
+            assert not any(_alive(p) for p in workers), (tmp_path / "log").read_text()[-2000:]
+        finally:
+            for pid in workers:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert not (run / ".lock").exists()  # (released by the worker that held it, on its way out)

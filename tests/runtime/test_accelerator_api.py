@@ -323,3 +323,28 @@ def test_trainer_gives_a_recurrent_model_the_accelerators_precision_and_batches_
     summary = trainer.fit()
     assert trainer.precision.name == "tf32" and summary["precision"] == "tf32" and not trainer.scaler.is_enabled()
     assert summary["steps"] == 8
+
+
+def test_a_loss_pytorch_refuses_under_autocast_is_one_line_saying_what_to_use():
+    """PyTorch refuses F.binary_cross_entropy under CUDA autocast; the accelerator's autocast turns that
+    refusal into one line naming the loss and the way out (here raised by hand, as on a GPU)."""
+    acc = gpuaccel.Accelerator(device="cpu", precision="bf16")
+    with pytest.raises(GpuaccelError, match="F.binary_cross_entropy .* F.binary_cross_entropy_with_logits"):
+        with acc.autocast():
+            raise RuntimeError("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+                               "autocast.")
+    with pytest.raises(RuntimeError, match="something else"):  # other errors pass as they are
+        with acc.autocast():
+            raise RuntimeError("something else")
+    with acc.autocast():
+        assert torch.is_autocast_cpu_enabled()
+        y = nn.Linear(4, 2)(torch.randn(3, 4))
+    assert y.dtype == torch.bfloat16
+
+
+def test_a_prepared_loader_says_whether_its_data_set_is_on_the_device():
+    acc = gpuaccel.Accelerator(device="cpu")
+    data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
+    resident = acc.prepare(DataLoader(data, batch_size=8))
+    streamed = acc.prepare(DataLoader(data, batch_size=8), device_resident=False)
+    assert resident.resident is True and streamed.resident is False

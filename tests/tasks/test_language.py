@@ -228,13 +228,24 @@ def test_csv_and_jsonl_with_label_names_and_a_held_out_split(tmp_path):
     ("stars\tsentence\n1\tok\n", {}, "cannot tell which column is the label"),
     ("label\tsentence\n1\tok\n", {"text_column": "body"}, "no text column 'body'; its columns: label, sentence"),
     ("label\tsentence\n0.5\tok\n1\tfine\n", {}, "integers or names, not numbers like '0.5'"),
-    ("label\tsentence\n\tok\n", {}, "row 2 has no label"),
+    ("label\tsentence\n\tok\n", {}, "line 2 has no label"),
 ])
 def test_bad_sentence_files_are_one_line_errors(tmp_path, text, options, message):
     path = tmp_path / "data.tsv"
     path.write_text(text)
     with pytest.raises(GpuaccelError, match=message):
         load_sentences(path, **options)
+
+
+def test_a_jsonl_null_label_is_a_missing_label_named_by_its_line(tmp_path):
+    """JSON null is no label (not a class named "None"), and the line named is the file's line."""
+    path = tmp_path / "data.jsonl"
+    records = [{"text": f"fine {i}", "label": "pos" if i % 2 else "neg"} for i in range(300)]
+    records[150]["label"] = None
+    path.write_text("\n".join(json.dumps(r) for r in records[:100]) + "\n\n" +
+                    "\n".join(json.dumps(r) for r in records[100:]))  # (a blank line before line 102)
+    with pytest.raises(GpuaccelError, match=r"data\.jsonl: line 152 has no label"):
+        load_sentences(path)
 
 
 def test_non_utf8_sentences_name_the_file_and_line(tmp_path):

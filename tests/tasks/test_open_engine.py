@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -237,3 +238,20 @@ def test_loader_keeps_dtypes_and_shards_every_sample_once():
     assert sorted(seen) == list(range(50))
     assert math.isclose(sum(seen), 50 * 49 / 2)
     np.testing.assert_array_equal(np.sort(seen), np.arange(50))
+
+
+def test_a_bad_label_anywhere_in_a_users_data_is_one_line_before_training(tmp_path):
+    """Only the first batch used to be checked: a label out of range later, or only in the
+    evaluation data, or two-dimensional targets, were raw IndexError and RuntimeError mid-run."""
+    torch.manual_seed(0)
+    x, y = torch.randn(300, 4), torch.randint(0, 3, (300,))
+    late = y.clone()
+    late[-1] = 4
+    config = dict(epochs=1, batch_size=32, device="cpu", monitor=False)
+    cases = [((x, late), None, "the training data: a target label is 4"),
+             ((x[:200], y[:200]), (x[200:], late[200:]), "the evaluation data: a target label is 4"),
+             ((x, y[:, None]), None, "take targets (N,), not targets of shape")]
+    for n, (train, held, message) in enumerate(cases):
+        with pytest.raises(GpuaccelError, match=re.escape(message)):
+            Trainer(TrainConfig(**config, run_dir=str(tmp_path / f"r{n}")), model=torch.nn.Linear(4, 3),
+                    train_data=train, eval_data=held, task="classification", quiet=True).fit()

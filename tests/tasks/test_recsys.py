@@ -109,6 +109,12 @@ def test_a_csv_with_user_item_rating_columns_is_ratings_not_sentences(tmp_path):
     (tmp_path / "u.data").write_text("1\t2\n")
     with pytest.raises(GpuaccelError, match="has 2 field"):
         load_ratings(tmp_path / "u.data")
+    (tmp_path / "u.data").write_text("1\t2\t4\t881250949\n\n1\t3\t4\t881250949\t7\n")  # a fifth field
+    with pytest.raises(GpuaccelError, match="line 3 has 5 field.*4 on each line"):
+        load_ratings(tmp_path / "u.data")
+    (tmp_path / "u.data").write_text("1\t2\t4\t881250949\n1\t3\t-3\t881250949\n")
+    with pytest.raises(GpuaccelError, match="line 2 rates '-3'; MovieLens ratings are 0.5 to 5 stars"):
+        load_ratings(tmp_path / "u.data")
     (tmp_path / "x.base").write_text("1\t2\t3\t0\n")
     with pytest.raises(GpuaccelError, match="no x.test beside it"):
         load_ratings(tmp_path / "x.base")

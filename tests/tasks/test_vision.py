@@ -387,3 +387,28 @@ def test_a_detection_task_refuses_a_classifier_before_training(scenes):
     with pytest.raises(GpuaccelError, match="task detection takes maps of 2 class heat maps"):
         trainer.fit()
     assert isinstance(trainer.task, Detection)
+
+
+def test_a_coco_image_listed_twice_or_an_annotation_of_no_listed_image_is_named(tmp_path):
+    root = make_scenes(tmp_path / "s", train=8, val=4)
+    coco_file = root / "annotations" / "instances_train.json"
+    coco = json.loads(coco_file.read_text())
+    twice = dict(coco, images=coco["images"] + [dict(coco["images"][2], id=99)])  # the same file, another id
+    coco_file.write_text(json.dumps(twice))
+    with pytest.raises(GpuaccelError, match=r"lists 0002.png \(ids 3 and 99\) twice"):
+        load_scenes(root, "coco")
+    orphan = dict(coco, annotations=coco["annotations"] + [dict(coco["annotations"][0], id=500, image_id=77)])
+    coco_file.write_text(json.dumps(orphan))
+    with pytest.raises(GpuaccelError, match="annotation 500 is of image id 77, which the file does not list"):
+        load_scenes(root, "coco")
+    data = load_scenes(root, "coco", skip_bad=True)
+    assert any("image id 77" in s for s in data.skipped)
+
+
+def test_a_sixteen_bit_mask_beyond_255_is_refused_not_wrapped(tmp_path):
+    root = make_scenes(tmp_path / "s", train=8, val=4)
+    mask = np.zeros((64, 64), np.uint16)
+    mask[5:20, 5:20] = 260  # would wrap to class 4 as uint8
+    Image.fromarray(mask).save(root / "masks" / "train" / "0003.png")
+    with pytest.raises(GpuaccelError, match=r"mask masks/train/0003.png: it holds class value 260"):
+        load_scenes(root, "masks")

@@ -103,6 +103,59 @@ def test_resume_with_a_damaged_or_missing_config_json_takes_the_checkpoints_sett
         assert ("is damaged" if damage else "is missing") in capsys.readouterr().err
 
 
+def test_resume_takes_its_settings_from_the_checkpoint_whatever_config_json_lacks(tmp_path, capsys):
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, batch_size=32, lr=0.02, run_dir=str(run), monitor=False), quiet=True).fit()
+    written = json.loads((run / "config.json").read_text())
+    edits = [({}, "lacks"), ({k: v for k, v in written.items() if k != "batch_size"}, "lacks batch_size"),
+             ({**written, "lr": 0.5}, "differs from the checkpoint in lr")]
+    for edited, said in edits:
+        (run / "config.json").write_text(json.dumps(edited))
+        trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=False)
+        trainer.run.unlock()
+        assert (trainer.config.batch_size, trainer.config.lr, trainer.config.epochs) == (32, 0.02, 2)
+        assert json.loads((run / "config.json").read_text())["batch_size"] == 32  # rewritten
+        err = capsys.readouterr().err
+        assert "resuming with the settings checkpoint.pt holds" in err and said in err, err
+
+
+def test_a_checkpoint_whose_format_version_is_not_a_number_is_one_line(tmp_path, capsys):
+    from gpuaccel.cli import main
+
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
+    for name in ("checkpoint.pt", "model.pt"):
+        state = torch.load(run / name, weights_only=True)
+        torch.save({**state, "version": "1"}, run / name)
+    capsys.readouterr()
+    for argv in (["train", "--resume", str(run)], ["infer", str(run), "digits"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "its format version '1' is not a whole number" in err[0], err
+
+
+def test_a_run_directory_that_cannot_be_written_is_one_line_for_the_commands_that_lock_it(tmp_path, capsys,
+                                                                                         monkeypatch):
+    import errno
+
+    from gpuaccel.cli import main
+
+    run = tmp_path / "r"
+    Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):  # (a read-only mount; as root, a chmod would not stop it)
+        if str(path).endswith(".lock") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(os, "open", read_only)
+    capsys.readouterr()
+    for argv in (["export", str(run)], ["train", "--resume", str(run)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"cannot write into {run} (Read-only file system)" in err[0], err
+
+
 def test_resume_refuses_data_whose_class_names_changed(tmp_path):
     digits = load_dataset("digits")
     run = tmp_path / "r"
@@ -201,10 +254,10 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     out = tmp_path / "predictions.csv"
     out.write_text("earlier results\n")
     capsys.readouterr()
-    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out)]) == 0  # 3 images, not 2
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--force"]) == 0  # 3 images
     rows = out.read_text().splitlines()
     assert len(rows) == 4 and any("odd-\\udcff.png" in row for row in rows)
-    assert main(["infer", str(tmp_path / "m.onnx"), str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert main(["infer", str(tmp_path / "m.onnx"), str(tmp_path / "missing"), "--out", str(out), "--force"]) == 2
     assert len(out.read_text().splitlines()) == 4  # a failed command leaves the earlier file as it was
     nested = tmp_path / "new" / "dir" / "p.csv"  # made where missing
     assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(nested)]) == 0 and nested.is_file()
@@ -212,10 +265,10 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(tmp_path)]) == 2  # a directory
     assert "is a directory; give a file name" in capsys.readouterr().err
     (images / "broken.png").write_bytes(b"\x89PNG not really")  # stops the command, or is left out
-    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out)]) == 2
+    assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--force"]) == 2
     assert "broken.png" in capsys.readouterr().err and len(out.read_text().splitlines()) == 4
     with pytest.warns(UserWarning, match="skipped .*broken.png: not a readable image"):
-        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad"]) == 0
+        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad", "--force"]) == 0
     assert len(out.read_text().splitlines()) == 4  # the three readable images
     from PIL import Image as PillowImage
 
@@ -227,7 +280,7 @@ def test_the_default_export_takes_any_batch_and_infer_out_is_replaced_whole(tmp_
     monkeypatch.setattr(PillowImage, "open", unreadable)
     (images / "broken.png").unlink()
     with pytest.warns(UserWarning, match="skipped .*a.png: permission denied"):
-        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad"]) == 0
+        assert main(["infer", str(tmp_path / "m.onnx"), str(images), "--out", str(out), "--skip-bad", "--force"]) == 0
 
 
 def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypatch):

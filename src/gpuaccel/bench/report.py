@@ -46,7 +46,6 @@ def write_report(run_dir) -> Path:
         elif summary_path.exists():
             results = _train_results(run_dir)
             body = _train_body(results, run_dir)
-            write_json(results_path, results)  # (only once the page could be made)
         else:
             raise GpuaccelError(f"{run_dir} holds no gpuaccel run (neither results.json of a bench run nor "
                                 f"summary.json of a training run)")
@@ -59,7 +58,16 @@ def write_report(run_dir) -> Path:
             f"<body>{body}<p class=\"meta\">written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by "
             f"gpuaccel report</p></body></html>\n")
     out = run_dir / "report.html"
-    atomic_write(out, lambda f: f.write(page.encode("utf-8")))  # a kill leaves the previous report whole
+    try:
+        if results.get("kind") != "bench":
+            write_json(results_path, results)  # (only once the page could be made)
+        atomic_write(out, lambda f: f.write(page.encode("utf-8")))  # a kill leaves the previous report whole
+    except PermissionError as exc:
+        raise GpuaccelError(f"cannot write the report into {run_dir} ({exc.strerror}); copy the run to a folder "
+                            f"you can write") from None
+    except OSError as exc:
+        raise GpuaccelError(f"cannot write the report into {run_dir} ({exc.strerror or exc}); copy the run to a "
+                            f"folder you can write") from None
     return out
 
 

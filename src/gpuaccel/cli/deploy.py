@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..errors import GpuaccelError
+from ..files import output_file
 
 
 def add_deploy_parsers(sub) -> None:
@@ -39,6 +40,8 @@ def _export_parser(sub) -> None:
     e.add_argument("--data", metavar="SPEC", help="verify on this data set's held-out split (default: the run's)")
     e.add_argument("--verify-images", "--verify", type=int, default=1000, metavar="N",
                    help="held-out images (sentences, recordings) to compare (1000)")
+    e.add_argument("--keep-unverified", action="store_true",
+                   help="keep an artefact that fails its verification (it is removed otherwise)")
     e.add_argument("--json", action="store_true", help="print the verification as JSON")
     e.set_defaults(handler=_run_export)
 
@@ -64,7 +67,9 @@ def _infer_parser(sub) -> None:
                         "cuda or cuda:N")
     i.add_argument("--batch-size", "--batch", type=int, default=256, help="images per batch (default 256)")
     i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
-    i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output)")
+    i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output; an existing file "
+                                                "only with --force; a run's own files never)")
+    i.add_argument("--force", action="store_true", help="replace an existing --out file")
     i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
     i.add_argument("--runtime", default="onnxruntime",
                    help="what runs .onnx files: onnxruntime (default) or openvino (CPU only; needs gpuaccel[openvino])")
@@ -111,7 +116,9 @@ def _translate_parser(sub) -> None:
     t.add_argument("model", metavar="MODEL", help="a run directory, its model.pt / best.pt, or translator.zip")
     t.add_argument("input", nargs="?", default="-", metavar="FILE", help="the text to translate (default: - , "
                                                                            "standard input)")
-    t.add_argument("--out", metavar="FILE", help="write the translations here (default: standard output)")
+    t.add_argument("--out", metavar="FILE", help="write the translations here (default: standard output; an existing "
+                                                 "file only with --force)")
+    t.add_argument("--force", action="store_true", help="replace an existing --out file")
     t.add_argument("--beam", type=int, metavar="K", help="beam size (default: the run's; 1: greedy)")
     t.add_argument("--length-penalty", type=float, metavar="P",
                    help="rank hypotheses by log-probability / length ** P (default: the run's)")
@@ -278,7 +285,7 @@ def _run_export(args) -> int:
     from ..deploy.exports import export_run
 
     report, what = export_run(args.checkpoint, args.format, args.out, data=args.data, verify_count=args.verify_images,
-                              static_batch=args.static_batch, opset=args.opset)
+                              static_batch=args.static_batch, opset=args.opset, keep_unverified=args.keep_unverified)
     return _export_report(args, report, f"held-out {what}", report[what])
 
 
@@ -303,10 +310,12 @@ def _export_report(args, report: dict, what: str, count: int) -> int:
     if not report["passed"]:
         reason = ("boxes further than 1e-3 px apart or different after NMS" if "max_box_diff" in report else
                   "under 99% of the translations the same, or BLEU more than 0.1 apart" if "same_translations" in report
+                  else "the outputs differ by more than 1% of their size" if not report.get("outputs_close", True)
                   else
                   "class maps agree on under 99.9% of pixels" if "pixel_agreement" in report else
                   "top-1 agreement under 99.9%")
-        print(f"gpuaccel: export verification FAILED: {reason}", file=sys.stderr)
+        kept = "removed it (--keep-unverified keeps it)" if report.get("removed") else "kept it (--keep-unverified)"
+        print(f"gpuaccel: export verification FAILED: {reason}; {kept}", file=sys.stderr)
         return 1
     return 0
 
@@ -356,11 +365,12 @@ def _run_infer(args) -> int:
     from ..tasks import SCENE_TASKS
 
     if _is_translation(args.model):  # text in, text out: as 'gpuaccel translate', over every input in order
-        return _translate(args.model, args.inputs, out=args.out, device=args.device, batch_tokens=16384)
+        return _translate(args.model, args.inputs, out=args.out, device=args.device, batch_tokens=16384,
+                          force=args.force)
     args.device = inference_device(args.model, args.device, args.runtime)
     runner = load_runner(args.model, args.device, threads=args.threads, runtime=args.runtime)
     if args.out and runner.task.name != "segmentation":  # before any work: a run that cannot write is wasted
-        _output_file(args.out)
+        output_file(args.out, force=args.force)
     if runner.task.name in SCENE_TASKS:
         return _infer_scenes(args, runner)
     inputs = read_inputs(runner, args.inputs, skip_bad=args.skip_bad)
@@ -412,19 +422,6 @@ def _infer_scenes(args, runner) -> int:
     return 0
 
 
-def _output_file(out: str) -> None:
-    """``out`` can be written: not a directory; its directory is made where missing."""
-    from pathlib import Path
-
-    path = Path(out)
-    if path.is_dir():
-        raise GpuaccelError(f"--out {out} is a directory; give a file name, e.g. {path / 'predictions.csv'}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GpuaccelError(f"cannot create the directory of --out {out}: {exc.strerror}") from None
-
-
 def _write_predictions(out: str | None, text: str) -> None:
     """The CSV to ``out`` (a new file replaces the old one only once it is whole) or standard
     output; a name that is not valid UTF-8 is written with its odd bytes escaped (\\udcXX)."""
@@ -460,10 +457,10 @@ def _run_translate(args) -> int:
         raise GpuaccelError("--batch-tokens must be at least 1")
     return _translate(args.model, [args.input], out=args.out, device=args.device, beam_size=args.beam,
                       length_penalty=args.length_penalty, batch_tokens=args.batch_tokens, reference=args.reference,
-                      as_json=args.json)
+                      as_json=args.json, force=args.force)
 
 
-def _translate(model: str, inputs: list[str], *, out: str | None, device: str, batch_tokens: int,
+def _translate(model: str, inputs: list[str], *, out: str | None, device: str, batch_tokens: int, force: bool,
                reference: str | None = None, as_json: bool = False, **decoding) -> int:
     """Translates the lines of ``inputs`` (files, or - for standard input) in order into ``out``
     (or standard output), written as a new file that replaces any old one only when whole."""
@@ -473,7 +470,7 @@ def _translate(model: str, inputs: list[str], *, out: str | None, device: str, b
     from ..files import atomic_write
 
     if out:
-        _output_file(out)
+        output_file(out, force=force)
     translator = (Translator.from_export if is_translation_export(model) else Translator.from_run)(
         model, device=device, **decoding)
     lines = read_lines(inputs)

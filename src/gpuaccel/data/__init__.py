@@ -16,6 +16,7 @@ from ..errors import GpuaccelError, choice_error
 from . import cache
 from .dataset import ImageDataset
 from .formats import READERS, ReadOptions
+from .images import not_a_regular_file
 from .kinds import find_kind, kind_named, spec_names
 from .stream import StreamingDataset, find_shards, open_stream
 
@@ -42,6 +43,9 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
     if not path.exists():
         raise GpuaccelError(f"data path {str(path)!r} does not exist; give a data directory or file, "
                             f"or 'digits' for the built-in data set")
+    odd = not_a_regular_file(path)
+    if odd is not None:
+        raise GpuaccelError(f"{path} is {odd}; give a data directory or file")
     return kind or find_kind(path)[1], path
 
 

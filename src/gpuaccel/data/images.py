@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -37,10 +38,29 @@ class ImageSource:
     data: bytes | None = None
 
 
+def not_a_regular_file(path) -> str | None:
+    """Why ``path`` is not a file that can be read to its end (a FIFO would block a reader for
+    ever, a device such as /dev/zero never ends), or None for a regular file (or one that is
+    gone: its reader says so)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or \
+        stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    return f"{kind}, not a regular file"
+
+
 def _decode_one(source: ImageSource, size: int | None):
     """Returns (HWC uint8 array, None) or (None, reason); never raises for a bad file."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    if source.data is None:
+        odd = not_a_regular_file(source.path)
+        if odd is not None:
+            return None, odd
     try:
         with Image.open(source.path if source.data is None else io.BytesIO(source.data)) as img:
             img.load()  # forces a full decode, so a truncated file fails here, not later
@@ -73,6 +93,8 @@ def why_unreadable(path: str) -> str:
         return "permission denied: this user may not read the file"
     if reason.startswith(("FileNotFoundError", "IsADirectoryError")):
         return "the file is gone"
+    if reason.endswith("not a regular file"):
+        return reason
     return f"not a readable image ({reason})"
 
 
@@ -109,6 +131,8 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
     def read(source):
         if source.data is not None:
             return source.data
+        if not_a_regular_file(source.path):
+            return b""  # (no JPEG: decoded on the CPU, which names why)
         with open(source.path, "rb") as f:
             return f.read()
 

@@ -105,7 +105,8 @@ def _pairs_from_files(source: Path, target: Path) -> tuple[list[str], list[str]]
 def _pairs_from_table(path: Path, source: str, target: str) -> tuple[list[str], list[str]]:
     from .sentences import table_rows
 
-    columns, rows = table_rows(path)
+    table = table_rows(path)
+    columns, rows = table.columns, table.rows
     lowered = [c.lower() for c in columns]
     picked = []
     for side, name in (("source", source), ("target", target)):

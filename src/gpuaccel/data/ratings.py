@@ -139,10 +139,21 @@ def read_triples(path: Path) -> tuple[list[str], list[str], np.ndarray, np.ndarr
                                         f"({', '.join(rows[0])})")
             rows = [[r[i] for i in found] + ([r[time_column]] if time_column is not None and time_column < len(r)
                                              else []) for r in rows[1:] if r]
-        else:
+        else:  # MovieLens' own files: user, item, rating (0.5-5 stars), timestamp on each line
             separator = "::" if name.endswith(".dat") else "\t"
             with open(path, encoding="utf-8") as f:
-                rows = [line.rstrip("\n").split(separator)[:4] for line in f if line.strip()]
+                rows = []
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    fields = line.rstrip("\n").rstrip("\r").split(separator)
+                    if len(fields) != 4:
+                        raise GpuaccelError(f"{path}: line {number} has {len(fields)} field(s); a MovieLens ratings "
+                                            f"file has 4 on each line (user, item, rating, timestamp)")
+                    if _is_number(fields[2]) and not 0.5 <= float(fields[2]) <= 5:
+                        raise GpuaccelError(f"{path}: line {number} rates {fields[2].strip()!r}; MovieLens ratings are "
+                                            f"0.5 to 5 stars (other scales: a CSV with a rating column)")
+                    rows.append(fields)
     except UnicodeDecodeError as exc:
         raise GpuaccelError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not rows:

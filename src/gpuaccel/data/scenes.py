@@ -219,6 +219,9 @@ def _read_masks(items: list[_Annotated], hw: tuple[int, int], resized: bool, ski
                     problem = f"a mask is one class per pixel (a grey or palette PNG), not {img.mode}"
                 else:
                     mask = np.asarray(img.convert("L") if img.mode in ("1",) else img)
+                    if mask.size and int(mask.max()) > 255:  # (a 16-bit mask: uint8 would wrap it)
+                        raise ValueError(f"it holds class value {int(mask.max())}; masks hold one class per "
+                                         f"pixel, 0 (background) to 255")
                     with Image.open(item.path) as photo:
                         photo_size = photo.size
                     if mask.shape[::-1] != tuple(photo_size):
@@ -226,8 +229,10 @@ def _read_masks(items: list[_Annotated], hw: tuple[int, int], resized: bool, ski
                     elif mask.shape != hw:
                         mask = np.asarray(Image.fromarray(mask.astype(np.uint8)).resize((hw[1], hw[0]),
                                                                                          Image.Resampling.NEAREST))
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             problem = f"cannot be read ({type(exc).__name__}: {exc})"
+        except ValueError as exc:
+            problem = str(exc) if str(exc).startswith("it holds") else f"cannot be read (ValueError: {exc})"
         if problem is not None:
             name = item.mask.relative_to(root)
             if not skip_bad:
@@ -273,9 +278,16 @@ def _coco_split(json_path: Path, root: Path, split: str, skip_bad: bool, skipped
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise GpuaccelError(f"{json_path} is not COCO detection JSON ({type(exc).__name__}: {exc})") from None
     bases = [root / "images" / split, root / "images", root / split, root]
-    by_id, order = {}, []
+    by_id, order, listed, names_seen = {}, [], set(), {}
     for image in images:
         name = image["file_name"]
+        if image["id"] in listed or name in names_seen:
+            twice = f"image id {image['id']}" if image["id"] in listed else f"{name} (ids {names_seen[name]} and " \
+                                                                            f"{image['id']})"
+            raise GpuaccelError(f"{json_path.name} lists {twice} twice; an image is listed once, its boxes are "
+                                f"annotations that name its id")
+        listed.add(image["id"])
+        names_seen[name] = image["id"]
         path = next((b / name for b in bases if (b / name).is_file()), None)
         if path is None:
             where = f"image {name} of {json_path.name}"
@@ -289,6 +301,10 @@ def _coco_split(json_path: Path, root: Path, split: str, skip_bad: bool, skipped
         order.append(item)
     names = {c["id"]: str(c.get("name", c["id"])) for c in categories}
     for ann in annotations:
+        if ann.get("image_id") not in listed:
+            _bad_box(f"annotation {ann.get('id')} is of image id {ann.get('image_id')}, which the file does not list",
+                     json_path.name, skip_bad, skipped)
+            continue
         item = by_id.get(ann.get("image_id"))
         if item is None or ann.get("iscrowd", 0):
             continue  # (an image left out; crowd regions are not objects to find)

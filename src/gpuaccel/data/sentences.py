@@ -42,14 +42,23 @@ _LENGTH_STEP = 8  # batch lengths are rounded up to a multiple of this: few dist
 
 # ---------------------------------------------------------------------------------- reading
 
-def table_rows(path: Path) -> tuple[list[str], list[list[str]]]:
-    """(column names, rows) of a .tsv, .csv or .jsonl file."""
+@dataclass
+class Table:
+    """A .tsv, .csv or .jsonl file's column names, rows (each a list of cells, '' where a value is
+    missing or JSON null) and each row's line number in the file, for messages."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    lines: list[int]
+
+
+def table_rows(path: Path) -> Table:
     text = read_text(path)
     if not text.strip():
         raise GpuaccelError(f"{path} is empty")
     lines = text.splitlines()
     if path.suffix.lower() == ".jsonl":
-        records = []
+        records, numbers = [], []
         for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
@@ -59,15 +68,21 @@ def table_rows(path: Path) -> tuple[list[str], list[list[str]]]:
                 if not isinstance(record, dict):
                     raise GpuaccelError(f"{path}: line {number} is not a JSON object")
                 records.append(record)
+                numbers.append(number)
         columns = list(dict.fromkeys(k for r in records for k in r))
-        return columns, [[str(r.get(c, "")) for c in columns] for r in records]
+        cell = lambda value: "" if value is None else str(value)  # noqa: E731  (JSON null: no value)
+        return Table(columns, [[cell(r.get(c)) for c in columns] for r in records], numbers)
     # tab-separated text is read without quoting: a sentence may hold quotation marks
     reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if path.suffix.lower() == ".tsv" \
         else csv.reader(lines)
-    rows = [row for row in reader if any(cell.strip() for cell in row)]
+    rows, numbers = [], []
+    for row in reader:
+        if any(cell.strip() for cell in row):
+            rows.append(row)
+            numbers.append(reader.line_num)
     if len(rows) < 2:
         raise GpuaccelError(f"{path} has a header and no rows" if rows else f"{path} is empty")
-    return [c.strip() for c in rows[0]], rows[1:]
+    return Table([c.strip() for c in rows[0]], rows[1:], numbers[1:])
 
 
 def _column(columns: list[str], asked: str | None, usual: tuple[str, ...], what: str, path: Path,
@@ -88,15 +103,16 @@ def _column(columns: list[str], asked: str | None, usual: tuple[str, ...], what:
 
 def read_labelled(path: Path, text_column: str | None, label_column: str | None) -> tuple[list[str], list[str]]:
     """(texts, raw labels) of one file."""
-    columns, rows = table_rows(path)
+    table = table_rows(path)
+    columns = table.columns
     label = _column(columns, label_column, LABEL_NAMES, "label", path)
     text = _column(columns, text_column, TEXT_NAMES, "text", path, other=label)
     texts, labels = [], []
-    for number, row in enumerate(rows, 2):
+    for row, line in zip(table.rows, table.lines):
         if len(row) <= max(label, text):
-            raise GpuaccelError(f"{path}: row {number} has {len(row)} column(s); the header has {len(columns)}")
+            raise GpuaccelError(f"{path}: line {line} has {len(row)} column(s); the header has {len(columns)}")
         if not row[label].strip():
-            raise GpuaccelError(f"{path}: row {number} has no label")
+            raise GpuaccelError(f"{path}: line {line} has no label")
         texts.append(row[text])
         labels.append(row[label].strip())
     return texts, labels
@@ -157,7 +173,7 @@ def sentence_files(path: Path) -> tuple[Path, Path | None]:
 
 def _has_labels(path: Path) -> bool:
     try:
-        columns, _ = table_rows(path)
+        columns = table_rows(path).columns
     except GpuaccelError:
         return False
     return any(c.lower() in LABEL_NAMES for c in columns)

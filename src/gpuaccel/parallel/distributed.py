@@ -79,6 +79,7 @@ class Distributed:
         """Joins the process group (once)."""
         if not self.active or dist.is_initialized():
             return
+        stop_with_launcher()
         if not dist.is_available():
             raise GpuaccelError("this PyTorch build has no torch.distributed; multi-process training needs it")
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -188,3 +189,24 @@ def first_host(nodelist: str) -> str:
     ranges, suffix = rest.split("]", 1)
     first = ranges.split(",", 1)[0].split("-", 1)[0]
     return prefix + first + suffix.split(",", 1)[0]
+
+
+def stop_with_launcher() -> None:
+    """Under torchrun: this process is sent SIGTERM when its launcher dies, as when the launcher
+    ends it itself (a run then checkpoints and stops). A launcher killed with SIGKILL cannot pass
+    its own signal on, and its workers trained on, holding the run directory's lock (Linux only:
+    prctl's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    launcher = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # (it died before the request took effect)
+        os.kill(os.getpid(), signal.SIGTERM)

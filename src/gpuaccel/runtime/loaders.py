@@ -77,6 +77,8 @@ class ResidentLoader(_LikeDataLoader, _ShardedOrder):
     are kept: float targets stay float. By default in gpuaccel's seeded order, shuffled for
     training, this process's shard of it; with ``order_of``, in that DataLoader's order."""
 
+    resident = True  # (what a script asks of a prepared loader: its data set lives on the device)
+
     def __init__(self, tensors, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
                  rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
                  order_of: DataLoader | None = None, layout=None, meter: DataWaitMeter | None = None):
@@ -186,6 +188,8 @@ class PrefetchLoader(_LikeDataLoader):
     """Batches made on the host arriving on ``device``: from pinned memory, copied one step ahead
     of their use on a side stream (the consuming stream waits for each copy). ``passes``: a user's
     DataLoader, or :func:`dataset_loader`'s worker processes."""
+
+    resident = False
 
     def __init__(self, passes: DataLoader | _DatasetPasses, device: torch.device, *, layout=None,
                  meter: DataWaitMeter | None = None):

@@ -42,6 +42,12 @@ class Classification(Task):
                 "integer class indices (torch.long)"
             raise GpuaccelError(f"task classification takes integer class indices as targets, got {targets.dtype} "
                                 f"of shape {tuple(targets.shape)}; use {hint}")
+        if targets.dim() != outputs.dim() - 1:
+            hint = "; squeeze the last dimension" if targets.dim() == outputs.dim() and targets.shape[-1] == 1 else ""
+            want = ", ".join(["N", *map(str, outputs.shape[2:])]) if outputs.dim() > 2 else "N,"
+            got = ", ".join(["N", *map(str, outputs.shape[1:])])
+            raise GpuaccelError(f"task classification takes one class index per sample: the model's outputs "
+                                f"({got}) take targets ({want}), not targets of shape {tuple(targets.shape)}{hint}")
         classes = outputs.shape[1]
         low, high = int(targets.min()), int(targets.max())  # (once, before training)
         if low < 0 or high >= classes:

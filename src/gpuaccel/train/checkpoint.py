@@ -34,7 +34,11 @@ def load(path: Path, map_location="cpu") -> dict:
         raise GpuaccelError(f"{path} is not a readable gpuaccel checkpoint ({type(exc).__name__})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise GpuaccelError(f"{path} is not a gpuaccel checkpoint")
-    if state.get("version", 0) > VERSION:
+    version = state.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise GpuaccelError(f"{path}: its format version {version!r} is not a whole number; it is not a checkpoint "
+                            f"gpuaccel wrote (or it was edited)")
+    if version > VERSION:
         raise GpuaccelError(f"{path} was written by a newer gpuaccel (format {state['version']}); upgrade gpuaccel")
     return state
 

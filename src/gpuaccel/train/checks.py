@@ -12,6 +12,7 @@ from ..errors import GpuaccelError
 from ..models.registry import create_model, list_models
 from ..tasks import call_model
 from .config import DEFAULT_MODEL, TrainConfig
+from .inputs import USER_DATA
 
 
 def check_processes_agree(trainer) -> None:
@@ -53,6 +54,17 @@ def check_task(trainer, batch) -> None:
         trainer.model.train(was_training)
         torch.backends.cudnn.benchmark = autotune
     trainer.task.check_batch(outputs, targets)
+    if trainer.config.data == USER_DATA:  # (gpuaccel's readers check their labels as they read them)
+        # a user's data held on the device is checked whole, so that a bad label in a later batch,
+        # or only in the evaluation data, is this one line too and not a failure mid-run
+        for which, loader in (("training", trainer.train_loader), ("evaluation", trainer.eval_loader)):
+            whole = getattr(loader, "tensors", None)
+            if whole is None:
+                continue
+            try:
+                trainer.task.check_batch(outputs, trainer.task.split(whole)[1])
+            except GpuaccelError as exc:
+                raise GpuaccelError(f"the {which} data: {exc}") from None
 
 
 def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) -> str | None:

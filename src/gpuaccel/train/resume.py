@@ -43,20 +43,40 @@ def resumed_config(config, state: dict, overrides: dict, run_dir) -> tuple:
 
 
 def saved_config(run_dir: Path, state: dict) -> tuple[TrainConfig, str | None]:
-    """The run's settings from its config.json, or, where that is missing or damaged (a hand
-    edit, a disk fault), from the checkpoint, which holds the same settings; and what was wrong
-    with config.json (None: nothing)."""
+    """The run's settings and what was wrong with config.json (None: nothing). The checkpoint
+    holds the settings the run was trained with and is the authority for them: config.json
+    adds only the settings a resume may change (a resume writes those there), so a config.json
+    with keys missing, other values, or none at all (a hand edit, a disk fault) changes
+    nothing. A checkpoint without a copy (written by an early gpuaccel) leaves config.json."""
     path = run_dir / "config.json"
+    recorded = state.get("config") if isinstance(state.get("config"), dict) else None
     try:
-        return TrainConfig.from_dict(json.loads(path.read_text())), None
+        written = json.loads(path.read_text())
+        if not isinstance(written, dict):
+            raise ValueError("not a mapping of settings")
+        TrainConfig.from_dict(written)  # (unknown keys: damaged)
     except FileNotFoundError:
-        problem = "is missing"
+        written, problem = None, "is missing"
     except (ValueError, TypeError, AttributeError, GpuaccelError) as exc:  # not JSON, or not a config
-        problem = f"is damaged ({str(exc).splitlines()[0][:120]})"
-    if not isinstance(state.get("config"), dict):
-        raise GpuaccelError(f"{path} {problem} and {CHECKPOINT} holds no copy of the settings; restore config.json "
-                            f"or start a new run")
-    return TrainConfig.from_dict(state["config"]), problem
+        written, problem = None, f"is damaged ({str(exc).splitlines()[0][:120]})"
+    else:
+        problem = None
+    if recorded is None:
+        if written is None:
+            raise GpuaccelError(f"{path} {problem} and {CHECKPOINT} holds no copy of the settings; restore "
+                                f"config.json or start a new run")
+        return TrainConfig.from_dict(written), None
+    if written is None:
+        return TrainConfig.from_dict(recorded), problem
+    same = json.loads(json.dumps(recorded, default=str))  # (compared as config.json spells values)
+    missing = sorted(k for k in same if k not in written)
+    differ = sorted(k for k in same if k in written and written[k] != same[k] and k not in RESUME_CHANGEABLE)
+    settings = {**recorded, **{k: v for k, v in written.items() if k in RESUME_CHANGEABLE}}
+    if missing or differ:
+        problem = "; ".join(part for part in (
+            f"lacks {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}" if missing else "",
+            f"differs from the checkpoint in {', '.join(differ[:8])}" if differ else "") if part)
+    return TrainConfig.from_dict(settings), problem
 
 
 def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool = False, model=None,
