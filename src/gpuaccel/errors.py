@@ -38,5 +38,13 @@ class GpuaccelError(Exception):
 
 
 def choice_error(what: str, value: object, valid) -> GpuaccelError:
-    """An error for an unknown name, listing the valid ones."""
-    return GpuaccelError(f"unknown {what} {value!r}; choose one of: {', '.join(map(str, valid))}")
+    """An error for an unknown name, listing the valid ones, and the likeliest meant first (a name
+    spelled with other punctuation or case, or close to it)."""
+    import difflib
+
+    names = [str(v) for v in valid]
+    plain = {"".join(ch for ch in n.lower() if ch.isalnum()): n for n in names}
+    meant = plain.get("".join(ch for ch in str(value).lower() if ch.isalnum())) or \
+        next(iter(difflib.get_close_matches(str(value), names, n=1, cutoff=0.75)), None)
+    hint = f"did you mean {meant!r}? " if meant is not None and meant != value else ""
+    return GpuaccelError(f"unknown {what} {value!r}; {hint}choose one of: {', '.join(names)}")

@@ -186,3 +186,37 @@ def test_a_cuda_build_on_a_machine_without_a_gpu_says_nothing_of_cuda_home(monke
     assert "torch.utils.cpp_extension" in sys.modules
     assert "CUDA_HOME" not in capsys.readouterr().err  # (printed, as earlier versions of PyTorch do)
     assert not [r for r in caplog.records if "CUDA_HOME" in r.getMessage()]  # (logged, as torch 2.13 does)
+
+
+def test_options_are_spelled_out_and_a_mistyped_one_points_to_its_commands_help(capsys):
+    line = assert_user_error(capsys, ["train", "--epoch", "1"], "unrecognized arguments: --epoch 1")
+    assert "(see 'gpuaccel train --help')" in line
+    line = assert_user_error(capsys, ["train", "--model", "resnet-18", "--epochs", "0.01"], "did you mean 'resnet18'?")
+    assert "unknown model 'resnet-18'" in line
+
+
+def test_help_says_what_train_and_infer_do_beyond_classifying_images(capsys):
+    from gpuaccel.cli import build_parser
+
+    parser = build_parser()
+    top = " ".join(subprocess.run([sys.executable, "-m", "gpuaccel", "--help"], capture_output=True,
+                                  text=True).stdout.split())
+    assert "sentence pairs, recordings, ratings" in top and "image classification from the command line" not in top
+    infer = " ".join(parser.commands["infer"].format_help().split())
+    for words in ("with a detector, boxes", "with a segmenter, masks", "segmentation: a folder", "translation"):
+        assert words in infer, words
+
+
+def test_a_resume_says_where_it_continues_and_one_input_is_one(tmp_path, capsys):
+    from PIL import Image
+
+    run = tmp_path / "r"
+    assert main(["train", "--epochs", "1", "--run-dir", str(run), "--no-monitor", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--quiet"]) == 0
+    assert main(["train", "--resume", str(run), "--epochs", "3"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming {run} from step " in err and "(epoch 2.00 of 3" in err
+    Image.new("L", (8, 8), 128).save(tmp_path / "one.png")
+    assert main(["infer", str(run), str(tmp_path / "one.png")]) == 0
+    assert "\n1 image with pytorch" in "\n" + capsys.readouterr().err

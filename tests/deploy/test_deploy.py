@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_infer_on_a_data_set_reports_accuracy_with_every_backend(run_dir, tmp_pa
     for model in (str(run_dir), str(onnx_path)):
         assert main(["infer", model, "digits", "--out", str(tmp_path / "p.csv"), "--force"]) == 0
         err = capsys.readouterr().err
-        accuracy = float(err.split("accuracy ")[1].rstrip("%\n"))
+        accuracy = float(re.search(r"accuracy ([\d.]+)% on the held-out split of digits \(20% of its images", err)[1])
         assert accuracy > 80
 
 
@@ -213,6 +214,10 @@ def test_int8_quantisation_keeps_digits_accuracy(run_dir, tmp_path, capsys):
     import onnx
     ops = {node.op_type for node in onnx.load(str(out)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # really quantised, not a copy
+    assert main(["quantize", str(run_dir), "--int8", "--calib", "64", "--out", str(tmp_path / "again.onnx")]) == 0
+    err = capsys.readouterr().err  # (minutes for a large model: each stage is said as it starts)
+    stages = ["exporting the model to ONNX", "calibrating and quantising to int8 on 64", "evaluating and timing"]
+    assert all(stage in err for stage in stages) and err.index(stages[0]) < err.index(stages[2])
 
 
 def test_quantize_without_calibration_data_is_a_clear_error(run_dir, tmp_path, capsys):
@@ -265,7 +270,7 @@ def test_openvino_runs_fp32_and_int8_onnx_like_onnx_runtime(run_dir, tmp_path, c
             np.testing.assert_allclose(logits, reference, atol=tolerance)
     assert main(["infer", str(int8), "digits", "--runtime", "openvino", "--out", str(tmp_path / "p.csv")]) == 0
     err = capsys.readouterr().err
-    assert "with openvino on cpu" in err and float(err.split("accuracy ")[1].rstrip("%\n")) > 80
+    assert "with openvino on cpu" in err and float(re.search(r"accuracy ([\d.]+)%", err)[1]) > 80
     bad_onnx = tmp_path / "bad.onnx"
     bad_onnx.write_bytes(b"\x08\x01garbage")
     (tmp_path / "bad.onnx.json").write_text((tmp_path / "m.onnx.json").read_text())
@@ -428,3 +433,17 @@ def test_infer_on_a_fifo_is_one_line(run_dir, tmp_path, capsys):
     zero = tmp_path / "z.png"
     os.symlink("/dev/zero", zero)
     _one_line_error(capsys, ["infer", str(run_dir), str(zero)], "is a device, not a regular file")
+
+
+def test_infer_on_a_folder_of_class_folders_scores_its_held_out_split_and_says_which(run_dir, tmp_path, capsys):
+    """A folder of class folders is a data set, as MNIST's files are: its held-out split, with the
+    accuracy and which split it was; a flat folder of images is images to label."""
+    folder = make_image_folder(tmp_path / "classes", per_class=(10, 4), size=8, split=True)
+    assert main(["infer", str(run_dir), str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1 + 4 * len(CLASSES)  # the test/ folder's images only
+    assert "accuracy" in err and "on the held-out split of classes (its test split)" in err
+    flat = make_image_folder(tmp_path / "flat", per_class=(3, 0), size=8, split=False) / CLASSES[0]
+    assert main(["infer", str(run_dir), str(flat)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1 + 3 and "accuracy" not in err

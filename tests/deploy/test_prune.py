@@ -51,6 +51,9 @@ def test_structured_prune_cli_fine_tunes_and_leaves_a_usable_run(run_dir, tmp_pa
     assert report["after"]["parameters"] < 0.6 * report["before"]["parameters"]
     assert report["after"]["flops_per_image"] < 0.6 * report["before"]["flops_per_image"]
     assert report["finetune"]["epochs"] == 2 and report["after"]["test_accuracy"] > 0.5
+    # the latencies printed before and after are the speed-up's own alternating rounds: they agree with it
+    ratio = report["before"]["latency_p50_ms"] / report["after"]["latency_p50_ms"]
+    assert 0.8 * report["speedup_batch1_min"] <= ratio <= 1.25 * report["speedup_batch1_max"]
     assert json.loads((out / "prune.json").read_text())["method"] == "structured"
     trained = load_trained(out)  # rebuilt from the stored structure
     assert sum(p.numel() for p in trained.module.parameters()) == report["after"]["parameters"]

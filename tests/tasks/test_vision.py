@@ -412,3 +412,17 @@ def test_a_sixteen_bit_mask_beyond_255_is_refused_not_wrapped(tmp_path):
     Image.fromarray(mask).save(root / "masks" / "train" / "0003.png")
     with pytest.raises(GpuaccelError, match=r"mask masks/train/0003.png: it holds class value 260"):
         load_scenes(root, "masks")
+
+
+def test_a_detector_that_finds_nothing_is_verified_on_all_its_boxes_not_on_none():
+    """An export check on images where the model finds no box used to compare nothing and pass:
+    every top-k box is compared then, so an artefact with other boxes fails."""
+    from gpuaccel.deploy.vision import compare_detections
+
+    rng = np.random.default_rng(0)
+    expected = np.concatenate([rng.uniform(0, 60, (2, 5, 4)), np.full((2, 5, 1), 0.01), np.zeros((2, 5, 1))], -1)
+    same = compare_detections(expected, expected.copy())
+    assert same["passed"] and same["detections_compared"] == 10 and same["compared_at_score"] is None
+    moved = expected.copy()
+    moved[..., :4] += 3.0  # other boxes, still below any score threshold
+    assert not compare_detections(expected, moved)["passed"]

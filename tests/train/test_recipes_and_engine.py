@@ -164,3 +164,16 @@ def test_bias_lr_scale_sets_the_second_group():
     assert [g["lr"] for g in opt.param_groups] == [0.1, pytest.approx(0.4)]
     assert opt.param_groups[1]["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a recipe does on a machine without a GPU")
+def test_a_recipe_that_compiles_for_gpus_runs_uncompiled_on_a_cpu_unless_asked(capsys):
+    from gpuaccel.cli import main
+
+    assert main(["train", "--recipe", "cifar10-fast", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "compile: false" in out and "the cifar10-fast recipe compiles its model for GPUs" in err
+    assert "--compile compiles anyway" in err
+    assert main(["train", "--recipe", "cifar10-fast", "--compile", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "compile: true" in out and "note" not in err

@@ -98,10 +98,30 @@ def test_time_limit_keeps_time_for_the_final_evaluation(tmp_path, digits, monkey
         return evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "evaluate", slow)
-    s = fit(tmp_path, digits, model="lenet5", epochs=500, batch_size=64, time_limit=2.0, eval_every=80,
+    s = fit(tmp_path, digits, model="lenet5", epochs=500, batch_size=64, time_limit=2.0, eval_every=20,
             checkpoint_epochs=0)
     assert s["stopped_by"] == "time_limit"
-    assert s["train_seconds"] <= 2.0 - 0.6 + 0.3  # stopped early enough for the last evaluation
+    assert s["train_seconds"] <= 2.0 - 0.6 + 0.15  # stopped early enough for the last evaluation (0.15: a slow step)
+
+
+def test_time_limit_holds_before_the_first_evaluation_and_the_progress_line_knows_it(tmp_path, digits, monkeypatch):
+    """No evaluation yet to reckon the last one by: the limit is kept with an estimate of it, and
+    a step's length besides; the progress line's time left is the limit's, where that is shorter."""
+    from gpuaccel.train import progress
+
+    lines, init = [], progress.Progress.__init__
+
+    def often(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.every = 0.2
+    monkeypatch.setattr(progress.Progress, "__init__", often)
+    monkeypatch.setattr(progress.Progress, "log", lambda self, line: lines.append(line))
+    config = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=None, model="lenet5", epochs=500, batch_size=64,
+                         time_limit=1.5, eval_every=100_000, checkpoint_epochs=0, monitor=False)
+    s = Trainer(config, dataset=digits, quiet=False).fit()
+    assert s["stopped_by"] == "time_limit" and s["train_seconds"] < 1.5
+    left = [line for line in lines if " left" in line]
+    assert left and all(" h " not in line and " min " not in line for line in left), left
 
 
 def test_run_dir_with_a_checkpoint_is_not_overwritten(tmp_path, digits):

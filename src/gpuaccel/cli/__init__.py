@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     add_deploy_parsers(sub)
     add_bench_parsers(sub)
+    parser.commands = sub.choices  # {name: its parser}
     return parser
 
 
@@ -97,7 +98,11 @@ def main(argv=None) -> int:
     speaking_to_the_command_line(True)
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # (named by the command's own parser, which lists its options)
+            command = parser.commands.get(getattr(args, "command", None), parser)
+            command.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.argv = argv[1:]  # after the command name: what a launcher passes on
         if not getattr(args, "handler", None):
             build_parser().print_help()

@@ -47,10 +47,12 @@ def _export_parser(sub) -> None:
 
 
 def _infer_parser(sub) -> None:
-    i = sub.add_parser("infer", help="predict classes for images (sentences, recordings) with a trained or exported "
-                                     "model",
+    i = sub.add_parser("infer", help="predict with a trained or exported model: classes of images, sentences or "
+                                     "recordings, boxes (detection), masks (segmentation), translations",
                        description="Predict classes for image files, a folder of images, or a data set's held-out "
-                                   "split, with a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
+                                   "split (with its accuracy); or, with a detector, boxes (CSV, or JSON for --out "
+                                   "*.json); with a segmenter, masks (one PNG per image in the --out folder); with "
+                                   "a checkpoint (PyTorch), an .onnx file (ONNX Runtime), a .pt2 or a "
                                    ".ts file; or, with a run of a text classifier, for text files (a sentence per "
                                    "line) or a labelled .tsv/.csv/.jsonl (scored); with a run of an audio classifier, for WAV files "
                                    "and folders of them (the same with their exported or quantised files); with a "
@@ -67,8 +69,10 @@ def _infer_parser(sub) -> None:
                         "cuda or cuda:N")
     i.add_argument("--batch-size", "--batch", type=int, default=256, help="images per batch (default 256)")
     i.add_argument("--top-k", type=int, default=1, metavar="K", help="classes per image in the CSV (default 1)")
-    i.add_argument("--out", metavar="CSV", help="write predictions here (default: standard output; an existing file "
-                                                "only with --force; a run's own files never)")
+    i.add_argument("--out", metavar="PATH", help="write predictions here: a CSV (detection: CSV, or JSON for a .json "
+                                                 "name; segmentation: a folder, one mask PNG per image; translation: "
+                                                 "text) (default: standard output; an existing file only with --force; "
+                                                 "a run's own files never)")
     i.add_argument("--force", action="store_true", help="replace an existing --out file")
     i.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: every core)")
     i.add_argument("--runtime", default="onnxruntime",
@@ -210,8 +214,9 @@ def _run_quantize(args) -> int:
     if args.int8 == args.fp16:
         raise GpuaccelError("say what to quantise to: --int8 (CPU) or --fp16 (GPU runtimes), one of them")
     kind = "int8" if args.int8 else "fp16"
+    say = None if args.json else (lambda line: print(f"gpuaccel: {line} ...", file=sys.stderr, flush=True))
     report = quantize_model(args.model, kind, calibration_samples=args.calib, per_channel=args.per_channel,
-                            data=args.data, out=args.out, device=args.device, runtime=args.runtime)
+                            data=args.data, out=args.out, device=args.device, runtime=args.runtime, say=say)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -380,10 +385,12 @@ def _run_infer(args) -> int:
     for note in skipped + [n for n in inputs.notes if not n.startswith("skipped ")][:5]:
         print(f"gpuaccel: {note}", file=sys.stderr)
     unit = inputs.unit
-    line = (f"{len(inputs.names)} {unit} with {runner.kind} on {args.device}: {stats['samples_per_second']:,.0f} "
-            f"{unit}/s, batch latency median {stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms")
+    line = (f"{counted(len(inputs.names), unit)} with {runner.kind} on {args.device}: "
+            f"{stats['samples_per_second']:,.0f} {unit}/s, batch latency median {stats['latency_median_ms']:.2f} ms, "
+            f"p90 {stats['latency_p90_ms']:.2f} ms")
     if inputs.labels is not None:
-        line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%"
+        line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%" + \
+            (f" on {inputs.split}" if inputs.split else "")
     print(line, file=sys.stderr)
     return 0
 
@@ -416,7 +423,7 @@ def _infer_scenes(args, runner) -> int:
         if args.overlay:
             vision.draw_overlays(Path(args.overlay), inputs, runner.classes[1:], maps=maps)
         found = f"masks in {args.out}"
-    print(f"{len(inputs.names)} images with {runner.kind} on {args.device}: {found}; "
+    print(f"{counted(len(inputs.names), 'images')} with {runner.kind} on {args.device}: {found}; "
           f"{stats['samples_per_second']:,.0f} images/s at batch {args.batch_size}, batch latency median "
           f"{stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms", file=sys.stderr)
     return 0
@@ -432,6 +439,11 @@ def _write_predictions(out: str | None, text: str) -> None:
         atomic_write(out, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
+
+
+def counted(n: int, unit: str) -> str:
+    """'1 image', '3 images', '1 sentence pair'."""
+    return f"{n:,} {unit[:-1] if n == 1 and unit.endswith('s') else unit}"
 
 
 def _is_translation(model: str) -> bool:

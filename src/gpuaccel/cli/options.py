@@ -11,7 +11,12 @@ from ..errors import GpuaccelError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line (plus where to find help), exit status 2."""
+    """argparse, but a bad option is one line (plus where to find help), exit status 2, and an
+    option is spelled out in full (``--epoch 1`` is not taken for ``--epochs 1``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise GpuaccelError(f"{message} (see '{self.prog} --help')")

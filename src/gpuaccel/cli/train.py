@@ -18,7 +18,8 @@ EXIT_INTERRUPTED = 130
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser(
-        "train", help="train a model (image classification from the command line; any task from Python)",
+        "train", help="train a model on images, text, sentence pairs, recordings, ratings, or detection and "
+                      "segmentation scenes (any data and task from Python)",
         description="Train a model on the best device present (a CUDA GPU if there is one, else the "
                     "CPU). Every option has a sensible default: 'gpuaccel train' alone trains LeNet-5 on the "
                     "built-in 8x8 digits with the digits recipe (what 'make demo' runs; with any training option the plain defaults apply instead). The run directory receives config.json, metrics.jsonl, summary.json, "
@@ -78,7 +79,7 @@ def _train(args) -> int:
 
     from ..parallel import Distributed
     from ..train import TrainConfig, Trainer
-    from ..train.recipes import training_settings
+    from ..train.recipes import compile_where_it_pays, training_settings
     from ..train.resume import run_to_continue
 
     options = explicit_options(args)
@@ -91,7 +92,12 @@ def _train(args) -> int:
     if resume and not args.resume:
         options.pop("run_dir")
         args.recipe = None
+    explicit = dict(options)
     options = training_settings(options, args.recipe, resume)
+    gpu = options.get("device", "auto") != "cpu" and torch.cuda.is_available()
+    note = None if resume else compile_where_it_pays(options, explicit, args.recipe, gpu)
+    if note and not (args.quiet or args.json):
+        print(f"gpuaccel: note: {note}", file=sys.stderr)
     if args.print_config:
         return _print_config(resume, options)
     if resume:

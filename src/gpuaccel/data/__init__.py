@@ -118,4 +118,4 @@ def _resized(dataset: ImageDataset, size: int) -> ImageDataset:
 
     return ImageDataset(dataset.name, resize(dataset.train_images), dataset.train_labels,
                         resize(dataset.test_images), dataset.test_labels, dataset.classes,
-                        source=dataset.source, skipped=dataset.skipped)
+                        source=dataset.source, skipped=dataset.skipped, held_out=dataset.held_out)

@@ -26,6 +26,7 @@ class ImageDataset:
     classes: list[str]
     source: str = ""
     skipped: list[str] = field(default_factory=list)
+    held_out: str = "its test split"  # which images are the held-out split, in words
 
     def __post_init__(self) -> None:
         # torch.from_numpy needs writable arrays; readers may hand over read-only buffers

@@ -23,17 +23,20 @@ from ..errors import GpuaccelError
 from .runners import Runner
 
 
-def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """(names, uint8 images NCHW, labels or None). Image files and folders of them are read
-    as they are; anything else is a data set spec, whose held-out split is used."""
+def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str], np.ndarray, np.ndarray | None, str | None]:
+    """(names, uint8 images NCHW, labels or None, which split of a data set or None). Image files
+    and a folder of image files are read as they are; anything else (a folder of class folders
+    too) is a data set, whose held-out split is used, with its labels."""
     paths = [Path(p).expanduser() for p in inputs]
     loose = all(p.is_file() and is_image_name(p.name) for p in paths) or (
-        len(paths) == 1 and paths[0].is_dir() and parse_spec(str(paths[0]))[0] == "imagefolder")
+        len(paths) == 1 and paths[0].is_dir() and parse_spec(str(paths[0]))[0] == "imagefolder"
+        and not any(p.is_dir() and not p.name.startswith(".") for p in paths[0].iterdir()))
     if not loose:
         if len(inputs) != 1:
             raise GpuaccelError("give image files, one folder of images, or one data set")
         ds = load_dataset(inputs[0])
-        return [f"{ds.name}:test[{i}]" for i in range(len(ds.test_labels))], ds.test_images, ds.test_labels
+        return ([f"{ds.name}:test[{i}]" for i in range(len(ds.test_labels))], ds.test_images, ds.test_labels,
+                f"the held-out split of {ds.name} ({ds.held_out})")
     files = []
     for p in paths:
         if p.is_dir():
@@ -46,9 +49,10 @@ def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str],
     try:
         images, kept, bad = decode_images([ImageSource(f, f) for f in files], skip_bad=skip_bad)
     except GpuaccelError as exc:
-        raise GpuaccelError(f"{exc}; --skip-bad leaves such files out") from None
+        raise GpuaccelError(str(exc).replace("pass --skip-bad to skip bad images", "pass --skip-bad to leave such "
+                                                                                   "files out")) from None
     warn_skipped(bad)
-    return [files[i] for i in kept], images, None
+    return [files[i] for i in kept], images, None, None
 
 
 def warn_skipped(bad: list[str]) -> None:
@@ -102,6 +106,7 @@ class ModelInputs:
     unit: str  # "images", "sentences", "recordings"
     labels: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)  # conversions a user should know of
+    split: str | None = None  # which split of a data set the samples are (said beside its accuracy)
 
 
 def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> ModelInputs:
@@ -122,9 +127,9 @@ def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> Mo
         names, waves, notes = read_recordings(inputs, runner.inputs["sample_rate"], runner.inputs["clip_samples"],
                                               skip_bad=skip_bad)
         return ModelInputs(names, waves, waves_for_model, "recordings", notes=notes)
-    names, images, labels = gather_inputs(inputs, skip_bad)
+    names, images, labels, split = gather_inputs(inputs, skip_bad)
     return ModelInputs(names, fit_to_model(images, runner.in_channels, runner.image_size), images_for_model,
-                       "images", labels)
+                       "images", labels, split=split)
 
 
 def predict(runner: Runner, samples: np.ndarray, batch_size: int = 256,

@@ -14,6 +14,7 @@ before its weights are loaded.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -137,7 +138,10 @@ def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_
     report["after"] = _measure(pruned, (out_dir / "model.pt").stat().st_size, data, example, repeats)
     report["out"] = str(out_dir / "model.pt")
     before, after = report["before"], report["after"]
-    report.update(_interleaved_speedup(trained.module, pruned, example, rounds=7, calls=max(5, repeats // 5)))
+    speedup, times = _interleaved_speedup(trained.module, pruned, example, rounds=7, calls=max(5, repeats // 5))
+    report.update(speedup)
+    for side, took in zip((before, after), times):  # (the latencies of the same alternating rounds)
+        side.update({f"latency_p{q}_ms": float(np.percentile(took, q)) for q in (50, 90, 99)})
     report["speedup_throughput"] = after["best_images_per_second"] / before["best_images_per_second"]
     report["accuracy_drop_points"] = 100 * (before["test_accuracy"] - after["test_accuracy"])
     with run_directory_lock(out_dir):
@@ -167,10 +171,12 @@ def _accuracy(module: nn.Module, data) -> float:
 
 
 def _interleaved_speedup(before: nn.Module, after: nn.Module, example: torch.Tensor, *, rounds: int,
-                         calls: int) -> dict:
+                         calls: int) -> tuple[dict, list[list[float]]]:
     """Batch-1 CPU speed-up of ``after`` over ``before``, timed in alternating rounds (so that a
     busy moment of the machine slows both, not one): the median ratio of the rounds' median
-    latencies, with the lowest and highest ratio. A ratio inside that spread of 1 is no change."""
+    latencies, with the lowest and highest ratio (a ratio inside that spread of 1 is no change);
+    and every call's time of each model (ms), from which both models' latencies are reported, so
+    that the latencies and the speed-up are one measurement."""
     import statistics
 
     from .bench import torch_call
@@ -178,12 +184,18 @@ def _interleaved_speedup(before: nn.Module, after: nn.Module, example: torch.Ten
 
     x = torch.rand(1, *example.shape[1:])
     calls_of = [torch_call(m.eval(), torch.device("cpu")) for m in (before, after)]
-    ratios = []
+    for call in calls_of:  # (first calls build the kernels' plans: warmed before any round is timed)
+        host_times_ms(lambda: call(x), 1, warmup=10)
+    ratios, times = [], [[], []]
     for _ in range(rounds):
-        b, a = (statistics.median(host_times_ms(lambda: call(x), calls, warmup=3)) for call in calls_of)
-        ratios.append(b / a)
+        medians = []
+        for k, call in enumerate(calls_of):
+            took = host_times_ms(lambda: call(x), calls, warmup=3)
+            times[k] += took
+            medians.append(statistics.median(took))
+        ratios.append(medians[0] / medians[1])
     return {"speedup_batch1": statistics.median(ratios), "speedup_batch1_min": min(ratios),
-            "speedup_batch1_max": max(ratios), "speedup_batch1_rounds": rounds}
+            "speedup_batch1_max": max(ratios), "speedup_batch1_rounds": rounds}, times
 
 
 def _measure(module: nn.Module, file_bytes: int, data, example: torch.Tensor, repeats: int) -> dict:
@@ -192,6 +204,6 @@ def _measure(module: nn.Module, file_bytes: int, data, example: torch.Tensor, re
 
     c, s = example.shape[1], example.shape[2]
     speed = measure(torch_call(module.eval(), torch.device("cpu")), lambda b: torch.rand(b, c, s, s),
-                    repeats=repeats)
+                    repeats=repeats)  # (its batch-1 latencies are replaced by the alternating rounds')
     return {**model_size(module.model, example), "file_bytes": file_bytes,
             "test_accuracy": _accuracy(module, data), **speed}

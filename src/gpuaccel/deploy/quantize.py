@@ -121,11 +121,12 @@ def evaluation_device(kind: str, asked: str | None, runtime: str = "onnxruntime"
 
 def quantize_model(source, kind: str, *, calibration_samples: int = 512, per_channel: bool = False,
                    data: str | None = None, out=None, device: str | None = None,
-                   runtime: str = "onnxruntime") -> dict:
+                   runtime: str = "onnxruntime", say=None) -> dict:
     """Quantises a trained classifier (a run, or an .onnx that 'gpuaccel export' made) to ``kind``
     ('int8': ONNX Runtime's static quantisation calibrated on ``calibration_samples`` training
     samples; 'fp16': for GPU runtimes), writes the artefact and its .json beside it, and compares
-    both versions' size, held-out accuracy and speed in ``runtime`` (:func:`compare`)."""
+    both versions' size, held-out accuracy and speed in ``runtime`` (:func:`compare`). ``say(line)``
+    hears what it is doing, stage by stage (a ResNet's int8 takes minutes on a CPU)."""
     import json
 
     from .exports import export_run
@@ -147,19 +148,26 @@ def quantize_model(source, kind: str, *, calibration_samples: int = 512, per_cha
     # the data first: a run without calibration data stops before any work is done
     held = held_out(run, data, "no data to calibrate and evaluate with")
     out = Path(out) if out else held.checkpoint.with_name(f"model.{kind}.onnx")
+    say = say or (lambda line: None)
     with run_directory_lock(out.parent), scratch_directory(out) as scratch:
+        if source.suffix != ".onnx":
+            say("exporting the model to ONNX (fp32) and verifying it")
         fp32 = source if source.suffix == ".onnx" else Path(
-            export_run(run, "onnx", scratch / "model.onnx", data=data, verify_count=256)[0]["artifact"])
+            export_run(run, "onnx", scratch / "model.onnx", data=data, verify_count=256,
+                       keep_unverified=True)[0]["artifact"])
         extra = {}
         if kind == "int8":
             calibration = calibration_sample(held.train, calibration_samples)
+            say(f"calibrating and quantising to int8 on {len(calibration)} training {held.unit}")
             quantize_int8(fp32, out, calibration, per_channel=per_channel, prepare=held.prepare,
                           op_types=INT8_OPS[held.unit])
             extra = {"calibration_samples": len(calibration), "per_channel": per_channel}
         else:
+            say("converting to fp16")
             convert_fp16(fp32, out)
         write_json(metadata_path(out), {**json.loads(metadata_path(fp32).read_text()),
                                         "format": f"onnx-{kind}", **extra})
         device = evaluation_device(kind, device, runtime)
+        say(f"evaluating and timing both models in {runtime} on {device}")
         return {"artifact": str(out), "device": device, "runtime": runtime, "unit": held.unit, **extra,
                 **compare({"fp32": fp32, kind: out}, held, device, runtime)}

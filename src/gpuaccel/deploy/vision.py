@@ -237,7 +237,11 @@ def held_out_images(trained: TrainedModel, data: str | None) -> np.ndarray:
 def compare_detections(expected: np.ndarray, got: np.ndarray, score: float = 0.05) -> dict:
     """Detections (N, k, 6) of PyTorch and of an artefact. Each of PyTorch's detections scored at
     least ``score`` is paired with the artefact's closest box of its class (peaks of near-equal
-    score may swap ranks); then the boxes left after the score threshold and NMS are compared."""
+    score may swap ranks); then the boxes left after the score threshold and NMS are compared.
+    Where no detection reaches ``score`` (a model that finds nothing on these images), every one
+    of the top-k boxes is compared instead: a check of no boxes would pass anything."""
+    if not (expected[..., 4] >= score).any():
+        score = -np.inf
     worst, compared, unpaired = 0.0, 0, 0
     for want, have in zip(expected, got):
         for row in want[want[:, 4] >= score]:
@@ -251,8 +255,9 @@ def compare_detections(expected: np.ndarray, got: np.ndarray, score: float = 0.0
     same_count = all(len(a) == len(b) for a, b in zip(after_e, after_g))
     nms_diff = max([float(np.abs(a[:, :4] - b[:, :4]).max(initial=0.0)) for a, b in zip(after_e, after_g)
                     if len(a) == len(b)] + [0.0])
-    passed = worst <= BOX_TOLERANCE and not unpaired and same_count and nms_diff <= BOX_TOLERANCE
-    return {"detections_compared": compared, "max_box_diff": worst, "unpaired": unpaired,
+    passed = compared > 0 and worst <= BOX_TOLERANCE and not unpaired and same_count and nms_diff <= BOX_TOLERANCE
+    return {"detections_compared": compared, "compared_at_score": None if score == -np.inf else score,
+            "max_box_diff": worst, "unpaired": unpaired,
             "boxes_after_nms": int(sum(len(a) for a in after_e)), "after_nms_same_count": same_count,
             "max_box_diff_after_nms": nms_diff, "passed": passed}
 

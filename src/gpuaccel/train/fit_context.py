@@ -78,6 +78,8 @@ class FitContext:
         self.wall_at_eval = 0.0
         self.seconds_at_eval = trainer.train_seconds
         self.evaluation_seconds = 0.0  # the last evaluation's duration
+        self.steps = 0  # optimizer steps taken in this fit
+        self._stepped_at, self.last_step_seconds = clock.training_seconds(), 0.0
         self.wall_seconds = 0.0
         self._started = None  # an epoch's batches started ahead and not yet taken
         # Compilation leaves millions of long-lived objects behind; the collector's full passes
@@ -90,9 +92,22 @@ class FitContext:
         gc.freeze()
 
     def stepped(self) -> None:
+        self.steps += 1
+        now = self.clock.training_seconds()  # (evaluations and checkpoints between steps are not counted)
+        self.last_step_seconds, self._stepped_at = now - self._stepped_at, now
         self.progress.advance()
         if self.profiler is not None:
             self.profiler.step()
+
+    def time_reserve(self) -> float:
+        """What ``--time-limit`` keeps free after the training so far: the final evaluation (as
+        long as the last one; before any, an estimate: each held-out batch's forward pass at a
+        third of a training step) and one more step, since a step begun before the limit ends
+        after it."""
+        trained = self.clock.trained + time.perf_counter() - self.clock.segment_start  # (this fit's)
+        step = max(trained / max(1, self.steps), self.last_step_seconds)  # (the last, where steps slow down)
+        evaluation = self.evaluation_seconds or len(self.trainer.eval_loader) * step / 3
+        return evaluation + step
 
     def started(self, batches):
         self._started = batches

@@ -22,6 +22,7 @@ class Progress:
         self.quiet = quiet
         self.bar = None
         self.total, self.step, self.every = total_steps, initial, every_seconds
+        self.time_left = None  # () -> seconds a time limit leaves, where one is set
         self._since, self._steps_since = time.monotonic(), 0
         if not quiet and self.stream.isatty():
             from tqdm import tqdm
@@ -41,6 +42,8 @@ class Progress:
             if now - self._since >= self.every:
                 rate = self._steps_since / max(now - self._since, 1e-9)
                 left = (self.total - self.step) / rate if rate > 0 else float("inf")
+                if self.time_left is not None:
+                    left = max(0.0, min(left, self.time_left()))
                 self.log(f"step {self.step:,}/{self.total:,} ({100 * self.step / max(self.total, 1):.0f}%), "
                          f"{rate:,.1f} steps/s, about {_duration(left)} left")  # (log restarts the period)
 

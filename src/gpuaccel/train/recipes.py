@@ -60,3 +60,15 @@ def training_settings(options: dict, recipe: str | None = None, resume: str | No
     if not resume and not recipe and all(sections.get(k) == "logging" for k in options):
         recipe = DEMO_RECIPE
     return {**load_recipe(recipe), **options} if recipe else dict(options)
+
+
+def compile_where_it_pays(settings: dict, options: dict, recipe: str | None, gpu: bool) -> str | None:
+    """A shipped recipe compiles for GPUs, where a run is long enough to repay it. On a CPU,
+    compiling takes a minute or more before the first step (an hour-long run would repay it, a
+    recipe's short one does not): there a recipe runs uncompiled unless the command line asks for
+    ``--compile`` itself. Changes ``settings``; returns the note to print, or None."""
+    if recipe and not gpu and settings.get("compile") and "compile" not in options:
+        settings["compile"] = False
+        return (f"the {recipe} recipe compiles its model for GPUs; on this CPU it runs uncompiled (compiling "
+                f"would take a minute or more before the first step; --compile compiles anyway)")
+    return None

@@ -120,6 +120,9 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
                     f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items()) +
                     ("; the learning-rate schedule is re-planned for the new length" if "epochs" in changed
                      else "") + "; config.json updated", file=sys.stderr)
+        if not quiet:
+            print(f"gpuaccel: resuming {run_dir} from step {trainer.global_step:,} (epoch {trainer.epochs_done:.2f} "
+                  f"of {trainer.config.epochs:g}, {trainer.train_seconds:.1f} s trained)", file=sys.stderr)
         run.write_position(trainer.position())
         # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
         # the log stays one line per evaluation

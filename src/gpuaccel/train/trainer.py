@@ -289,6 +289,8 @@ class Trainer:
         stopped_by = None
         self.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
+            if cfg.time_limit is not None:  # (the time left says how long the run has, when that is less)
+                progress.time_left = lambda: cfg.time_limit - clock.training_seconds() - context.time_reserve()
             context.started(next_batches)
             if self.epochs_done >= cfg.epochs and self.global_step > self.evaluated_at:
                 context.evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
@@ -314,9 +316,9 @@ class Trainer:
                         # a streaming loader makes the next epoch's first batches while this one is
                         # evaluated and checkpointed, so that epoch does not start waiting for them
                         next_batches = context.started(self.train_loader.batches(self.epoch))
-                    # --time-limit covers the final evaluation too, reckoned as long as the last one
+                    # --time-limit covers the final evaluation too, and the step that would cross it
                     out_of_time = cadence.out_of_time(self.global_step,
-                                                      clock.training_seconds() + context.evaluation_seconds)
+                                                      clock.training_seconds() + context.time_reserve())
                     if cadence.evaluation_due(self.global_step, end_of_epoch, finished) or out_of_time:
                         if self._reached_target(context.evaluate_and_log()):
                             stopped_by = "target"
@@ -435,7 +437,8 @@ class Trainer:
             self.phases.mark("run directory, first batch, task check")
             self.warmup_seconds = self.warm_up(batch=first)
             self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
-            progress.log(f"warm-up (compilation, cuDNN autotuning) took {self.warmup_seconds:.1f} s; "
+            done = "compilation, cuDNN autotuning, graph capture" if self.device.type == "cuda" else "compilation"
+            progress.log(f"warm-up ({done}) took {self.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         return itertools.chain([first], batches)
 

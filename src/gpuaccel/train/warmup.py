@@ -18,7 +18,7 @@ from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
-FIRST_STEP = "the first training step a shape (compiling or loading compiled kernels, autotuning, first collectives)"
+FIRST_STEP = "the first training step per shape (compiling or loading compiled kernels, autotuning, first collectives)"
 
 
 def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
@@ -45,7 +45,7 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
             trainer.step.warm(micro_batches, steps=1)
             done(FIRST_STEP)
             trainer.step.warm(micro_batches, steps=STEPS - 1)
-            done(f"{STEPS - 1} more training steps a shape")
+            done(f"{STEPS - 1} more training steps per shape")
         if evaluate and (trainer.config.compile_eval or not trainer.config.compile):
             trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
             done("an evaluation")
