@@ -62,5 +62,5 @@ def test_bench_shares_the_training_options_with_its_own_defaults():
 
 
 def test_a_value_outside_its_choices_names_them():
-    with pytest.raises(GpuaccelError, match="unknown optimizer 'adam'; choose one of: sgd, adamw, muon"):
+    with pytest.raises(GpuaccelError, match=r"unknown optimizer 'adam'; did you mean 'adamw'\? choose one of: sgd, adamw, muon"):
         TrainConfig(optimizer="adam").validate()

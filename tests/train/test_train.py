@@ -383,7 +383,7 @@ def test_the_warm_up_says_where_its_seconds_went():
     trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
     seconds = trainer.warm_up()
     parts = trainer.warmup_phases
-    assert list(parts) == ["saving the state to put back", FIRST_STEP, "2 more training steps a shape",
+    assert list(parts) == ["saving the state to put back", FIRST_STEP, "2 more training steps per shape",
                            "an evaluation", "putting the state back", "recording the step graph"]
     assert sum(parts.values()) == pytest.approx(seconds, abs=0.01)
 

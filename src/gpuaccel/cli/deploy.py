@@ -3,6 +3,7 @@ parses its options, calls the deploy API (``gpuaccel.deploy``) and prints what i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -356,7 +357,7 @@ def _run_recommend(args) -> int:
 
 
 def _run_infer(args) -> int:
-    from ..deploy.infer import predict, predictions_csv, read_inputs, top1_accuracy
+    from ..deploy.infer import Latency, predict, predictions_csv, read_inputs
     from ..deploy.runners import inference_device, load_runner
 
     if args.batch_size < 1 or args.top_k < 1:
@@ -379,66 +380,92 @@ def _run_infer(args) -> int:
     if runner.task.name in SCENE_TASKS:
         return _infer_scenes(args, runner)
     inputs = read_inputs(runner, args.inputs, skip_bad=args.skip_bad)
-    probs, stats = predict(runner, inputs.samples, args.batch_size, inputs.prepare)
-    _write_predictions(args.out, predictions_csv(inputs.names, probs, runner.classes, args.top_k))
+    latency, count, correct, labelled = Latency(), 0, 0, True
+    with _output(args.out) as write:  # rows written as each chunk is done, in input order
+        for chunk in inputs.chunks():
+            probs, _ = predict(runner, chunk.samples, args.batch_size, inputs.prepare, latency=latency)
+            write(predictions_csv(chunk.names, probs, runner.classes, args.top_k, header=count == 0))
+            count += len(chunk.names)
+            labelled = labelled and chunk.labels is not None
+            if chunk.labels is not None:
+                correct += int((probs.argmax(1) == chunk.labels).sum())
+        if count == 0:
+            raise GpuaccelError(f"no readable {inputs.unit} in {', '.join(args.inputs)}")
     skipped = [n for n in inputs.notes if n.startswith("skipped ")]  # each named; other notes, the first few
     for note in skipped + [n for n in inputs.notes if not n.startswith("skipped ")][:5]:
         print(f"gpuaccel: {note}", file=sys.stderr)
-    unit = inputs.unit
-    line = (f"{counted(len(inputs.names), unit)} with {runner.kind} on {args.device}: "
+    unit, stats = inputs.unit, latency.summary(args.batch_size)
+    line = (f"{counted(count, unit)} with {runner.kind} on {args.device}: "
             f"{stats['samples_per_second']:,.0f} {unit}/s, batch latency median {stats['latency_median_ms']:.2f} ms, "
             f"p90 {stats['latency_p90_ms']:.2f} ms")
-    if inputs.labels is not None:
-        line += f"; accuracy {100 * top1_accuracy(probs, inputs.labels):.2f}%" + \
-            (f" on {inputs.split}" if inputs.split else "")
+    if labelled:
+        line += f"; accuracy {100 * correct / count:.2f}%" + (f" on {inputs.split}" if inputs.split else "")
     print(line, file=sys.stderr)
     return 0
 
 
 def _infer_scenes(args, runner) -> int:
-    """Boxes (CSV, or JSON for an --out ending in .json) or masks (PNG files in the --out folder)."""
+    """Boxes (CSV, or JSON for an --out ending in .json) or masks (PNG files in the --out folder),
+    chunk by chunk."""
     from pathlib import Path
 
     from ..deploy import vision
+    from ..deploy.infer import Latency
 
     detection = runner.task.name == "detection"
     if not detection and not args.out:
         raise GpuaccelError("a segmentation model writes one mask PNG per image: give --out DIR")
     if not detection and Path(args.out).is_file():
         raise GpuaccelError(f"--out {args.out} is a file; a segmentation model writes its masks into a folder")
-    inputs = vision.read_scene_inputs(runner, args.inputs, skip_bad=args.skip_bad)
-    outputs, stats = vision.run_batches(runner, inputs.images, args.batch_size)
-    if detection:
-        kept = vision.scaled_to_images(vision.kept_detections(outputs, args.score, args.iou), inputs.sizes,
-                                       inputs.images.shape[2:])
-        rows = vision.detections_table(inputs.names, kept, runner.classes)
-        _write_predictions(args.out, vision.detections_text(rows, "json" if str(args.out).endswith(".json")
-                                                            else "csv"))
-        if args.overlay:
-            vision.draw_overlays(Path(args.overlay), inputs, runner.classes, kept=kept)
-        found = f"{len(rows)} boxes"
-    else:
-        maps = vision.class_maps(outputs, inputs.sizes)
-        vision.write_masks(Path(args.out), inputs.names, maps)
-        if args.overlay:
-            vision.draw_overlays(Path(args.overlay), inputs, runner.classes[1:], maps=maps)
-        found = f"masks in {args.out}"
-    print(f"{counted(len(inputs.names), 'images')} with {runner.kind} on {args.device}: {found}; "
+    chunks = vision.read_scene_inputs(runner, args.inputs, skip_bad=args.skip_bad)
+    as_json = str(args.out).endswith(".json")
+    latency, images, boxes = Latency(), 0, 0
+    with (_output(args.out) if detection else contextlib.nullcontext(None)) as write:
+        table = vision.DetectionsWriter(write, "json" if as_json else "csv") if detection else None
+        for inputs in chunks():
+            outputs, _ = vision.run_batches(runner, inputs.images, args.batch_size, latency)
+            if detection:
+                kept = vision.scaled_to_images(vision.kept_detections(outputs, args.score, args.iou), inputs.sizes,
+                                               inputs.images.shape[2:])
+                rows = vision.detections_table(inputs.names, kept, runner.classes)
+                table.add(rows)
+                boxes += len(rows)
+                if args.overlay:
+                    vision.draw_overlays(Path(args.overlay), inputs, runner.classes, kept=kept)
+            else:
+                maps = vision.class_maps(outputs, inputs.sizes)
+                vision.write_masks(Path(args.out), inputs.names, maps)
+                if args.overlay:
+                    vision.draw_overlays(Path(args.overlay), inputs, runner.classes[1:], maps=maps)
+            images += len(inputs.names)
+        if table is not None:
+            table.close()
+    found = f"{boxes} boxes" if detection else f"masks in {args.out}"
+    stats = latency.summary(args.batch_size)
+    print(f"{counted(images, 'images')} with {runner.kind} on {args.device}: {found}; "
           f"{stats['samples_per_second']:,.0f} images/s at batch {args.batch_size}, batch latency median "
           f"{stats['latency_median_ms']:.2f} ms, p90 {stats['latency_p90_ms']:.2f} ms", file=sys.stderr)
     return 0
 
 
-def _write_predictions(out: str | None, text: str) -> None:
-    """The CSV to ``out`` (a new file replaces the old one only once it is whole) or standard
-    output; a name that is not valid UTF-8 is written with its odd bytes escaped (\\udcXX)."""
-    text = text.encode("utf-8", "backslashreplace").decode()
-    if out:
-        from ..files import atomic_write
+@contextlib.contextmanager
+def _output(out: str | None):
+    """``write(text)`` to ``out`` (a new file that replaces the old one only once it is whole) or
+    standard output, as the text comes; a name that is not valid UTF-8 is written with its odd
+    bytes escaped (\\udcXX)."""
+    from pathlib import Path
 
-        atomic_write(out, lambda f: f.write(text.encode()))
-    else:
-        sys.stdout.write(text)
+    from ..files import replaced_atomically
+
+    def escaped(text: str) -> str:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+    if not out:
+        yield lambda text: sys.stdout.write(escaped(text))
+        sys.stdout.flush()
+        return
+    with replaced_atomically(Path(out)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        yield lambda text: f.write(escaped(text))
 
 
 def counted(n: int, unit: str) -> str:

@@ -396,11 +396,8 @@ def _decode_all(path, ordered, assigned, read_all, sample_rate, clip_seconds, sk
             "is_test": np.array([assigned[n][0] == "test" for n, _, _ in decoded])}
 
 
-def read_recordings(inputs: list[str], sample_rate: int, length: int,
-                    skip_bad: bool = False) -> tuple[list[str], np.ndarray, list[str]]:
-    """(names, (N, length) waveforms, notes) of WAV files and folders of them, made like the
-    training recordings (mono, ``sample_rate``, centred or cut to ``length``); for inference.
-    A file that cannot be decoded is an error naming it, or with ``skip_bad`` left out with a note."""
+def recording_files(inputs: list[str]) -> list[Path]:
+    """The recordings that ``inputs`` name: files, and the recordings in folders, in order."""
     files: list[Path] = []
     for name in inputs:
         p = Path(name).expanduser()
@@ -412,7 +409,15 @@ def read_recordings(inputs: list[str], sample_rate: int, length: int,
             raise GpuaccelError(f"{name} does not exist")
     if not files:
         raise GpuaccelError(f"no recordings in {', '.join(inputs)}")
-    waves, notes, kept = [], [], []
+    return files
+
+
+def decode_recordings(files: list[Path], sample_rate: int, length: int, *, skip_bad: bool = False,
+                      notes: list[str]) -> tuple[list[str], np.ndarray]:
+    """(names, (N, length) waveforms) of ``files``, made like the training recordings (mono,
+    ``sample_rate``, centred or cut to ``length``); what was converted or skipped is added to
+    ``notes``. A file that cannot be decoded is an error naming it, or with ``skip_bad`` left out."""
+    waves, kept = [], []
     for f in files:
         try:
             samples, rate = decode(f.read_bytes())
@@ -427,6 +432,5 @@ def read_recordings(inputs: list[str], sample_rate: int, length: int,
         if rate != sample_rate:
             notes.append(f"{f.name}: resampled from {rate:,} to {sample_rate:,} Hz")
         waves.append(fit_length(resample(samples.mean(1), rate, sample_rate), length)[0])
-    if not waves:
-        raise GpuaccelError(f"no readable recordings in {', '.join(inputs)}")
-    return [str(f) for f in kept], np.stack(waves), notes
+    return [str(f) for f in kept], (np.stack(waves) if waves else np.zeros((0, length), np.float32))
+

@@ -42,7 +42,7 @@ def _finish(name, source, opts, train_x, train_y, classes, test_x=None, test_y=N
     if test_x is None:
         fraction = opts.val_split if opts.val_split is not None else default_val_split
         train_x, train_y, test_x, test_y = stratified_split(train_x, np.asarray(train_y), fraction, opts.seed)
-        held_out = f"{fraction:.0%} of its images, held out by class (seed {opts.seed})"
+        held_out = f"{fraction:.0%} of its images held out by class, seed {opts.seed}"
     elif opts.val_split is not None:
         raise GpuaccelError(f"{source} already has a test split; --val-split is only for data without one")
     return ImageDataset(name, train_x, train_y, test_x, test_y, list(classes), source=str(source),

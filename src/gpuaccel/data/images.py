@@ -170,19 +170,20 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
 
 
 def decode_images(sources: list[ImageSource], *, image_size: int | None = None, skip_bad: bool = False,
-                  workers: int | None = None, device=None):
+                  workers: int | None = None, device=None, pool=None):
     """Decodes ``sources`` into one (N, C, H, W) uint8 array: JPEGs on the GPU in batches when
     ``device`` is a CUDA device and torchvision is installed, otherwise on every CPU core.
 
     Returns (images, kept_indices, bad_names). A file that cannot be decoded raises a
-    GpuaccelError naming it, unless ``skip_bad``, which drops and reports it.
+    GpuaccelError naming it, unless ``skip_bad``, which drops and reports it. ``pool``: a process
+    pool to decode on (a caller decoding chunk after chunk keeps one), instead of a new one.
     """
     if not sources:
         raise GpuaccelError("no images to decode")
     if gpu_jpeg_decoder_available(device) and all(_is_jpeg(s) for s in sources):
         results = _decode_on_gpu(sources, device)
     else:
-        results = _decode_on_cpu(sources, image_size, workers)
+        results = _decode_on_cpu(sources, image_size, workers, pool)
 
     arrays, kept, bad = [], [], []
     for index, (source, (array, reason)) in enumerate(zip(sources, results)):
@@ -212,10 +213,12 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
     return out, kept, bad
 
 
-def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: int | None):
+def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: int | None, pool=None):
     workers = workers or os.cpu_count() or 1
     chunk = max(1, min(256, len(sources) // (workers * 4) or 1))
     chunks = [(sources[i:i + chunk], image_size) for i in range(0, len(sources), chunk)]
+    if pool is not None:
+        return [r for part in pool.map(_decode_chunk, chunks) for r in part]
     if workers == 1 or len(sources) < 512:
         return [r for c in chunks for r in _decode_chunk(c)]
     with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -1,8 +1,13 @@
 """Predictions with class names for what a classifier takes (images, sentences, recordings) from
-files, folders or a data set, with latency statistics."""
+files, folders or a data set, with latency statistics.
+
+Inputs are read, run and written in chunks of :data:`CHUNK` samples (image files decoded a chunk
+ahead, in the background, while the model runs on the one before), so memory does not grow with
+their number: a folder of a million frames is processed in the memory of a few thousand."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -11,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -23,10 +28,49 @@ from ..errors import GpuaccelError
 from .runners import Runner
 
 
-def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str], np.ndarray, np.ndarray | None, str | None]:
-    """(names, uint8 images NCHW, labels or None, which split of a data set or None). Image files
-    and a folder of image files are read as they are; anything else (a folder of class folders
-    too) is a data set, whose held-out split is used, with its labels."""
+CHUNK = 4096  # samples read, run and written at a time
+
+
+@dataclass
+class Chunk:
+    """Consecutive inputs: their names, the samples as stored (uint8 images, padded ids,
+    waveforms), and their true labels where the source has them."""
+
+    names: list[str]
+    samples: np.ndarray
+    labels: np.ndarray | None = None
+
+
+def in_chunks(names: list[str], samples: np.ndarray, labels: np.ndarray | None = None,
+              size: int | None = None) -> Iterator[Chunk]:
+    size = size or CHUNK
+    for start in range(0, len(names), size):
+        yield Chunk(names[start:start + size], samples[start:start + size],
+                    None if labels is None else labels[start:start + size])
+
+
+def ahead(chunks: Iterator, depth: int = 1) -> Iterator:
+    """``chunks``, each made in a background thread while the caller works on the one before (the
+    decoders run in their own processes; the thread only waits for them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = []
+        while True:
+            while len(pending) <= depth:
+                pending.append(pool.submit(next, chunks, None))
+            item = pending.pop(0).result()
+            if item is None:
+                for future in pending:
+                    future.cancel()
+                return
+            yield item
+
+
+def image_files(inputs: list[str]) -> list[str] | None:
+    """The image files that ``inputs`` name (files, or one folder of image files without class
+    folders), in order; None where ``inputs`` are a data set instead (a folder of class folders, a
+    format gpuaccel reads)."""
     paths = [Path(p).expanduser() for p in inputs]
     loose = all(p.is_file() and is_image_name(p.name) for p in paths) or (
         len(paths) == 1 and paths[0].is_dir() and parse_spec(str(paths[0]))[0] == "imagefolder"
@@ -34,9 +78,7 @@ def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str],
     if not loose:
         if len(inputs) != 1:
             raise GpuaccelError("give image files, one folder of images, or one data set")
-        ds = load_dataset(inputs[0])
-        return ([f"{ds.name}:test[{i}]" for i in range(len(ds.test_labels))], ds.test_images, ds.test_labels,
-                f"the held-out split of {ds.name} ({ds.held_out})")
+        return None
     files = []
     for p in paths:
         if p.is_dir():
@@ -46,13 +88,50 @@ def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[list[str],
             files.append(str(p))
     if not files:
         raise GpuaccelError(f"no image files in {', '.join(inputs)}")
-    try:
-        images, kept, bad = decode_images([ImageSource(f, f) for f in files], skip_bad=skip_bad)
-    except GpuaccelError as exc:
-        raise GpuaccelError(str(exc).replace("pass --skip-bad to skip bad images", "pass --skip-bad to leave such "
-                                                                                   "files out")) from None
-    warn_skipped(bad)
-    return [files[i] for i in kept], images, None, None
+    return files
+
+
+def decoded(files: list[str], *, skip_bad: bool = False, image_size: int | None = None,
+            size: int | None = None) -> Iterator[Chunk]:
+    """``files`` decoded a chunk at a time (uint8 NCHW; a file that cannot be read is an error, or
+    with ``skip_bad`` left out and named)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = size or CHUNK
+    with contextlib.ExitStack() as stack:  # (one pool of decoders for every chunk, where there are several)
+        pool = stack.enter_context(ProcessPoolExecutor(os.cpu_count())) if len(files) > size and \
+            (os.cpu_count() or 1) > 1 else None
+        yield from _decoded(files, skip_bad, image_size, size, pool)
+
+
+def _decoded(files, skip_bad, image_size, size, pool) -> Iterator[Chunk]:
+    for start in range(0, len(files), size):
+        part = files[start:start + size]
+        try:
+            images, kept, bad = decode_images([ImageSource(f, f) for f in part], image_size=image_size,
+                                              skip_bad=skip_bad, pool=pool)
+        except GpuaccelError as exc:
+            if skip_bad and "none of the" in str(exc):  # (a chunk of bad files only: each named, none kept)
+                warn_skipped(part)
+                continue
+            raise GpuaccelError(str(exc).replace("pass --skip-bad to skip bad images", "pass --skip-bad to leave "
+                                                                                       "such files out")) from None
+        warn_skipped(bad)
+        yield Chunk([part[i] for i in kept], images)
+
+
+def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[Callable[[], Iterator[Chunk]], str | None]:
+    """(chunks of (names, uint8 images NCHW, labels or None), which split of a data set or None).
+    Image files and a folder of image files are read as they are, a chunk at a time; anything
+    else (a folder of class folders too) is a data set, whose held-out split is used, with its
+    labels."""
+    files = image_files(inputs)
+    if files is None:
+        ds = load_dataset(inputs[0])
+        names = [f"{ds.name}:test[{i}]" for i in range(len(ds.test_labels))]
+        return (lambda: in_chunks(names, ds.test_images, ds.test_labels),
+                f"the held-out split of {ds.name} ({ds.held_out})")
+    return (lambda: ahead(decoded(files, skip_bad=skip_bad))), None
 
 
 def warn_skipped(bad: list[str]) -> None:
@@ -97,21 +176,19 @@ def waves_for_model(waves: np.ndarray) -> np.ndarray:
 
 @dataclass
 class ModelInputs:
-    """What to predict: a name per sample, the samples as stored (uint8 images, padded ids,
-    waveforms), ``prepare`` turning a batch of them into what the model takes, true labels
-    where the source has them."""
-    names: list[str]
-    samples: np.ndarray
+    """What to predict: ``chunks()`` of inputs (a name per sample, the samples as stored: uint8
+    images, padded ids, waveforms; true labels where the source has them), read as they are
+    used; ``prepare`` turning a batch of samples into what the model takes."""
+    chunks: Callable[[], Iterator[Chunk]]
     prepare: Callable[[np.ndarray], np.ndarray]
     unit: str  # "images", "sentences", "recordings"
-    labels: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)  # conversions a user should know of
     split: str | None = None  # which split of a data set the samples are (said beside its accuracy)
 
 
 def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> ModelInputs:
-    """``inputs`` (files, folders, a data set) read as the runner's model takes them; with
-    ``skip_bad`` a file that cannot be read is left out (and said), else it is an error."""
+    """``inputs`` (files, folders, a data set) as the runner's model takes them, chunk by chunk;
+    with ``skip_bad`` a file that cannot be read is left out (and said), else it is an error."""
     if runner.modality == "text":
         from ..data.sentences import pad
         from ..data.text import tokenizer_from_state
@@ -119,51 +196,82 @@ def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> Mo
 
         texts, labels = read_sentences(inputs, runner.classes)
         tokenizer = tokenizer_from_state(runner.inputs["tokenizer"])
-        ids, _ = pad([tokenizer.encode(t) for t in texts], runner.inputs["max_tokens"])
-        return ModelInputs(texts, ids, ids_for_model, "sentences", labels)
-    if runner.modality == "audio":
-        from ..data.audio import read_recordings
 
-        names, waves, notes = read_recordings(inputs, runner.inputs["sample_rate"], runner.inputs["clip_samples"],
-                                              skip_bad=skip_bad)
-        return ModelInputs(names, waves, waves_for_model, "recordings", notes=notes)
-    names, images, labels, split = gather_inputs(inputs, skip_bad)
-    return ModelInputs(names, fit_to_model(images, runner.in_channels, runner.image_size), images_for_model,
-                       "images", labels, split=split)
+        def sentences():
+            for chunk in in_chunks(texts, np.arange(len(texts)), labels):
+                ids, _ = pad([tokenizer.encode(t) for t in chunk.names], runner.inputs["max_tokens"])
+                yield Chunk(chunk.names, ids, chunk.labels)
+        return ModelInputs(sentences, ids_for_model, "sentences")
+    if runner.modality == "audio":
+        from ..data.audio import decode_recordings, recording_files
+
+        files, notes = recording_files(inputs), []
+
+        def recordings():
+            for start in range(0, len(files), CHUNK):
+                names, waves = decode_recordings(files[start:start + CHUNK], runner.inputs["sample_rate"],
+                                                 runner.inputs["clip_samples"], skip_bad=skip_bad, notes=notes)
+                if names:
+                    yield Chunk(names, waves)
+        return ModelInputs(lambda: ahead(recordings()), waves_for_model, "recordings", notes=notes)
+    chunks, split = gather_inputs(inputs, skip_bad)
+
+    def fitted():
+        for chunk in chunks():
+            yield Chunk(chunk.names, fit_to_model(chunk.samples, runner.in_channels, runner.image_size), chunk.labels)
+    return ModelInputs(fitted, images_for_model, "images", split=split)
+
+
+class Latency:
+    """Each batch's seconds in the model, over a whole inference; the first batch pays for
+    start-up and is left out of the statistics where there are others."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+        self.samples = 0
+
+    def summary(self, batch_size: int) -> dict:
+        warm = self.seconds[1:] or self.seconds or [0.0]
+        total = sum(self.seconds)
+        return {"batches": len(self.seconds), "batch_size": batch_size,
+                "latency_median_ms": 1000 * statistics.median(warm),
+                "latency_p90_ms": 1000 * float(np.percentile(warm, 90)),
+                "samples_per_second": self.samples / total if total > 0 else 0.0}
 
 
 def predict(runner: Runner, samples: np.ndarray, batch_size: int = 256,
-            prepare: Callable[[np.ndarray], np.ndarray] = images_for_model, raw: bool = False) -> tuple[np.ndarray, dict]:
+            prepare: Callable[[np.ndarray], np.ndarray] = images_for_model, raw: bool = False,
+            latency: Latency | None = None) -> tuple[np.ndarray, dict]:
     """What the run's task reports for every sample (a classifier's class probabilities; ``raw``:
-    the model's outputs as they are), and latency statistics per batch (seconds). ``prepare``: a
-    batch of ``samples`` -> the model's input."""
-    probs, latencies = [], []
+    the model's outputs as they are), and latency statistics per batch (seconds), added to
+    ``latency`` where given (an inference in chunks). ``prepare``: a batch of ``samples`` -> the
+    model's input."""
+    latency = latency if latency is not None else Latency()
+    probs = []
     for start in range(0, len(samples), batch_size):
         x = prepare(samples[start:start + batch_size])
         begin = time.perf_counter()
         logits = runner(x)  # returns host memory, so the GPU has finished
-        latencies.append(time.perf_counter() - begin)
+        latency.seconds.append(time.perf_counter() - begin)
+        latency.samples += len(x)
         probs.append(logits if raw else runner.task.report(torch.from_numpy(logits)).numpy())
-    warm = latencies[1:] or latencies  # the first batch pays for start-up
-    stats = {"batches": len(latencies), "batch_size": batch_size, "latency_median_ms": 1000 * statistics.median(warm),
-             "latency_p90_ms": 1000 * float(np.percentile(warm, 90)),
-             "samples_per_second": len(samples) / sum(latencies) if sum(latencies) > 0 else 0.0}
-    return np.concatenate(probs), stats
+    return np.concatenate(probs), latency.summary(batch_size)
 
 
 def top1_accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     return float((probs.argmax(1) == labels).mean())
 
 
-def predictions_csv(names, probs: np.ndarray, classes: list[str], top_k: int) -> str:
+def predictions_csv(names, probs: np.ndarray, classes: list[str], top_k: int, header: bool = True) -> str:
     top_k = max(1, min(top_k, len(classes)))
     order = np.argsort(-probs, axis=1)[:, :top_k]
     out = io.StringIO()
     writer = csv.writer(out)
-    header = ["input"]
-    for k in range(1, top_k + 1):
-        header += [f"class_{k}", f"prob_{k}"]
-    writer.writerow(header)
+    if header:
+        row = ["input"]
+        for k in range(1, top_k + 1):
+            row += [f"class_{k}", f"prob_{k}"]
+        writer.writerow(row)
     for name, row, ranked in zip(names, probs, order):
         writer.writerow([name] + [v for i in ranked for v in (classes[i], f"{row[i]:.6f}")])
     return out.getvalue()

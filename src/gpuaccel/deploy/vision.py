@@ -39,13 +39,14 @@ class SceneInputs:
     files: list[str | None]  # where each image can be read again (for overlays)
 
 
-def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> SceneInputs:
+def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False):
     """Image files or folders of them (each at its own size), or a detection / segmentation data
-    set's held-out split."""
+    set's held-out split: ``chunks()`` of :class:`SceneInputs`, the files decoded a chunk ahead
+    (deploy/infer.py), so memory does not grow with their number."""
     from ..data import parse_spec
-    from ..data.images import ImageSource, decode_images, is_image_name
+    from ..data.images import is_image_name
     from ..data.scenes import SCENE_KINDS, load_scenes
-    from .infer import warn_skipped
+    from .infer import ahead, decoded
 
     paths = [Path(p).expanduser() for p in inputs]
     if len(paths) == 1 and not paths[0].is_file():
@@ -53,7 +54,15 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
         if kind in SCENE_KINDS:
             data = load_scenes(path, kind, image_size=runner.image_size).test
             h, w = data.images.shape[2:]
-            return SceneInputs(data.names, data.images, [(w, h)] * len(data), [str(path / n) for n in data.names])
+
+            def held_out():
+                from . import infer
+
+                for start in range(0, len(data), infer.CHUNK):
+                    names = data.names[start:start + infer.CHUNK]
+                    yield SceneInputs(names, data.images[start:start + infer.CHUNK], [(w, h)] * len(names),
+                                      [str(path / n) for n in names])
+            return held_out
     files = []
     for p in paths:
         if p.is_dir():
@@ -65,30 +74,28 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
             raise GpuaccelError(f"{p} does not exist")
     if not files:
         raise GpuaccelError(f"no image files in {', '.join(inputs)}")
-    try:
-        images, kept, bad = decode_images([ImageSource(f, f) for f in files], image_size=runner.image_size,
-                                          skip_bad=skip_bad)
-    except GpuaccelError as exc:
-        raise GpuaccelError(f"{exc}; --skip-bad leaves such files out") from None
-    warn_skipped(bad)
-    files = [files[i] for i in kept]
-    from PIL import Image
 
-    sizes = []
-    for f in files:
-        with Image.open(f) as img:
-            sizes.append(img.size)
-    if images.shape[1] != runner.in_channels:
-        images = np.repeat(images[:, :1], runner.in_channels, 1) if runner.in_channels == 3 else \
-            images.mean(1, keepdims=True).round().astype(np.uint8)
-    return SceneInputs(files, images, sizes, files)
+    def sized():
+        from PIL import Image
+
+        for chunk in decoded(files, skip_bad=skip_bad, image_size=runner.image_size):
+            sizes = []
+            for f in chunk.names:
+                with Image.open(f) as img:
+                    sizes.append(img.size)
+            images = chunk.samples
+            if images.shape[1] != runner.in_channels:
+                images = np.repeat(images[:, :1], runner.in_channels, 1) if runner.in_channels == 3 else \
+                    images.mean(1, keepdims=True).round().astype(np.uint8)
+            yield SceneInputs(chunk.names, images, sizes, chunk.names)
+    return lambda: ahead(sized())
 
 
-def run_batches(runner: Runner, images: np.ndarray, batch_size: int) -> tuple[np.ndarray, dict]:
+def run_batches(runner: Runner, images: np.ndarray, batch_size: int, latency=None) -> tuple[np.ndarray, dict]:
     """The deployed model's outputs for uint8 ``images``, and latency statistics."""
     from .infer import images_for_model, predict
 
-    return predict(runner, images, batch_size, images_for_model, raw=True)
+    return predict(runner, images, batch_size, images_for_model, raw=True, latency=latency)
 
 
 def kept_detections(decoded: np.ndarray, score: float, iou: float) -> list[np.ndarray]:
@@ -124,13 +131,45 @@ def detections_table(names, kept: list[np.ndarray], classes: list[str]) -> list[
 
 
 def detections_text(rows: list[dict], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(rows, indent=1) + "\n"
+    """``rows`` as CSV or as a JSON array, whole."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["image", "class", "score", "x", "y", "w", "h"])
-    writer.writeheader()
-    writer.writerows(rows)
+    writer = DetectionsWriter(out.write, fmt)
+    writer.add(rows)
+    writer.close()
     return out.getvalue()
+
+
+class DetectionsWriter:
+    """Detections written as they come, chunk by chunk (``add``), through ``write(text)``: CSV
+    with one header, or one JSON array (``close`` ends it)."""
+
+    FIELDS = ["image", "class", "score", "x", "y", "w", "h"]
+
+    def __init__(self, write, fmt: str):
+        self.write, self.json, self.rows = write, fmt == "json", 0
+        if self.json:
+            write("[")
+        else:
+            self.csv = csv.DictWriter(_Sink(write), fieldnames=self.FIELDS)
+            self.csv.writeheader()
+
+    def add(self, rows: list[dict]) -> None:
+        if self.json:
+            for row in rows:
+                self.write(("," if self.rows else "") + "\n " + json.dumps(row))
+                self.rows += 1
+        else:
+            self.csv.writerows(rows)
+            self.rows += len(rows)
+
+    def close(self) -> None:
+        if self.json:
+            self.write("\n]\n" if self.rows else "]\n")
+
+
+class _Sink:
+    def __init__(self, write):
+        self.write = write
 
 
 def class_maps(logits: np.ndarray, sizes) -> list[np.ndarray]:
