@@ -2,7 +2,8 @@
 workload's model trained three ways on this machine's CPU, alternated in one process.
 
 - ``plain``: the textbook PyTorch loop: ``DataLoader(TensorDataset, shuffle=True)``, the model,
-  the optimizer, fp32, ``loss.backward()``, ``optimizer.step()``;
+  the optimizer, fp32, ``loss.backward()``, ``optimizer.step()`` (for ``shakespeare-gpt-vs-nanogpt``
+  the model is nanoGPT's own, :class:`NanoGPT`, of the same size as gpuaccel's ``gpt``);
 - ``prepared``: the same loop with the model, optimizer and loader through
   ``gpuaccel.Accelerator(device="cpu").prepare`` (and ``acc.autocast``, ``acc.backward``);
 - ``trainer``: ``gpuaccel.Trainer`` on the same tensors, model, batch size and optimizer type
@@ -37,6 +38,36 @@ import gpuaccel
 from gpuaccel.models import create_model
 
 
+class NanoGPT(torch.nn.Module):
+    """nanoGPT's model as its model.py writes it (LayerNorm, learned positions, biases, GELU MLP,
+    tied head), at a given size: the plain loop a char-level GPT is compared with."""
+
+    def __init__(self, vocab_size, context_length, layers, heads, width, dropout):
+        super().__init__()
+        nn = torch.nn
+        self.heads, self.drop = heads, nn.Dropout(dropout)
+        self.wte, self.wpe = nn.Embedding(vocab_size, width), nn.Embedding(context_length, width)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            ln1=nn.LayerNorm(width), attn=nn.Linear(width, 3 * width), proj=nn.Linear(width, width),
+            ln2=nn.LayerNorm(width), fc=nn.Linear(width, 4 * width), out=nn.Linear(4 * width, width)))
+            for _ in range(layers))
+        self.ln_f, self.head = nn.LayerNorm(width), nn.Linear(width, vocab_size, bias=False)
+        self.head.weight = self.wte.weight
+        self.dropout = dropout
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)))
+        for block in self.blocks:
+            q, k, v = block["attn"](block["ln1"](x)).split(x.shape[-1], 2)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
+            x = x + self.drop(block["proj"](y.transpose(1, 2).reshape(b, t, -1)))
+            x = x + self.drop(block["out"](F.gelu(block["fc"](block["ln2"](x)))))
+        return self.head(self.ln_f(x))
+
+
 def _images(n, channels, size, classes):
     return torch.randn(n, channels, size, size), torch.randint(0, classes, (n,))
 
@@ -63,6 +94,10 @@ def _workloads() -> dict:
                             lambda: _images(2048, 3, 32, 10), 256, "sgd", F.cross_entropy, "classification"),
         "shakespeare-gpt": ("gpt", dict(vocab_size=65, context_length=64, layers=4, heads=4, width=128, dropout=0.1),
                             lambda: windows(4096, 65, 64), 32, "adamw", lm_loss, "language_modelling"),
+        # the plain loop with nanoGPT's own model of the same size (what a user would compare with)
+        "shakespeare-gpt-vs-nanogpt": ("gpt", dict(vocab_size=65, context_length=64, layers=4, heads=4, width=128,
+                                                   dropout=0.1),
+                                       lambda: windows(4096, 65, 64), 64, "adamw", lm_loss, "language_modelling"),
         "sst2-transformer": ("text_transformer", dict(vocab_size=8000, num_classes=2, context_length=48, layers=2,
                                                       heads=4, width=128, dropout=0.1),
                              lambda: tokens(4096, 8000, 48), 256, "adamw", F.cross_entropy, "classification"),
@@ -80,6 +115,9 @@ def _optimizer(name, parameters, lr):
         torch.optim.SGD(parameters, lr=lr, momentum=0.9, nesterov=True)
 
 
+NANOGPT_PLAIN = {"on": False}  # the plain way runs NanoGPT (the shakespeare-gpt-vs-nanogpt workload)
+
+
 def _model(name, model_args):
     torch.manual_seed(0)
     return create_model(name, **model_args)
@@ -89,6 +127,9 @@ def loop(way: str, workload: tuple, data, warmup: int, steps: int) -> float:
     """Samples per second of ``steps`` steps of the plain or the prepared loop, after ``warmup``."""
     name, model_args, _, batch, optimizer_name, loss_fn, _ = workload
     model = _model(name, model_args)
+    if way == "plain" and NANOGPT_PLAIN["on"]:
+        torch.manual_seed(0)
+        model = NanoGPT(**model_args)
     optimizer = _optimizer(optimizer_name, model.parameters(), 1e-3)
     loader = DataLoader(TensorDataset(*data), batch_size=batch, shuffle=True, drop_last=True)
     acc = None
@@ -160,6 +201,7 @@ def main() -> None:
     rows = []
     for key in args.workloads:
         workload = workloads[key]
+        NANOGPT_PLAIN["on"] = key == "shakespeare-gpt-vs-nanogpt"
         torch.manual_seed(0)
         data = workload[2]()
         rates = {way: [] for way in args.ways}
