@@ -1,0 +1,86 @@
+"""gpuaccel's ``gpt`` against nanoGPT's own model (cpu_baseline.py's ``NanoGPT``) of the same size,
+their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process;
+gpuaccel's with its rotary embedding as written now (``models.gpt.rotate``: one multiply-add with
+the halves swapped) and as it was written before (the halves split, rotated and joined again).
+
+    python benchmarks/cpu_baseline/rotary_swap.py --rounds 3 --steps 30 --out results/rotary_swap_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import gpuaccel.models.gpt as gpt_module
+from gpuaccel.models import create_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_baseline import NanoGPT  # noqa: E402
+
+SIZE = dict(vocab_size=65, context_length=64, layers=4, heads=4, width=128, dropout=0.1)
+
+
+def split_rotate(x, cos, sin):
+    """The rotary embedding as gpuaccel wrote it before, from the same full-width tables."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., half:]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def tokens_per_second(model, steps: int, batch: int = 64) -> float:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 65, (batch, 64))
+    y = torch.randint(0, 65, (batch, 64))
+
+    def step():
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * batch * 64 / (time.perf_counter() - start)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    nano, ours = NanoGPT(**SIZE), create_model("gpt", **SIZE)
+    q = torch.randn(2, 4, 64, 32)
+    cos, sin = gpt_module.rotary_tables(64, 32)
+    assert torch.equal(gpt_module.rotate(q, cos, sin), split_rotate(q, cos, sin))  # (the same function)
+    now_rotate, runs = gpt_module.rotate, {"nanogpt": [], "gpt_split_rotate": [], "gpt": []}
+    for _ in range(args.rounds):
+        runs["nanogpt"].append(tokens_per_second(nano, args.steps))
+        gpt_module.rotate = split_rotate
+        runs["gpt_split_rotate"].append(tokens_per_second(ours, args.steps))
+        gpt_module.rotate = now_rotate
+        runs["gpt"].append(tokens_per_second(ours, args.steps))
+    ratios = {k: [round(a / b, 3) for a, b in zip(v, runs["nanogpt"])] for k, v in runs.items() if k != "nanogpt"}
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+              "tokens_per_second": runs, "against_nanogpt_per_round": ratios,
+              "against_nanogpt_median": {k: statistics.median(v) for k, v in ratios.items()}}
+    print(json.dumps(result["against_nanogpt_median"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
