@@ -24,15 +24,14 @@ def use_bytecode_cache() -> str | None:
     """Keeps Python bytecode under the cache root when the interpreter was told not to write it
     (``PYTHONDONTWRITEBYTECODE``, which many container images set); returns the folder, or None.
 
-    Why: without bytecode every process compiles torch's Python sources again. On an H200
-    machine whose image sets it, that was 4 s of each command's start-up, and 9 s more where
-    torch.compile imports Dynamo and Inductor (docs/results.md). Nothing is written beside the
+    Why: without bytecode every process compiles torch's Python sources again: seconds of each
+    command's start-up, and more where torch.compile imports Dynamo and Inductor
+    (docs/results.md). Nothing is written beside the
     sources, which is what the setting is for; child processes (compile workers, loader workers,
     torchrun's) are pointed at the same folder. ``GPUACCEL_BYTECODE_CACHE=0`` leaves the
     interpreter as it was told, and so does a PyTorch installed with its bytecode (pip writes it
     whatever the setting says): the interpreter reads that, where a folder of its own would have
-    it compile every source once more (Dynamo and Inductor on a 2-core CPU: 7.2-7.4 s instead of
-    2.2-2.6 s, each time the cache folder is new)."""
+    it compile every source once more, each time the cache folder is new."""
     if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("GPUACCEL_BYTECODE_CACHE") == "0" \
             or has_bytecode("torch"):
         return None
@@ -67,8 +66,8 @@ def use_compile_cache() -> str | None:
     Why before torch is imported: Inductor settles its folder the first time anything asks for
     it, writing its default (``/tmp/torchinductor_<user>``) into the environment, and importing
     Dynamo asks (torch/_dynamo/package.py). Set later, the folder depended on what had imported
-    Dynamo first: on an H200, a run that decoded its data set used one folder and the next run,
-    reading the decoded cache, the other, and compiled everything again (20 s; docs/results.md).
+    Dynamo first: a run that decoded its data set used one folder and the next run, reading the
+    decoded cache, the other, and compiled everything again.
     From Python, where Dynamo may have settled it already, PyTorch's folder is kept."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not folder:

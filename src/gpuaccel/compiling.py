@@ -24,8 +24,8 @@ def compile_arguments(mode: str, tune_kernels: bool = False) -> dict:
 
     "tuned" is inductor's default code with tuned kernels: PyTorch's max-autotune-no-cudagraphs
     without the search over convolution and matrix-product templates, whose compile time did
-    not fit ResNet-50. For ResNet-50 at 224 px on an H200 it gave 1.08x the default step and
-    217 s of compilation instead of 38 s, once per machine (benchmarks/resnet50/resnet50_kernels.py)."""
+    not fit ResNet-50: slightly faster steps for minutes more compiling, once per machine
+    (docs/training.md)."""
     if mode == "tuned":
         mode, tune_kernels = "default", True
     if not tune_kernels:
@@ -68,15 +68,13 @@ def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes
 
 def import_compiler() -> None:
     """Imports what ``torch.compile`` imports on its first call, Dynamo and Inductor, with their
-    kernel cache set up first. It is most of what setting a compiled run up costs besides the data
-    (cifar10-fast on a 2-core CPU: 1.9 of the 2.4 s between building the model and the run's
-    start), so ``Trainer`` imports it as a phase of its own.
+    kernel cache set up first. It is most of what setting a compiled run up costs besides the
+    data, so ``Trainer`` imports it as a phase of its own.
 
     Where the interpreter is told not to write bytecode, it is kept in gpuaccel's cache first
     (``caches.use_bytecode_cache``, which the ``gpuaccel`` command does as it starts): from
     Python too, Dynamo's and Inductor's sources are then compiled once per machine, not in
-    every process (on an H200 machine whose image sets ``PYTHONDONTWRITEBYTECODE``: 5.4-7.6 s
-    of a Trainer's set-up against 1.6-2.1 s; docs/results.md)."""
+    every process (seconds of every compiling process's set-up, docs/results.md)."""
     use_bytecode_cache()
     use_compile_cache()
     import_cpp_extension_quietly()
@@ -122,10 +120,9 @@ def compile_workers_unless_cached(identity):
 
     Why: whenever it compiles, Inductor starts one worker process per core, each importing
     torch. With every graph and kernel in its cache they have nothing to do, yet they take the
-    CPU while the run warms up, and the process waits for them at exit (0.9 s of a 12 s
-    cifar10-fast command on an H200; docs/results.md). A compile that misses the cache all the
-    same (say, after a model's code changed) runs in this process: slower (for FastNet 32 s
-    instead of 21 s), never wrong. The notes live in Inductor's cache folder, so clearing that
+    CPU while the run warms up, and the process waits for them at exit. A compile that misses
+    the cache all the same (say, after a model's code changed) runs in this process: slower,
+    never wrong. The notes live in Inductor's cache folder, so clearing that
     cache clears them; ``TORCHINDUCTOR_COMPILE_THREADS``, where set, decides instead."""
     import torch
     import torch._inductor.config as inductor_config

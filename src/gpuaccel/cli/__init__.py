@@ -58,8 +58,8 @@ def run() -> None:
     as the interpreter would end it, less the interpreter's own finalisation.
 
     Why: after a run on a GPU, finalising the interpreter (tearing down every module and the
-    CUDA state it holds) took 1.1-1.7 s of a 12 s ``gpuaccel train --recipe cifar10-fast`` on an
-    H200, and did nothing a user sees: every file gpuaccel writes is closed by then. The exit
+    CUDA state it holds) took a tenth of a short ``gpuaccel train --recipe cifar10-fast``, and
+    did nothing a user sees: every file gpuaccel writes is closed by then. The exit
     does what CPython's does before that finalisation, in its order: :func:`_end_threads`, then
     the exit handlers (compile workers, loader processes and logging are shut down there)."""
     set_up_process()

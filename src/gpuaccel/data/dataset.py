@@ -68,8 +68,8 @@ class ImageDataset:
     def channel_stats(self) -> tuple[list[float], list[float]]:
         """Per-channel mean and standard deviation of (about 10,000 of) the training images, on a
         0..1 scale. Computed from each channel's histogram of its 256 values: the same numbers as
-        the mean and deviation of the pixels as floats, without making them floats (which took
-        0.5 s of every CIFAR-10 command on a 2-core machine)."""
+        the mean and deviation of the pixels as floats, without making them floats (a noticeable
+        part of every CIFAR-10 command on a small CPU)."""
         sample = self.train_images[:: max(1, len(self.train_images) // 10000)]
         levels = np.arange(256, dtype=np.float64) / 255.0
         means, stds = [], []

@@ -1,15 +1,14 @@
 """nvJPEG's batch decoder called directly: the streaming loader's GPU decoder on GPUs with
-JPEG engines (A100, H100, H200); images it cannot take, and GPUs without engines, go through
+hardware JPEG engines (data-centre GPUs since the Ampere generation); images it cannot take, and GPUs without engines, go through
 torchvision's ``decode_jpeg``. (nvJPEG's CUDA-kernel backend was measured slower than the
 engines and is not used.)
 
 Why: ``torchvision.io.decode_jpeg(..., device="cuda")`` uses the same hardware decoder but
 synchronises its stream before and after every call and returns a tensor per image. Called
-directly, a batch of 256 ImageNet-sized JPEGs blocks the calling thread 6.9 ms instead of
-10.9 ms, and the images land in one buffer that the resampler reads through a table
-(:class:`crops.ImageTable`), with no tensor per image. On an H200 the streaming pipeline
-alone went from 12,579 to 17,660 img/s on shards, and ``gpuaccel train`` of a compiled
-ResNet-50 from the JPEG folder gained 2-3% (docs/results.md).
+directly, a batch blocks the calling thread for less time, and the images land in one buffer
+that the resampler reads through a table (:class:`crops.ImageTable`), with no tensor per image:
+a faster streaming pipeline, and a faster end-to-end ResNet-50 from a JPEG folder
+(docs/results.md).
 
 nvJPEG's hardware path writes its output when it is called, not in stream order, so every
 decode first waits for the stream's queued work (:func:`drain_before_decoding`). Before
@@ -199,8 +198,8 @@ class BatchDecoder:
 
     @classmethod
     def open(cls, device: torch.device, kind: str = "direct") -> "BatchDecoder | None":
-        """The decoder of ``kind`` for ``device``: ``direct``, the JPEG engines (found on an A100
-        or later); None where the device is not a GPU or no nvJPEG library loads."""
+        """The decoder of ``kind`` for ``device``: ``direct``, the JPEG engines (found on data-centre
+        GPUs since the Ampere generation); None where the device is not a GPU or no nvJPEG library loads."""
         if kind not in _BACKENDS:
             raise ValueError(f"kind must be one of {', '.join(_BACKENDS)}; got {kind!r}")
         if device.type != "cuda":

@@ -2,11 +2,10 @@
 
 The threads share the GIL with the training thread, which launches thousands of kernels
 per step from Python; that contention is part of what the streaming pipeline loses end to
-end (on an H200 a busy Python thread beside the pipeline took it from about 15k to 69
-img/s, because every GIL hand-over waits out the switch interval; benchmarks/resnet50/stream_stages.py
---under-load). A child process with CUDA IPC buffers was tried and was slower still: two
+end (a busy Python thread beside the pipeline slowed it by orders of magnitude, because every
+GIL hand-over waits out the switch interval). A child process with CUDA IPC buffers was tried and was slower still: two
 processes' CUDA contexts time-slice the GPU instead of running their kernels side by side
-(no MPS). Numbers: the issue notes of the streaming loader and docs/results.md.
+(no MPS). The numbers: docs/results.md, "ResNet-50".
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ def in_threads(steps: Iterable[T], make: Callable[[T], Batch], sides: list[torch
     Steps are taken in order under a lock, so ``steps`` may be a generator that reads; making
     them is what runs side by side. Why more than one thread: a step can block its thread for
     longer than the training step takes (nvJPEG waiting for its per-image work behind
-    training's kernels), and a second thread overlaps two such waits (measured: no gain for
-    ResNet-50 on an H200, docs/results.md). An exception, from
+    training's kernels), and a second thread overlaps two such waits (no gain was measured for
+    ResNet-50, docs/results.md). An exception, from
     ``steps`` or ``make``, is raised again in the consumer's thread at its place in the order."""
     if not sides:
         raise ValueError("in_threads needs at least one stream entry (None off the GPU)")

@@ -2,8 +2,8 @@
 
 Why a kernel: the matrix-product resampler first packs each image's window into a padded
 canvas, and that costs host time per image (a view, a padding kernel through nested
-tensors): about 13 ms per batch of 256 on an H200's host, on the thread that must also
-call the JPEG decoder. Here each decoded image stays where nvJPEG left it; the kernel
+tensors): milliseconds of host time per batch, on the thread that must also call the JPEG
+decoder. Here each decoded image stays where nvJPEG left it; the kernel
 finds it through a table of pointers and computes PIL's triangle-filter taps itself, so a
 batch is one launch and the host builds a table of one row per image. The table holds
 each image's strides too, so an image decoded on the CPU (height, width, channel order,

@@ -4,7 +4,7 @@ Nothing is decoded up front. An index of where each image's bytes are (a file, o
 offset and length inside a shard) is built once. Reader processes (a PyTorch DataLoader
 over batches) read each batch's compressed files into shared memory and decode a share of
 them with Pillow; the rest are decoded on the GPU in one nvJPEG call
-(``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the A100/H100 hardware
+(``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the GPU's hardware JPEG
 decoder for baseline JPEGs), and the whole batch is cropped, resized, flipped and
 normalised on the device (``crops.py``). Without a GPU decoder the processes decode it
 all. The processes read on into the next epoch while one ends (:class:`loader.PassReader`). A
@@ -50,11 +50,10 @@ DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
 # With at least this many reader processes they decode every image with Pillow by default, on a
 # GPU machine too; with fewer, nvJPEG decodes them all. Pillow takes about 1 ms of a core per
-# ImageNet-sized JPEG. For a compiled ResNet-50 (224 px, batch 512) on an H200, 11 and 14 readers
-# kept the step fed at 8,000 img/s (98-99% of its in-memory rate, in every compile mode) and 8 did
-# not (84%). nvJPEG decoding every image cost 1.09x (default mode) to 1.16x (step graph), a
-# quarter of them 1.07x: its per-image work, and the calls that drive it, run beside the step's
-# kernels and launches (docs/results.md).
+# ImageNet-sized JPEG. For a compiled ResNet-50 on one data-centre GPU, 11 readers kept the step
+# fed at nearly its in-memory rate and 8 did not; nvJPEG decoding every image made the step
+# slower, its per-image work and the calls that drive it running beside the step's kernels and
+# launches (docs/results.md, "ResNet-50").
 PILLOW_READERS = 11
 
 
@@ -316,8 +315,7 @@ class _FileBatches(torch.utils.data.Dataset):
     ``round(cpu_share * len(ids))`` images are decoded with Pillow; the rest are read for nvJPEG.
 
     Processes rather than threads because reading takes the GIL back after every system call
-    and the training thread holds it most of the time (benchmarks/resnet50/stream_stages.py
-    --under-load); and the share decoded here is work the GPU's decoder, which waits behind the
+    and the training thread holds it most of the time; and the share decoded here is work the GPU's decoder, which waits behind the
     training step's kernels, does not have to do. Buffers are made in shared memory, so
     handing one over does not copy it."""
 
@@ -434,7 +432,7 @@ class StreamLoader:
     CUDA stream of its own, each batch on the next free thread, yielded in order
     (:func:`prefetch.in_threads`); the batches and their order do not depend on it. One is the
     default; two overlap two decoding calls, which beside training wait for nvJPEG's per-image
-    work, but gained nothing end to end for ResNet-50 at batch 512 on an H200 (docs/results.md)."""
+    work, but gained nothing end to end for ResNet-50 (docs/results.md)."""
 
     def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
                  image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,

@@ -163,8 +163,8 @@ def onnx_has_cuda() -> bool:
 def cuda_provider(device: torch.device, cuda_graph: bool = False) -> tuple[str, dict]:
     """onnxruntime-gpu's CUDA provider with its options for ``device``.
 
-    prefer_nhwc: channels-last convolutions, 1.3-1.4x the throughput on an H200
-    (benchmarks/deploy/onnx_gpu_options.py). The ordinal is torch's, so "cuda" means the same GPU for
+    prefer_nhwc: channels-last convolutions, the layout the GPU's tensor cores convolve fastest
+    (docs/results.md, "Deployment"). The ordinal is torch's, so "cuda" means the same GPU for
     every kind of model; device_id 0 is the provider's default and is left out, as onnxruntime
     1.31 logs a warning about plugin devices whenever it is given. cuda_graph: the session
     captures its first run as a CUDA graph and replays it, which needs inputs and outputs bound
@@ -219,8 +219,8 @@ def openvino_runner(path: Path, device: torch.device = torch.device("cpu"), thre
     them). The precision hint is f32: by default OpenVINO computes fp32 models in bf16 on CPUs
     with bf16 instructions, which is not the model that was exported and verified.
 
-    A dynamic-batch model is compiled once per input shape, with that shape fixed: batch-1 int8
-    calls then take 0.54 instead of 0.58 ms on 16 Xeon cores (benchmarks/deploy/openvino_options.py).
+    A dynamic-batch model is compiled once per input shape, with that shape fixed: OpenVINO's
+    kernels for a fixed shape are faster than its dynamic-shape ones.
     """
     if device.type != "cpu":
         raise GpuaccelError("--runtime openvino runs on the CPU here (its GPU plugin is for Intel GPUs); "

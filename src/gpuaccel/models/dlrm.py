@@ -39,8 +39,8 @@ either way every process takes the step one process with the whole batch would t
   cross in that many chunks of the records, each all-to-all started as soon as its chunk is
   ready and waited for only when its chunk is needed, so that NCCL moves chunk c while the GPU
   looks up chunk c + 1 (forward) or sums chunk c - 1's gradients (backward). By default 4 chunks
-  with the tables sharded over 4 or more processes (1.05x the records a second of one chunk on 4
-  H200s; on 2 the two were within a run's spread), else 1 (docs/parallel.md).
+  with the tables sharded over 4 or more processes (where it was faster; on 2 no difference
+  was resolved), else 1 (docs/results.md, "Several GPUs").
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class ConvStage(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=False)
         # gpuaccel's pooling kernels on a GPU: torch.compile had fused max_pool2d's backward with the
-        # batch norm's into cifar10-fast's largest kernel (15% of its step's GPU time on an H200)
+        # batch norm's into cifar10-fast's largest kernel, a large share of its step's GPU time
         self.pool = TritonMaxPool2d(2)
         self.norm1 = FixedScaleBatchNorm(out_ch)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1, bias=False)
@@ -67,8 +67,8 @@ class FastNet(nn.Module):
         patches = in_channels * 4
         self.whiten = nn.Conv2d(in_channels, 2 * patches, 2, padding=0, bias=True)
         # Frozen, bias included: then no gradient flows below the first stage, which spares the
-        # backward pass a convolution and a GELU at full resolution (6% of cifar10-fast's step on
-        # an H200) and cost no measurable accuracy (docs/results.md)
+        # backward pass a convolution and a GELU at full resolution, and cost no measurable
+        # accuracy (docs/results.md)
         self.whiten.requires_grad_(False)
         stages, ch = [], 2 * patches
         for width in widths:
@@ -96,7 +96,7 @@ class FastNet(nn.Module):
         x = self.stages(F.gelu(self.whiten(x)))
         # global max pooling as a plain max-pool over the whole (small) map: torch.compile turns
         # its backward into a fused kernel, where adaptive_max_pool2d's backward is an atomic
-        # scatter that took 4% of the step on an H200; torch.amax compiled with bf16 autocast
+        # scatter that took a few per cent of the step; torch.amax compiled with bf16 autocast
         # (torch 2.11-2.13) gives NaN gradients
         x = F.max_pool2d(x, x.shape[-2:]).flatten(1)
         return self.head(x) * self.head_scale

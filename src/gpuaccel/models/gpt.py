@@ -176,8 +176,8 @@ class GPT(nn.Module):
         device_type = idx.device.type
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
             else self.embedding.weight.dtype  # (keys and values as attention computes them)
-        # Every token brings a new key length: cuDNN's attention builds a plan per shape (measured
-        # on an H100: 27 tokens/s with it, 225 without), so the shape-agnostic kernels are used
+        # Every token brings a new key length: cuDNN's attention builds a plan per shape, several
+        # times slower than the shape-agnostic kernels used here
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
             return self._sample(idx, tokens, temperature, top_k, generator, use_cache, dtype)
 

@@ -15,12 +15,12 @@ else:
 
 # In compiled training on a GPU, each 1x1 convolution that widens its input (ResNet-50's
 # expansions) takes its batch norm's statistics from that input, 2-4x smaller than the output, and
-# folds the batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): ResNet-50's compiled
-# step at 224 px ran 1.07x faster on an H200 (batch 512; docs/results.md). Eager, the fold's
+# folds the batch norm into itself (:meth:`ConvBatchNormAct.gram_forward`): a faster compiled
+# ResNet-50 step (docs/results.md). Eager, the fold's
 # two dozen small operations per layer are launched one by one from Python every step, which
 # costs more host time than the passes it saves, and unfused they are slower on the GPU too
 # (docs/training.md). Off (False): every batch norm runs as ``nn.BatchNorm2d`` does, compiled too,
-# e.g. to measure the difference (benchmarks/resnet50/resnet50_kernels.py).
+# e.g. to measure the difference.
 FOLD_BATCH_NORMS = True
 
 
@@ -186,9 +186,8 @@ class SpaceToDepthConv2d(nn.Conv2d):
     as a stride-1 convolution over its input rearranged space-to-depth: the same parameters and
     the same result, up to the order of the sums.
 
-    Why: cuDNN has no fast kernel for three input channels. In ResNet-50's 7x7 stride-2 stem
-    at 224 px (batch 256, bf16, H200) it ran at 34 TFLOP/s forward and 51 for the weight
-    gradient, 3 ms of a 37 ms training step (benchmarks/resnet50/resnet50_kernels.py). Rearranged,
+    Why: cuDNN has no fast kernel for three input channels: ResNet-50's 7x7 stride-2 stem ran at
+    a small fraction of the tensor cores' rate, a large share of the step for its arithmetic. Rearranged,
     each s x s block of pixels becomes s*s*C channels (padded to a multiple of 8) and the
     kernel becomes ceil(k/s) x ceil(k/s) (zero-padded), which cuDNN runs on tensor cores.
     On a CPU it stays an ordinary convolution.
@@ -228,9 +227,8 @@ def space_to_depth_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 class TritonMaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d`` whose forward and backward passes run as the Triton kernels of
-    :mod:`max_pool_kernel` on a GPU, and as PyTorch's elsewhere: the same results, in 1.1-1.2 ms
-    instead of 2.2-2.3 ms (inductor's) at ResNet-50's stem on an H200 (batch 256,
-    benchmarks/resnet50/resnet50_kernels.py)."""
+    :mod:`max_pool_kernel` on a GPU, and as PyTorch's elsewhere: the same results, in about half
+    inductor's time at ResNet-50's stem."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = (self.kernel_size, self.stride, self.padding)

@@ -60,15 +60,13 @@ def apply_fsdp(model: nn.Module, device: torch.device, units: list[list[nn.Modul
     ``units``: the groups of blocks sharded together (:func:`fsdp_units`; ``--shard``: consecutive
     outermost blocks of at least 80 MiB of parameters). Each unit costs host work in every
     forward and backward pass (its hooks, the copies in and out of its all-gather, its
-    collectives), so small units make that work, not the GPU, set the step's pace: the 124 M
-    GPT (12 blocks of 28 MB) on 4 H200s trained at 0.68 of one GPU's tokens/s per GPU with a
-    unit per block and 0.93 with units of 3 blocks (0.95 with bf16 gathers too;
-    benchmarks/scaling/results/h200x4/fsdp_units.json). The last unit stays gathered after its
+    collectives), so small units make that work, not the GPU, set the step's pace: a 124 M GPT
+    of 28 MB blocks scaled far worse with a unit per block than with units of three
+    (docs/results.md, "Several GPUs"). The last unit stays gathered after its
     forward pass: its backward pass comes next.
 
     ``param_dtype``: the weights are gathered and computed with in this dtype (bf16 runs: half the
-    bytes of fp32, no casts under autocast; 1.04-1.06x the tokens/s of fp32 gathers in the runs
-    above); gradients are reduced in fp32 into the fp32 shards.
+    bytes of fp32, no casts under autocast, and faster than fp32 gathers); gradients are reduced in fp32 into the fp32 shards.
 
     ``offload``: the sharded parameters, their gradients and the optimizer state stay in
     pinned host memory; each unit's parameters are copied to the GPU for its forward and

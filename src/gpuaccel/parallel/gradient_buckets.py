@@ -21,9 +21,8 @@ The hooks fire while gradients come back, and a model compiled whole hands every
 at the end of its one compiled backward pass: there is nothing to overlap then. The model is
 therefore compiled with its graph cut into pieces of about a bucket's size
 (``compiling.compile_module``'s ``split_bytes``: Dynamo's DDPOptimizer, what torch.compile does
-under DDP), one compiled backward function per piece. Measured on 4 H200s: 0.5-2% shorter steps
-for ResNet-18 and a character GPT, 4-6 s more warm-up (docs/parallel.md), hence opt-in
-(``--overlap-gradients``).
+under DDP), one compiled backward function per piece: slightly shorter steps for seconds more
+warm-up (docs/results.md, "Several GPUs"), hence opt-in (``--overlap-gradients``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ points are chosen automatically so that the stages' forward FLOPs, counted by
 ``torch.utils.flop_counter`` on meta tensors (no memory, no compute), are as even as
 possible; ``split_points`` names them instead. (Adding the bytes each operator moves to the
 estimate, so that memory-bound layers on large early feature maps weigh more, was tried:
-it put fewer layers in the first stage and ResNet-50 trained 20% slower on two H200s.) Candidate points are the model's outermost blocks and the layers outside
+it put fewer layers in the first stage and ResNet-50 trained slower.) Candidate points are the model's outermost blocks and the layers outside
 blocks (the units of activation checkpointing and FSDP).
 
 How a step runs: each batch is cut into ``microbatches`` that flow through the stages,

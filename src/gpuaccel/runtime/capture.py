@@ -6,8 +6,8 @@ replayed with a single launch. ``Trainer`` (``--compile-mode reduce-overhead``) 
 Why: eager PyTorch launches each kernel from Python, and torch.compile's own graphs (mode
 reduce-overhead) cover the forward and backward passes separately, replayed through Python
 bookkeeping, with the optimizer launched kernel by kernel around them. For a small network
-the host, not the GPU, then sets the pace: 3.6 ms of host time per FastNet step against about
-2 ms of GPU work on an H200. Captured once (PyTorch's "whole network capture"), a replay costs
+the host, not the GPU, then sets the pace: launching a step's kernels takes longer than the GPU
+takes to run them. Captured once (PyTorch's "whole network capture"), a replay costs
 the host a few copies and one launch.
 
 What changes per step enters through tensors the graph reads: the step's tensor arguments

@@ -40,9 +40,8 @@ class Placement:
     def fitted_to(self, model: nn.Module) -> "Placement":
         """This placement, or for a model with recurrent layers (nn.LSTM, nn.GRU, nn.RNN) under an
         autocast precision, one without autocast: under it cuDNN's recurrent kernels get cast
-        weights that are no longer one contiguous buffer and repack them every step
-        (pytorch/examples' word language model ran at 0.70x of its fp32 speed in bf16 on an H100;
-        benchmarks/porting). It is tf32 where the GPU has it (fp32 tensors; the other layers'
+        weights that are no longer one contiguous buffer and repack them every step, which made a
+        recurrent model slower in bf16 than in fp32. It is tf32 where the GPU has it (fp32 tensors; the other layers'
         matrix multiplies on the tensor cores, as cuDNN runs the recurrent ones by default; cuBLAS's
         TF32 is turned on here), else fp32."""
         if self.precision.autocast_dtype is None or not any(isinstance(m, nn.RNNBase) for m in model.modules()):

@@ -63,9 +63,8 @@ def newton_schulz_batches(shapes: list[tuple[int, int]]) -> list[list[int]]:
 def muon_update(params: list[torch.Tensor], grads: list[torch.Tensor], buffers: list[torch.Tensor], lr,
                 momentum: float, nesterov: bool, ns_steps: int, batches: list[list[int]]) -> None:
     """Muon's update of ``params`` in place (see :class:`Muon`), in few kernels: on a GPU these
-    small kernels' launches and ramp-up, not their arithmetic, set its time (cifar10-fast's
-    six filter banks took 0.39 ms a step in two batches with a kernel per operation and
-    filter bank; benchmarks/scaling/step_parts.py)."""
+    small kernels' launches and ramp-up, not their arithmetic, set its time, so the filter banks
+    of one shape are updated together, batch by batch."""
     if momentum:
         torch._foreach_mul_(buffers, momentum)
         torch._foreach_add_(buffers, grads)
