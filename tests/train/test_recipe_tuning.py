@@ -1,5 +1,5 @@
 """benchmarks/recipes/tune_recipe.py's emulation of N GPUs on one: the recipe numbers for several
-GPUs that docs/parallel.md reports from one GPU rest on it."""
+GPUs that docs/results.md reports from one GPU rest on it."""
 
 from __future__ import annotations
 
