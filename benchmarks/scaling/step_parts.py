@@ -99,7 +99,7 @@ def measure(settings: dict, replays: int, block: int) -> dict:
         params = list(trainer.model.parameters())
         parts["reduce"] = replay_times(captured(lambda: trainer.strategy.reduce_gradients(params)), replays, block)
     trainer.step.release()  # (graphs holding a recorded all-reduce must go before the process group)
-    return {"batch_size": config.batch_size, "batch_per_process": trainer.batch_per_process,
+    return {"batch_size": config.loop.batch_size, "batch_per_process": trainer.batch_per_process,
             "strategy": trainer.strategy.describe(),
             "ms_per_replay": {name: {"median": statistics.median(t["gpu"]), "blocks": t["gpu"],
                                      "host_median": statistics.median(t["host"]), "host_blocks": t["host"]}

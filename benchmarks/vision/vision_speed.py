@@ -266,7 +266,7 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
                         "warmup_seconds": round(trainer.warmup_seconds, 2), **summary["metrics"],
                         "samples_per_second": summary.get("samples_per_second"), "run_dir": str(trainer.run_dir)})
         print(results[-1], flush=True)
-    return {"recipe": recipe, "changed": changes, "epochs": config.epochs, "runs": results,
+    return {"recipe": recipe, "changed": changes, "epochs": config.loop.epochs, "runs": results,
             "mean": {k: round(statistics.mean(r[k] for r in results), 5) for k in (metric, "train_seconds")}}
 
 

@@ -253,9 +253,10 @@ def test_the_multi_gpu_rung_launches_a_valid_recipe_and_reports_a_failed_launch(
     assert row["skipped"] == "gpuaccel train --gpus 2 failed: --gpus 2 asks for more GPUs than present " \
                              f"({visible} visible to PyTorch)"
     settings = TrainConfig.from_dict(load_recipe(str(tmp_path / "rungs" / "multi-gpu-2.yaml"))).validate()
-    assert (settings.batch_size, settings.lr, settings.compile_mode, settings.device) == \
+    assert (settings.loop.batch_size, settings.optimizer.lr, settings.runtime.compile_mode,
+            settings.runtime.device) == \
         (256, 0.2, "reduce-overhead", "auto")  # per GPU, as the rung before; each process takes its own GPU
-    assert settings.time_limit == 0.9 and settings.eval_every == 10**9 and settings.target is None
+    assert settings.loop.time_limit == 0.9 and settings.loop.eval_every == 10**9 and settings.loop.target is None
 
 
 def test_the_headline_rung_with_a_target_is_the_one_that_reached_it_soonest():

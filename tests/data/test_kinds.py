@@ -33,9 +33,9 @@ class Bits(DataKind):
         cut = len(rows) * 4 // 5
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
-            return (ResidentLoader((x[:cut], y[:cut]), batch_size=config.batch_size, train=True, **common),
-                    ResidentLoader((x[cut:], y[cut:]), batch_size=config.eval_batch_size, train=False, **common))
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
+            return (ResidentLoader((x[:cut], y[:cut]), batch_size=config.loop.batch_size, train=True, **common),
+                    ResidentLoader((x[cut:], y[cut:]), batch_size=config.loop.eval_batch_size, train=False, **common))
 
         return TrainingInputs(name=path.stem, description=f"{path.stem}: {len(rows)} rows of bits",
                               train_samples=cut, test_samples=len(rows) - cut, classes=["0", "1"],

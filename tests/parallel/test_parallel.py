@@ -316,9 +316,9 @@ def test_processes_given_different_data_stop_at_start_with_one_line(tmp_path, di
 
 def test_a_global_batch_that_does_not_split_over_the_processes_is_refused():
     config = TrainConfig(batch_size=30, global_batch=True)
-    assert config.batch_per_process(3) == 10 and TrainConfig(batch_size=30).batch_per_process(4) == 30
+    assert config.loop.batch_per_process(3) == 10 and TrainConfig(batch_size=30).loop.batch_per_process(4) == 30
     with pytest.raises(GpuaccelError, match="does not split evenly over 4 processes"):
-        config.batch_per_process(4)
+        config.loop.batch_per_process(4)
 
 
 def test_launcher_errors_and_arguments(capsys):
@@ -355,7 +355,7 @@ def test_activation_checkpointing_from_the_cli_and_without_blocks(capsys, tmp_pa
     code, out, err = run(capsys, "train", "--data", "digits", "--model", "resnet18", "--activation-checkpointing",
                          "--epochs", "1", "--batch-size", "512", "--quiet", "--json", "--run-dir", str(tmp_path / "r"))
     assert code == 0, err
-    assert json.loads((tmp_path / "r" / "config.json").read_text())["activation_checkpointing"] is True
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["model"]["activation_checkpointing"] is True
     assert_user_error(capsys, ["train", "--data", "digits", "--model", "mlp", "--activation-checkpointing"],
                       "--activation-checkpointing found no blocks")
 

@@ -212,7 +212,7 @@ def test_a_factory_model_run_resumes_exports_and_infers_from_another_directory(t
     trained = cli("train", "--model", "mymodels.cnn:small_cnn", "--epochs", "1", "--device", "cpu",
                   "--run-dir", str(run), "--no-monitor", "--quiet", cwd=project)
     assert trained.returncode == 0, trained.stderr
-    assert json.loads((run / "config.json").read_text())["model_path"] == str(project.resolve())
+    assert json.loads((run / "config.json").read_text())["model"]["model_path"] == str(project.resolve())
     # the rest in this process, from another directory, where mymodels is not importable by itself
     from gpuaccel.cli import main
 

@@ -121,7 +121,7 @@ def test_progressive_resizing_trains_small_first_and_warms_every_size(tmp_path, 
     training = [side for is_training, side in sides if is_training]
     assert training == [16] * 5 + [32] * 5  # 100 images, batches of 20: epoch 0 at 16 px, epoch 1 at full size
     assert set(evaluated) == {32} and checks.count(True) == 1  # evaluated at full size
-    assert json.loads((tmp_path / "r" / "config.json").read_text())["size_schedule"] == ["16:1"]
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["data"]["size_schedule"] == ["16:1"]
 
 
 @pytest.mark.parametrize("options, needle", [({"size_schedule": ["24"]}, "SIZE:EPOCHS"),
@@ -160,7 +160,7 @@ def test_gpu_jpeg_decoding_only_with_a_cuda_device():
 def test_bias_lr_scale_sets_the_second_group():
     from gpuaccel.train.optim import build_optimizer
     model = create_model("lenet5", image_size=8)
-    opt = build_optimizer(model, TrainConfig(lr=0.1, bias_lr_scale=4.0), torch.device("cpu"))
+    opt = build_optimizer(model, TrainConfig(lr=0.1, bias_lr_scale=4.0).optimizer, torch.device("cpu"))
     assert [g["lr"] for g in opt.param_groups] == [0.1, pytest.approx(0.4)]
     assert opt.param_groups[1]["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])

@@ -98,8 +98,8 @@ def test_resume_with_a_damaged_or_missing_config_json_takes_the_checkpoints_sett
             (run / "config.json").write_text(damage)
         trainer = Trainer.resume(run, overrides={"epochs": 1}, quiet=False)
         trainer.run.unlock()
-        assert trainer.config.batch_size == 64
-        assert json.loads((run / "config.json").read_text())["batch_size"] == 64  # rewritten
+        assert trainer.config.loop.batch_size == 64
+        assert json.loads((run / "config.json").read_text())["loop"]["batch_size"] == 64  # rewritten
         assert ("is damaged" if damage else "is missing") in capsys.readouterr().err
 
 
@@ -107,14 +107,18 @@ def test_resume_takes_its_settings_from_the_checkpoint_whatever_config_json_lack
     run = tmp_path / "r"
     Trainer(TrainConfig(epochs=1, batch_size=32, lr=0.02, run_dir=str(run), monitor=False), quiet=True).fit()
     written = json.loads((run / "config.json").read_text())
-    edits = [({}, "lacks"), ({k: v for k, v in written.items() if k != "batch_size"}, "lacks batch_size"),
-             ({**written, "lr": 0.5}, "differs from the checkpoint in lr")]
+    without_batch = {**written, "loop": {k: v for k, v in written["loop"].items() if k != "batch_size"}}
+    edits = [({}, "lacks"), (without_batch, "lacks batch_size"),
+             ({**written, "optimizer": {**written["optimizer"], "lr": 0.5}}, "differs from the checkpoint in lr"),
+             (TrainConfig.from_dict(written).flat() | {"lr": 0.5},
+              "differs from the checkpoint in lr")]  # flat, as before
     for edited, said in edits:
         (run / "config.json").write_text(json.dumps(edited))
         trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=False)
         trainer.run.unlock()
-        assert (trainer.config.batch_size, trainer.config.lr, trainer.config.epochs) == (32, 0.02, 2)
-        assert json.loads((run / "config.json").read_text())["batch_size"] == 32  # rewritten
+        assert (trainer.config.loop.batch_size, trainer.config.optimizer.lr, trainer.config.loop.epochs) == (32, 0.02,
+                                                                                                             2)
+        assert json.loads((run / "config.json").read_text())["loop"]["batch_size"] == 32  # rewritten
         err = capsys.readouterr().err
         assert "resuming with the settings checkpoint.pt holds" in err and said in err, err
 
@@ -291,7 +295,7 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypat
 
     def interrupted_at_the_end(self, **kwargs):  # (kwargs: the warm-up's pass on a GPU)
         calls.append(self.global_step)
-        if self.epochs_done >= self.config.epochs:
+        if self.epochs_done >= self.config.loop.epochs:
             raise KeyboardInterrupt  # Ctrl-C during the final evaluation
         return evaluate(self, **kwargs)
     monkeypatch.setattr(Trainer, "evaluate", interrupted_at_the_end)
@@ -323,7 +327,7 @@ def test_resume_with_more_epochs_says_so_and_updates_config_json(tmp_path, capsy
     Trainer.resume(run, overrides={"epochs": 2}).fit()
     err = capsys.readouterr().err
     assert "resuming with --epochs 2 (was 1)" in err and "config.json updated" in err
-    assert json.loads((run / "config.json").read_text())["epochs"] == 2
+    assert json.loads((run / "config.json").read_text())["loop"]["epochs"] == 2
 
 
 def test_a_run_with_a_relative_data_path_resumes_from_elsewhere(tmp_path, monkeypatch, mnist_dir):
@@ -333,7 +337,7 @@ def test_a_run_with_a_relative_data_path_resumes_from_elsewhere(tmp_path, monkey
     run = tmp_path / "r"
     assert main(["train", "--data", mnist_dir.name, "--epochs", "1", "--run-dir", str(run), "--no-monitor",
                  "--quiet", "--cache-dir", str(tmp_path / "c")]) == 0
-    assert json.loads((run / "config.json").read_text())["data"] == str(mnist_dir.resolve())
+    assert json.loads((run / "config.json").read_text())["data"]["source"] == str(mnist_dir.resolve())
     monkeypatch.chdir(tmp_path)
     # the same data spelled another way is not a change
     assert main(["train", "--resume", str(run), "--data", str(mnist_dir) + "/", "--epochs", "2", "--quiet"]) == 0

@@ -36,7 +36,7 @@ def test_short_run_really_learns_and_writes_its_run_dir(tmp_path, digits):
     assert set(records[0]) >= {"step", "epoch", "loss", "accuracy", "samples_per_second", "elapsed"}
     assert records[-1]["accuracy"] == pytest.approx(s["metrics"]["accuracy"], abs=1e-6)
     assert json.loads((run / "summary.json").read_text())["metrics"]["accuracy"] == s["metrics"]["accuracy"]
-    assert json.loads((run / "config.json").read_text())["model"] == "lenet5"
+    assert json.loads((run / "config.json").read_text())["model"]["name"] == "lenet5"
     final = checkpoint.load(run / "model.pt")
     assert final["model_name"] == "lenet5" and final["classes"] == digits.classes
     chosen = ("cuda:0", "bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() \

@@ -194,10 +194,10 @@ def measure_throughput(trainer: Trainer, quick: bool) -> dict:
         run(steps, meter)
         synchronize(device)
         elapsed = time.perf_counter() - start
-        rates.append(steps * trainer.config.batch_size / elapsed)
+        rates.append(steps * trainer.config.loop.batch_size / elapsed)
         shares.append(meter.read()["data_share"])
     result = {"images_per_second": statistics.median(rates), "images_per_second_min": min(rates),
-              "images_per_second_max": max(rates), "step_ms": 1000 * trainer.config.batch_size /
+              "images_per_second_max": max(rates), "step_ms": 1000 * trainer.config.loop.batch_size /
               statistics.median(rates), "data_wait_share": statistics.median(shares),
               "windows": windows, "steps_per_window": steps, "warmup_seconds": round(warmup_seconds, 3),
               "timed_from": timed_from, "timed_to": time.perf_counter()}
@@ -209,13 +209,13 @@ def measure_throughput(trainer: Trainer, quick: bool) -> dict:
 def find_max_batch(config: TrainConfig, model_args: dict, cap: int) -> tuple[int, list[int]]:
     """The largest power-of-two multiple of the batch size (up to ``cap``) whose training step
     fits in GPU memory, probed with eager steps on random data. Returns it and the sizes tried."""
-    device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
-    layout = torch.channels_last if config.channels_last else torch.contiguous_format
-    best, tried, batch = config.batch_size, [], config.batch_size * 2
+    device = resolve_device(config.runtime.device)
+    precision = resolve_precision(config.runtime.precision, device)
+    layout = torch.channels_last if config.runtime.channels_last else torch.contiguous_format
+    best, tried, batch = config.loop.batch_size, [], config.loop.batch_size * 2
     while batch <= cap:
         tried.append(batch)
-        model = create_model(config.model, **model_args).to(device, memory_format=layout)
+        model = create_model(config.model.name, **model_args).to(device, memory_format=layout)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         try:
             x = torch.randn(batch, model_args["in_channels"], model_args["image_size"], model_args["image_size"],
@@ -293,14 +293,16 @@ def _run_bench(options: BenchOptions, run_dir: Path, log) -> dict:
                 log(f"{rung.name:14s} skipped: {reason}")
                 continue
             config = base.replace(**settings)
-            if config.device == "cuda":
+            if config.runtime.device == "cuda":
                 config = config.replace(device=str(gpu),
-                                        precision=options.precision if config.precision == "auto" else "fp32")
+                                        precision=options.precision if config.runtime.precision == "auto" else "fp32")
             extra = {}
             if rung.name == "max-batch":
                 batch, tried = find_max_batch(config, model_args, min(MAX_BATCH_CAP, len(dataset.train_labels) // 4))
-                config = config.replace(batch_size=batch, lr=base.lr * math.sqrt(batch / base.batch_size))
-                settings.update(batch_size=config.batch_size, lr=config.lr)  # the next rung keeps the batch
+                config = config.replace(batch_size=batch,
+                                        lr=base.optimizer.lr * math.sqrt(batch / base.loop.batch_size))
+                settings.update(batch_size=config.loop.batch_size,
+                                lr=config.optimizer.lr)  # the next rung keeps the batch
                 extra["batch_sizes_tried"] = tried
             if rung.name == "multi-gpu":
                 rows.append(_measure_data_parallel(rung, config, options, flops, peaks, run_dir, log))
@@ -344,8 +346,8 @@ def _measure_rung(rung, config, dataset, options, flops, peaks, sampler, origin,
         trainer = Trainer(config, dataset=dataset, quiet=True)
         row.update({"device": str(trainer.device), "precision": trainer.precision.name,
                "channels_last": trainer.channels_last, "loader": type(trainer.train_loader).__name__,
-               "compile": config.compile and config.compile_mode, "batch_size": config.batch_size,
-               "lr": config.lr})
+               "compile": config.runtime.compile and config.runtime.compile_mode, "batch_size": config.loop.batch_size,
+               "lr": config.optimizer.lr})
         row.update(measure_throughput(trainer, options.quick))
         # the timed windows on the clock of the GPU samples, to match the two
         row.update(t_start=round(row.pop("timed_from") - origin, 3), t_end=round(row.pop("timed_to") - origin, 3))
@@ -368,7 +370,7 @@ def _measure_rung(rung, config, dataset, options, flops, peaks, sampler, origin,
             log(f"{'':14s} time to {100 * options.time_to_acc:.1f}%: {reached}")
         return row
     except torch.OutOfMemoryError:
-        return {"rung": rung.name, "adds": rung.adds, "skipped": f"out of GPU memory at batch {config.batch_size}"}
+        return {"rung": rung.name, "adds": rung.adds, "skipped": f"out of GPU memory at batch {config.loop.batch_size}"}
     finally:
         trainer = None
         _release()
@@ -383,7 +385,7 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
     rung_dir = run_dir / "rungs" / f"multi-gpu-{gpus}"
     seconds = 0.9 if options.quick else 7.0
     settings = config.replace(device="auto", epochs=100_000, time_limit=seconds, eval_every=10**9, monitor=True,
-                              target=None, target_acc=None).to_dict()
+                              target=None, target_acc=None).flat()
     settings.pop("run_dir")
     recipe = run_dir / "rungs" / f"multi-gpu-{gpus}.yaml"
     recipe.parent.mkdir(parents=True, exist_ok=True)
@@ -404,10 +406,12 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
     speed = summary["samples_per_second"]
     achieved = flops * speed / 1e12
     row.update(device=f"{gpus} x cuda", precision=summary["precision"], channels_last=summary["channels_last"],
-               loader="DeviceLoader" if config.loader == "gpu" else config.loader,
-               compile=config.compile and config.compile_mode, batch_size=config.batch_size, lr=config.lr, gpus=gpus,
+               loader="DeviceLoader" if config.data.loader == "gpu" else config.data.loader,
+               compile=config.runtime.compile and config.runtime.compile_mode, batch_size=config.loop.batch_size,
+               lr=config.optimizer.lr, gpus=gpus,
                global_batch_size=summary["global_batch_size"], images_per_second=speed,
-               images_per_second_min=speed, images_per_second_max=speed, step_ms=1000 * config.batch_size * gpus / speed,
+               images_per_second_min=speed, images_per_second_max=speed,
+               step_ms=1000 * config.loop.batch_size * gpus / speed,
                data_wait_share=record["data_wait"], train_seconds=summary["train_seconds"],
                warmup_seconds=summary["warmup_seconds"], model_tflops=achieved,
                mfu=achieved / (gpus * peaks.tflops(torch.device("cuda"), summary["precision"])),
@@ -419,9 +423,11 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
 
 
 def row_name(config: TrainConfig) -> str:
-    parts = [config.device.split(":")[0], config.precision, "nhwc" if config.channels_last else "nchw",
-             f"loader-{config.loader}", f"compile-{config.compile_mode}" if config.compile else "eager",
-             f"b{config.batch_size}"]
+    parts = [config.runtime.device.split(":")[0], config.runtime.precision,
+             "nhwc" if config.runtime.channels_last else "nchw",
+             f"loader-{config.data.loader}",
+             f"compile-{config.runtime.compile_mode}" if config.runtime.compile else "eager",
+             f"b{config.loop.batch_size}"]
     return "_".join(parts)
 
 

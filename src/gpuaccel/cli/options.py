@@ -5,7 +5,6 @@ there once; and the parser every command uses (a bad option is one line, exit st
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from ..errors import GpuaccelError
 
@@ -44,42 +43,38 @@ def keywords(text: str) -> dict:
 
 
 def add_config_options(parser, names=None, shown_defaults: dict | None = None) -> None:
-    """TrainConfig's settings (all, or those in ``names``) as options, one group per section,
-    made from the schema (train/config.py): type, help, valid values and default declared
+    """TrainConfig's settings (all, or those in ``names``: flat names) as options, one group per
+    section, made from the schema (train/config.py): type, help, valid values and default declared
     there once. Every option defaults to None here, so that what the user typed is known."""
     import typing
 
-    from ..train.config import TrainConfig
+    from ..train.config import SCHEMA
 
-    hints = typing.get_type_hints(TrainConfig)
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in dataclasses.fields(TrainConfig):
-        meta = f.metadata
-        if not meta["cli"] or (names is not None and f.name not in names):
+    for s in SCHEMA.values():
+        meta = s.field.metadata
+        if not meta["cli"] or (names is not None and s.flat not in names):
             continue
-        group = groups.get(meta["section"]) or groups.setdefault(
-            meta["section"], parser.add_argument_group(meta["section"] + " settings"))
-        kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
-        default = (shown_defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING
-                                             else f.default_factory())
+        group = groups.get(s.section) or groups.setdefault(
+            s.section, parser.add_argument_group(s.section + " settings"))
+        default = (shown_defaults or {}).get(s.flat, s.default)
         text = meta["help"]
         if meta["choices"] and not all(c in text for c in meta["choices"]):
             text += f"; one of: {', '.join(meta['choices'])}"
         if default not in (None, False, "default") and "default" not in text:
             text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
         options = dict(help=text.replace("%", "%%"), default=None)
-        if kind is bool:
+        if s.type is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
-            parse = {list: comma_list, dict: keywords}.get(typing.get_origin(kind) or kind, kind)
-            options.update(type=parse,
-                           metavar=meta["metavar"] or f.name.upper())
-        group.add_argument("--" + f.name.replace("_", "-"), **options)
+            parse = {list: comma_list, dict: keywords}.get(typing.get_origin(s.type) or s.type, s.type)
+            options.update(type=parse, metavar=meta["metavar"] or s.flat.upper())
+        group.add_argument("--" + s.flat.replace("_", "-"), **options)
 
 
 def explicit_options(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields the user set on the command line (every option defaults to None)."""
-    from ..train import TrainConfig
+    """The TrainConfig settings (flat names) the user set on the command line (every option
+    defaults to None)."""
+    from ..train.config import SCHEMA
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return {k: v for k, v in vars(args).items() if k in SCHEMA and v is not None}

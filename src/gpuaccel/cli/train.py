@@ -144,7 +144,7 @@ def _print_config(resume: str | None, options: dict) -> int:
         config = TrainConfig.from_dict(json.loads(saved.read_text())).replace(**options)
     else:
         config = TrainConfig(**options)
-    print(yaml.safe_dump(config.validate().to_sections(), sort_keys=False, default_flow_style=False), end="")
+    print(yaml.safe_dump(config.validate().to_dict(), sort_keys=False, default_flow_style=False), end="")
     return 0
 
 

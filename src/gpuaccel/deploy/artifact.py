@@ -11,6 +11,7 @@ import torch.nn as nn
 from ..errors import GpuaccelError
 from ..models import create_model
 from ..tasks import SCENE_TASKS, Classification, Task, task_of
+from ..train.config import saved_settings
 from ..models.registry import add_search_dir
 from ..train import checkpoint
 from ..models.structure import apply_structure
@@ -115,7 +116,7 @@ def run_data_kind(path):
 
 def max_tokens(state: dict) -> int:
     """The most tokens of a sentence a run's text classifier takes."""
-    return state["model_args"].get("context_length") or state["config"].get("context", 256)
+    return state["model_args"].get("context_length") or saved_settings(state["config"]).get("context", 256)
 
 
 def rebuild_model(state: dict, path: Path) -> nn.Module:
@@ -145,4 +146,4 @@ def load_trained(path) -> TrainedModel:
     module = Normalized(rebuild_model(state, path), state["mean"], state["std"]).eval()
     task = task_of(state.get("task"))
     return TrainedModel(module, list(state["classes"]), state["model_name"], dict(state["model_args"]),
-                        dict(state["config"]), path, task)
+                        saved_settings(state["config"]), path, task)

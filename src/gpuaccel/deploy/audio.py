@@ -12,6 +12,7 @@ import torch
 from ..data import parse_spec
 from ..data.audio import load_audio
 from ..errors import GpuaccelError
+from ..train.config import saved_settings
 from ..files import make_directory, write_json
 from .artifact import load_run_state, rebuild_model
 
@@ -57,7 +58,7 @@ def held_out_recordings(state: dict, data: str | None, why: str):
     ``train_waves``, ``test_waves``, ``test_labels``. ``why`` opens the error."""
     from ..data.cache import default_cache_dir
 
-    config, audio = state["config"], state["audio"]
+    config, audio = saved_settings(state["config"]), state["audio"]
     try:
         _, data_path = parse_spec(data or config["data"])
         return load_audio(data_path, label_pattern=config.get("label_pattern"), test_where=config.get("test_where"),

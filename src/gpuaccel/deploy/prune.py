@@ -112,14 +112,16 @@ def prune_trained(trained, data, *, sparsity: float, structured: bool, finetune_
 
     if finetune_epochs:
         config = TrainConfig.from_dict(trained.config).replace(
-            epochs=finetune_epochs, lr=lr or TrainConfig.from_dict(trained.config).lr / 2, run_dir=str(out_dir),
+            epochs=finetune_epochs, lr=lr or TrainConfig.from_dict(trained.config).optimizer.lr / 2,
+            run_dir=str(out_dir),
             target_acc=None, time_limit=None)
         trainer = Trainer(config, dataset=data, model=model, structure=structure or layer_structure(model),
                           data_init=False, quiet=quiet)
         if not structured:
             _keep_zeros(trainer.model, trainer.optimizer)
         summary = trainer.fit()
-        report["finetune"] = {"epochs": finetune_epochs, "lr": config.lr, "train_seconds": summary["train_seconds"],
+        report["finetune"] = {"epochs": finetune_epochs, "lr": config.optimizer.lr,
+                              "train_seconds": summary["train_seconds"],
                               "device": summary["device_name"]}
         from .artifact import load_trained
 

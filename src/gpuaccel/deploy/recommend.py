@@ -12,6 +12,7 @@ import torch
 from ..data import parse_spec
 from ..data.cache import default_cache_dir
 from ..data.ratings import load_interactions, load_ratings, read_titles
+from ..train.config import saved_settings
 from ..device import resolve_device
 from ..errors import GpuaccelError
 from .artifact import load_run_state, rebuild_model
@@ -37,7 +38,7 @@ def recommend(run, user: str, top: int = 10, *, device: str = "auto", include_ra
     except ValueError:
         raise GpuaccelError(f"user {user!r} has no ratings in the run's training data ({len(user_ids) - 1:,} users, "
                             f"ids such as {', '.join(user_ids[1:4])})") from None
-    config = state["config"]
+    config = saved_settings(state["config"])
     _, data_path = parse_spec(config["data"])
     candidates = np.arange(1, len(item_ids))
     if not include_rated:

@@ -16,6 +16,7 @@ import torch
 from ..data import parse_spec
 from ..data.sentences import read_labelled, sentence_files
 from ..data.text import read_text, tokenizer_from_state
+from ..train.config import saved_settings
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
 from ..files import make_directory, write_json
@@ -143,7 +144,7 @@ def held_out_sentences(state: dict, data: str | None, why: str):
     from ..data.cache import default_cache_dir
     from ..data.sentences import load_sentences
 
-    config = state["config"]
+    config = saved_settings(state["config"])
     try:
         _, data_path = parse_spec(data or config["data"])
         return load_sentences(data_path, tokenizer=state["tokenizer"]["kind"], vocab_size=config.get("vocab_size"),

@@ -23,6 +23,7 @@ import torch.nn as nn
 from ..data.text import tokenizer_from_state
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
+from ..train.config import saved_settings
 from ..files import atomic_write
 from ..models.seq2seq import BOS, EOS, PAD, PyTorchDecoder, Seq2SeqTransformer, beam_search, strip_special
 from .artifact import load_run_state, rebuild_model
@@ -395,7 +396,7 @@ def held_out_pairs(state: dict, data: str | None, count: int) -> tuple[list[str]
     from ..data import parse_spec
     from ..data.parallel import read_splits
 
-    _, folder = parse_spec(data or state["config"]["data"])
+    _, folder = parse_spec(data or saved_settings(state["config"])["data"])
     raw, _, _ = read_splits(folder, state["translation"]["source"], state["translation"]["target"])
     # (a run that held its evaluation pairs out of the training split: a test split, else training pairs)
     split = raw.eval_split or next((s for s in raw.pairs if s != "train"), "train")

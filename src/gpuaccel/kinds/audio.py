@@ -27,10 +27,11 @@ class Audio(DataKind):
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
         data = shared_read(dist, lambda: load_audio(
-            path, label_pattern=config.label_pattern, test_where=config.test_where, sample_rate=config.sample_rate,
-            clip_seconds=config.clip_seconds, val_split=config.val_split, skip_bad=config.skip_bad,
-            seed=config.seed, cache_dir=cache_dir_of(config)))
-        if config.tta:
+            path, label_pattern=config.data.label_pattern, test_where=config.data.test_where,
+            sample_rate=config.data.sample_rate,
+            clip_seconds=config.data.clip_seconds, val_split=config.data.val_split, skip_bad=config.data.skip_bad,
+            seed=config.loop.seed, cache_dir=cache_dir_of(config)))
+        if config.loop.tta:
             raise GpuaccelError("--tta flips and shifts images; for recordings leave it at 0 (the model's time shift "
                                 "augments in training)")
         identity = {"classes": data.classes, "train_samples": len(data.train_labels),
@@ -40,11 +41,11 @@ class Audio(DataKind):
                     "files": data.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
             return (ResidentLoader((torch.from_numpy(data.train_waves), torch.from_numpy(data.train_labels)),
-                                   batch_size=config.batch_size, train=True, **common),
+                                   batch_size=config.loop.batch_size, train=True, **common),
                     ResidentLoader((torch.from_numpy(data.test_waves), torch.from_numpy(data.test_labels)),
-                                   batch_size=config.eval_batch_size, train=False, **common))
+                                   batch_size=config.loop.eval_batch_size, train=False, **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train_labels),

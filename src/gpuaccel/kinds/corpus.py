@@ -38,26 +38,28 @@ class Corpus(DataKind):
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
         corpus = shared_read(dist, lambda: load_corpus(
-            path, tokenizer=config.tokenizer or "char", vocab_size=config.vocab_size or 2048,
-            val_split=config.val_split, cache_dir=cache_dir_of(config)))
-        corpus.check_context(config.context)
-        identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.context,
+            path, tokenizer=config.data.tokenizer or "char", vocab_size=config.data.vocab_size or 2048,
+            val_split=config.data.val_split, cache_dir=cache_dir_of(config)))
+        corpus.check_context(config.data.context)
+        identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.data.context,
                     "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            train = WindowLoader(torch.from_numpy(corpus.train), context=config.context,
-                                 batch_size=config.batch_size, device=device, seed=config.seed, rank=rank,
+            train = WindowLoader(torch.from_numpy(corpus.train), context=config.data.context,
+                                 batch_size=config.loop.batch_size, device=device, seed=config.loop.seed, rank=rank,
                                  world_size=world_size)
-            val = ResidentLoader(validation_windows(corpus.val, config.context), batch_size=config.eval_batch_size,
+            val = ResidentLoader(validation_windows(corpus.val, config.data.context),
+                                 batch_size=config.loop.eval_batch_size,
                                  device=device, train=False, rank=rank, world_size=world_size)
             return train, val
 
         return TrainingInputs(
-            name=corpus.name, description=corpus.describe(), train_samples=(len(corpus.train) - 1) // config.context,
-            test_samples=(len(corpus.val) - 1) // config.context,
-            model_args={"vocab_size": corpus.vocab_size, "context_length": config.context}, identity=identity,
+            name=corpus.name, description=corpus.describe(),
+            train_samples=(len(corpus.train) - 1) // config.data.context,
+            test_samples=(len(corpus.val) - 1) // config.data.context,
+            model_args={"vocab_size": corpus.vocab_size, "context_length": config.data.context}, identity=identity,
             task="language_modelling", tokenizer=corpus.tokenizer.state(), unit="windows", default_model="gpt",
-            tokens_per_sample=config.context, build=build, data_kind=self.name)
+            tokens_per_sample=config.data.context, build=build, data_kind=self.name)
 
     def owned_before_kinds(self, state: dict) -> bool:
         return bool(state.get("tokenizer")) and (state.get("task") or {}).get("name") == "language_modelling"

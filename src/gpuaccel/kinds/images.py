@@ -34,8 +34,9 @@ class Images(DataKind):
         # accuracy, and for small images its batches were slower than Pillow in 16 processes.
         # nvJPEG decodes where it pays: streamed batches (--loader stream).
         dataset = shared_read(dist, lambda: open_dataset(
-            config.data, stream=config.loader == "stream", val_split=config.val_split, image_size=config.image_size,
-            skip_bad=config.skip_bad, seed=config.seed, cache_dir=config.cache_dir))
+            config.data.source, stream=config.data.loader == "stream", val_split=config.data.val_split,
+            image_size=config.data.image_size,
+            skip_bad=config.data.skip_bad, seed=config.loop.seed, cache_dir=config.data.cache_dir))
         return self.inputs_of(dataset)
 
     def inputs_of(self, ds: ImageDataset | StreamingDataset) -> TrainingInputs:
@@ -49,21 +50,23 @@ class Images(DataKind):
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
             common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
-                          seed=config.seed, rank=rank, world_size=world_size)
+                          seed=config.loop.seed, rank=rank, world_size=world_size)
             if streamed:
-                if config.crop_padding or config.cutout or config.brightness or config.contrast or \
-                        config.size_schedule:
+                if config.data.crop_padding or config.data.cutout or config.data.brightness or config.data.contrast or \
+                        config.data.size_schedule:
                     raise GpuaccelError("--crop-padding, --cutout, --brightness, --contrast and --size-schedule are "
                                         "for in-memory data; streamed images are random-resized crops with random "
                                         "flips")
-                common.update(skip_bad=config.skip_bad, workers=config.workers, cpu_decode=config.cpu_decode)
-                return (ds.loader(train=True, batch_size=config.batch_size, **common),
-                        ds.loader(train=False, batch_size=config.eval_batch_size, **common))
-            common.update(placement=config.loader, workers=config.workers)
+                common.update(skip_bad=config.data.skip_bad, workers=config.data.workers,
+                              cpu_decode=config.data.cpu_decode)
+                return (ds.loader(train=True, batch_size=config.loop.batch_size, **common),
+                        ds.loader(train=False, batch_size=config.loop.eval_batch_size, **common))
+            common.update(placement=config.data.loader, workers=config.data.workers)
             train = build_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
-                                 batch_size=config.batch_size, train=True, augment=augment_config(config), **common)
+                                 batch_size=config.loop.batch_size, train=True, augment=augment_config(config),
+                                 **common)
             test = build_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
-                                batch_size=config.eval_batch_size, train=False, **common)
+                                batch_size=config.loop.eval_batch_size, train=False, **common)
             return train, test
 
         return TrainingInputs(

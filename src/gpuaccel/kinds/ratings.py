@@ -24,19 +24,19 @@ class Ratings(DataKind):
         return self.name if is_ratings_source(path) else None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
-        if config.task == "ranking":
+        if config.model.task == "ranking":
             return self._interactions(config, path, dist)
-        data = shared_read(dist, lambda: load_ratings(path, val_split=config.val_split, seed=config.seed,
+        data = shared_read(dist, lambda: load_ratings(path, val_split=config.data.val_split, seed=config.loop.seed,
                                                       cache_dir=cache_dir_of(config)))
         identity = {"train_samples": len(data.train_ratings), "test_samples": len(data.test_ratings),
                     "users": data.num_users, "items": data.num_items, "files": data.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
             return tuple(ResidentLoader(tuple(torch.from_numpy(getattr(data, f"{split}_{part}"))
                                               for part in ("users", "items", "ratings")),
                                         batch_size=size, train=split == "train", **common)
-                         for split, size in (("train", config.batch_size), ("test", config.eval_batch_size)))
+                         for split, size in (("train", config.loop.batch_size), ("test", config.loop.eval_batch_size)))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train_ratings),
@@ -51,24 +51,25 @@ class Ratings(DataKind):
             init_sample=lambda loader: loader.tensors)  # every training rating: (users, items, ratings)
 
     def _interactions(self, config, path, dist) -> TrainingInputs:
-        data = shared_read(dist, lambda: load_interactions(path, negatives=config.eval_negatives, seed=config.seed,
+        data = shared_read(dist, lambda: load_interactions(path, negatives=config.data.eval_negatives,
+                                                           seed=config.loop.seed,
                                                            cache_dir=cache_dir_of(config)))
         identity = {"train_samples": len(data.train_users), "test_samples": len(data.test_users),
-                    "users": data.num_users, "items": data.num_items, "eval_negatives": config.eval_negatives,
+                    "users": data.num_users, "items": data.num_items, "eval_negatives": config.data.eval_negatives,
                     "files": data.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
             train = NegativeSamplingLoader(data.train_users, data.train_items, data.num_items,
-                                           negatives=config.negatives, batch_size=config.batch_size, **common)
+                                           negatives=config.data.negatives, batch_size=config.loop.batch_size, **common)
             test = ResidentLoader((torch.from_numpy(data.test_users), torch.from_numpy(data.test_items),
                                    torch.zeros(len(data.test_users), dtype=torch.long)),  # the held-out item: column 0
-                                  batch_size=config.eval_batch_size, train=False, **common)
+                                  batch_size=config.loop.eval_batch_size, train=False, **common)
             return train, test
 
         return TrainingInputs(
             name=data.name, description=data.describe(),
-            train_samples=len(data.train_users) * (1 + config.negatives), test_samples=len(data.test_users),
+            train_samples=len(data.train_users) * (1 + config.data.negatives), test_samples=len(data.test_users),
             model_args={"num_users": data.num_users, "num_items": data.num_items, "rating_mean": 0.0,
                         "rating_range": None},
             identity=identity, task="ranking", unit="pairs", default_model="matrix_factorization",

@@ -24,18 +24,20 @@ class Scenes(DataKind):
         return scene_kind(path)
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
-        if fmt == self.name or not config.data.lower().startswith(f"{fmt}:"):  # (found, not named: the task chooses)
-            fmt = scene_kind(path, config.task) or fmt
+        # (found, not named: the task chooses)
+        if fmt == self.name or not config.data.source.lower().startswith(f"{fmt}:"):
+            fmt = scene_kind(path, config.model.task) or fmt
         if fmt == self.name:
             raise GpuaccelError(f"{path} holds no COCO annotations, YOLO labels or masks beside images/")
-        if config.crop_padding or config.cutout or config.size_schedule:
+        if config.data.crop_padding or config.data.cutout or config.data.size_schedule:
             raise GpuaccelError("--crop-padding, --cutout and --size-schedule are for image classification; "
                                 "detection and segmentation augment with --flip, --zoom, --brightness and --contrast, "
                                 "which move the boxes and masks with the pixels")
         data = shared_read(dist, lambda: load_scenes(
-            path, fmt, image_size=config.image_size, skip_bad=config.skip_bad, val_split=config.val_split,
-            seed=config.seed, cache_dir=cache_dir_of(config)))
-        if config.tta and data.kind == "detection":
+            path, fmt, image_size=config.data.image_size, skip_bad=config.data.skip_bad,
+            val_split=config.data.val_split,
+            seed=config.loop.seed, cache_dir=cache_dir_of(config)))
+        if config.loop.tta and data.kind == "detection":
             raise GpuaccelError("--tta averages class scores or masks over mirrored images; detection takes 0 (boxes "
                                 "from two images would need merging)")
         mean, std = data.channel_stats()
@@ -43,14 +45,15 @@ class Scenes(DataKind):
         classes = list(data.classes) if detection else ["background", *data.classes]  # (mask value = class index)
         identity = {"classes": classes, "train_samples": len(data.train), "test_samples": len(data.test),
                     "sample_shape": list(data.train.images.shape[1:]), "files": data.fingerprint}
-        augment = SceneAugment(flip=config.flip != "none", zoom=config.zoom, brightness=config.brightness,
-                               contrast=config.contrast)
+        augment = SceneAugment(flip=config.data.flip != "none", zoom=config.data.zoom,
+                               brightness=config.data.brightness,
+                               contrast=config.data.contrast)
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
             common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
-                          seed=config.seed, rank=rank, world_size=world_size)
-            return (SceneLoader(data.train, batch_size=config.batch_size, train=True, augment=augment, **common),
-                    SceneLoader(data.test, batch_size=config.eval_batch_size, train=False, **common))
+                          seed=config.loop.seed, rank=rank, world_size=world_size)
+            return (SceneLoader(data.train, batch_size=config.loop.batch_size, train=True, augment=augment, **common),
+                    SceneLoader(data.test, batch_size=config.loop.eval_batch_size, train=False, **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train), test_samples=len(data.test),

@@ -27,20 +27,21 @@ class Sentences(DataKind):
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
         data = shared_read(dist, lambda: load_sentences(
-            path, tokenizer=config.tokenizer or "word", vocab_size=config.vocab_size, max_tokens=config.context,
-            val_split=config.val_split, seed=config.seed, text_column=config.text_column,
-            label_column=config.label_column, cache_dir=cache_dir_of(config)))
+            path, tokenizer=config.data.tokenizer or "word", vocab_size=config.data.vocab_size,
+            max_tokens=config.data.context,
+            val_split=config.data.val_split, seed=config.loop.seed, text_column=config.data.text_column,
+            label_column=config.data.label_column, cache_dir=cache_dir_of(config)))
         identity = {"classes": data.classes, "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size,
                     "train_samples": len(data.train_labels), "test_samples": len(data.test_labels),
                     "label_counts": np.bincount(data.train_labels, minlength=data.num_classes).tolist(),
                     "files": data.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
             return (SentenceLoader(data.train_ids, data.train_lengths, data.train_labels,
-                                   batch_size=config.batch_size, train=True, **common),
+                                   batch_size=config.loop.batch_size, train=True, **common),
                     SentenceLoader(data.test_ids, data.test_lengths, data.test_labels,
-                                   batch_size=config.eval_batch_size, train=False, **common))
+                                   batch_size=config.loop.eval_batch_size, train=False, **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train_labels),

@@ -29,39 +29,39 @@ class Translation(DataKind):
         return self.name if is_parallel_source(path) else None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
-        if config.tta:
+        if config.loop.tta:
             raise GpuaccelError("--tta flips and shifts images; translation takes 0")
         data = shared_read(dist, lambda: load_parallel(
-            path, source=config.source_lang, target=config.target_lang, vocab_size=config.vocab_size,
-            max_tokens=config.context, val_split=config.val_split, seed=config.seed,
+            path, source=config.data.source_lang, target=config.data.target_lang, vocab_size=config.data.vocab_size,
+            max_tokens=config.data.context, val_split=config.data.val_split, seed=config.loop.seed,
             cache_dir=cache_dir_of(config)))
         if data.truncated:
             import warnings
 
-            warnings.warn(f"{data.truncated:,} sentences are longer than --context {config.context} tokens and were "
-                          f"cut to it", stacklevel=2)
+            warnings.warn(f"{data.truncated:,} sentences are longer than --context {config.data.context} tokens "
+                          f"and were cut to it", stacklevel=2)
         identity = {"source": data.source_language, "target": data.target_language, "tokenizer": data.tokenizer.kind,
                     "vocab_size": data.vocab_size, "train_samples": len(data.train),
-                    "test_samples": len(data.eval), "max_tokens": config.context, "files": data.fingerprint}
+                    "test_samples": len(data.eval), "max_tokens": config.data.context, "files": data.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            tokens = config.batch_tokens // world_size if config.global_batch else config.batch_tokens
-            common = dict(device=device, seed=config.seed, rank=rank, world_size=world_size)
+            tokens = config.data.batch_tokens // world_size if config.loop.global_batch else config.data.batch_tokens
+            common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
             return (TranslationLoader(data.train, batch_tokens=tokens, train=True, **common),
-                    TranslationLoader(data.eval, batch_tokens=max(tokens, config.eval_batch_size), train=False,
+                    TranslationLoader(data.eval, batch_tokens=max(tokens, config.loop.eval_batch_size), train=False,
                                       **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train),
             test_samples=len(data.eval),
-            model_args={"vocab_size": data.vocab_size, "context_length": config.context + 1}, identity=identity,
+            model_args={"vocab_size": data.vocab_size, "context_length": config.data.context + 1}, identity=identity,
             task="translation", tokenizer=data.tokenizer.state(), unit="sentence pairs",
             default_model=self.default_model, build=build, data_kind=self.name, shapes_vary=True,
             task_args={"tokenizer": data.tokenizer.state(), "references": data.eval.references,
-                       "beam_size": config.beam_size, "length_penalty": config.length_penalty},
+                       "beam_size": config.loop.beam_size, "length_penalty": config.loop.length_penalty},
             record={"translation": {"source": data.source_language, "target": data.target_language,
-                                    "max_tokens": config.context, "beam_size": config.beam_size,
-                                    "length_penalty": config.length_penalty}})
+                                    "max_tokens": config.data.context, "beam_size": config.loop.beam_size,
+                                    "length_penalty": config.loop.length_penalty}})
 
     def export(self, run, fmt, out, *, data, verify_count, static_batch, opset):
         from ..deploy.translation import export_translator

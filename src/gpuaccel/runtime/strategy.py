@@ -48,20 +48,23 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
 def training_strategy(config, placement: Placement, *, captured_step: bool, channels_last: bool) -> Strategy:
     """The strategy a TrainConfig asks for: pipeline stages, FSDP (``shard``), or
     :func:`choose_strategy`'s data parallel or one device."""
-    if config.pipeline_stages > 1:
+    if config.parallel.pipeline_stages > 1:
         if placement.precision.loss_scaling:
             raise GpuaccelError("--pipeline-stages trains in bf16 or fp32; fp16 loss scaling is not supported with "
                                 "it (use --precision bf16 or fp32)")
         dist, precision, device = placement.dist, placement.precision, placement.device
         return PipelineParallel(
-            device=device, rank=dist.rank, world_size=dist.world_size, stages=config.pipeline_stages,
-            microbatches=config.pipeline_microbatches, schedule=config.pipeline_schedule,
-            split_points=config.split_points, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+            device=device, rank=dist.rank, world_size=dist.world_size, stages=config.parallel.pipeline_stages,
+            microbatches=config.pipeline_microbatches, schedule=config.parallel.pipeline_schedule,
+            split_points=config.parallel.split_points, batch_size=config.loop.batch_size,
+            eval_batch_size=config.loop.eval_batch_size,
             channels_last=channels_last,
-            compile_options=compile_arguments(config.compile_mode, config.tune_kernels) if config.compile else None,
-            activation_checkpointing=config.activation_checkpointing,
+            compile_options=compile_arguments(config.runtime.compile_mode,
+                                              config.runtime.tune_kernels) if config.runtime.compile else None,
+            activation_checkpointing=config.model.activation_checkpointing,
             autocast=lambda: precision.autocast(device), autocast_dtype=precision.autocast_dtype)
-    return choose_strategy(placement, "fsdp" if config.shard else "auto", captured_step=captured_step,
-                           bucket_cap_mb=config.ddp_bucket_mb, sync_batchnorm=config.sync_bn,
-                           offload=config.offload == "cpu", shard_tables=True,
-                           overlap_gradients=config.overlap_gradients, shard_unit_mb=config.shard_unit_mb)
+    return choose_strategy(placement, "fsdp" if config.parallel.shard else "auto", captured_step=captured_step,
+                           bucket_cap_mb=config.parallel.ddp_bucket_mb, sync_batchnorm=config.parallel.sync_bn,
+                           offload=config.parallel.offload == "cpu", shard_tables=True,
+                           overlap_gradients=config.parallel.overlap_gradients,
+                           shard_unit_mb=config.parallel.shard_unit_mb)

@@ -23,12 +23,12 @@ class Cadence:
 
     def evaluation_due(self, step: int, end_of_epoch: bool, finished: bool) -> bool:
         """At each epoch's end (or every ``eval_every`` steps), and at the end of training."""
-        every = self.config.eval_every
+        every = self.config.loop.eval_every
         return finished or (end_of_epoch if every is None else step % every == 0)
 
     def out_of_time(self, step: int, elapsed: float) -> bool:
         """``elapsed`` seconds of training reached ``time_limit``; ranks must agree on stopping."""
-        limit = self.config.time_limit
+        limit = self.config.loop.time_limit
         return limit is not None and self._any_clock("time limit", step, elapsed >= limit)
 
     def _any_clock(self, name: str, step: int, passed: bool) -> bool:
@@ -48,16 +48,16 @@ class Cadence:
     def checkpoint_due(self, step: int, epoch: int, end_of_epoch: bool, last: bool) -> bool:
         """At the end (``last``), at epoch ends every ``checkpoint_epochs`` epochs, every
         ``checkpoint_every`` steps, and after ``checkpoint_seconds`` since the last one."""
-        config = self.config
-        return last or (end_of_epoch and bool(config.checkpoint_epochs) and epoch % config.checkpoint_epochs == 0) \
-            or (config.checkpoint_every is not None and step % config.checkpoint_every == 0) \
+        logging = self.config.logging
+        return last or (end_of_epoch and bool(logging.checkpoint_epochs) and epoch % logging.checkpoint_epochs == 0) \
+            or (logging.checkpoint_every is not None and step % logging.checkpoint_every == 0) \
             or self._checkpoint_time(step)
 
     def _checkpoint_time(self, step: int) -> bool:
         """``checkpoint_seconds`` passed since the last checkpoint. Where every rank takes part in
         the write, one deciding alone would wait in the write's collective for ranks still
         training: they agree, as on stopping."""
-        due = time.perf_counter() - self.last_checkpoint >= self.config.checkpoint_seconds
+        due = time.perf_counter() - self.last_checkpoint >= self.config.logging.checkpoint_seconds
         return self._any_clock("checkpoint", step, due) if self.collective else due
 
     def checkpointed(self) -> None:

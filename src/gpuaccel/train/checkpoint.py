@@ -51,7 +51,7 @@ def training_state(trainer, full: bool) -> dict:
     state to rank 0: a collective."""
     model_state, optimizer_state = trainer.strategy.gather_state(trainer.optimizer if full else None)
     inputs, config = trainer.inputs, trainer.config
-    state = {"model_name": config.model, "model_args": trainer.model_args, "model_path": config.model_path,
+    state = {"model_name": config.model.name, "model_args": trainer.model_args, "model_path": config.model.model_path,
              "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
              "tokenizer": inputs.tokenizer, "audio": inputs.audio, "ratings": inputs.ratings,
              "data_kind": inputs.data_kind, **inputs.record,
@@ -77,13 +77,13 @@ def training_state(trainer, full: bool) -> dict:
 def restore_training_state(trainer, state: dict) -> None:
     """Puts back everything :func:`training_state` saved, so that training continues where it stopped."""
     config = trainer.config
-    if state["model_name"] != config.model:
-        raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {config.model!r}")
+    if state["model_name"] != config.model.name:
+        raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {config.model.name!r}")
     try:
         trainer.strategy.load_state(trainer.optimizer, state["model"], state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0]
-        raise GpuaccelError(f"the checkpoint does not fit model {config.model!r}: {first}") from None
+        raise GpuaccelError(f"the checkpoint does not fit model {config.model.name!r}: {first}") from None
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])
     if trainer.ema is not None and state.get("ema"):

@@ -47,14 +47,14 @@ def check_task(trainer, batch) -> None:
         with torch.no_grad(), trainer.precision.autocast(trainer.device):
             outputs = call_model(trainer.model, tree_map(lambda t: t[:2] if torch.is_tensor(t) else t, inputs))
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:
-        if trainer.config.model not in list_models():  # a user's own model: its traceback is theirs to read
+        if trainer.config.model.name not in list_models():  # a user's own model: its traceback is theirs to read
             raise
-        raise model_data_mismatch(trainer.config.model, trainer.inputs, exc) from None
+        raise model_data_mismatch(trainer.config.model.name, trainer.inputs, exc) from None
     finally:
         trainer.model.train(was_training)
         torch.backends.cudnn.benchmark = autotune
     trainer.task.check_batch(outputs, targets)
-    if trainer.config.data == USER_DATA:  # (gpuaccel's readers check their labels as they read them)
+    if trainer.config.data.source == USER_DATA:  # (gpuaccel's readers check their labels as they read them)
         # a user's data held on the device is checked whole, so that a bad label in a later batch,
         # or only in the evaluation data, is this one line too and not a failure mid-run
         for which, loader in (("training", trainer.train_loader), ("evaluation", trainer.eval_loader)):
@@ -72,11 +72,13 @@ def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) ->
     else what prevents it. It needs --compile-mode reduce-overhead on a GPU and a step that is
     the same kernels every time, on one device's whole model (gradient accumulation included:
     its micro-batches are inside the one step)."""
-    if not (config.compile and config.compile_mode == "reduce-overhead") or device.type != "cuda":
+    if not (config.runtime.compile and config.runtime.compile_mode == "reduce-overhead") or device.type != "cuda":
         return "it needs --compile --compile-mode reduce-overhead on a GPU"
-    obstacles = {"--no-step-graph": not config.step_graph, "--pipeline-stages": config.pipeline_stages > 1,
-                 "--shard": config.shard, "--sync-bn": config.sync_bn, "fp16 loss scaling": precision.loss_scaling,
-                 "--activation-checkpointing": config.activation_checkpointing}
+    obstacles = {"--no-step-graph": not config.runtime.step_graph,
+                 "--pipeline-stages": config.parallel.pipeline_stages > 1,
+                 "--shard": config.parallel.shard, "--sync-bn": config.parallel.sync_bn,
+                 "fp16 loss scaling": precision.loss_scaling,
+                 "--activation-checkpointing": config.model.activation_checkpointing}
     found = [name for name, present in obstacles.items() if present]
     return f"not with {', '.join(found)}" if found else None
 

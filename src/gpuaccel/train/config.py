@@ -1,16 +1,24 @@
-"""The training configuration: one schema, validated once at the edge.
+"""The training configuration: one schema, in sections, validated once at the edge.
 
-Each setting is declared once below, with its section (data, model, runtime, parallel,
-optimizer, loop, logging), help text and valid values. From that declaration come the
-options of ``gpuaccel train`` (underscores become dashes: cli/options.py builds them), the
-keys a recipe may use (flat, or nested by section), the shared options of ``gpuaccel
-bench``, and ``gpuaccel train --print-config``. ``config.json`` in each run directory is
-this, resolved. Each section validates its own values (``_validate_<section>``).
+Each setting is declared once below, in the section it belongs to (data, model, runtime,
+parallel, optimizer, loop, logging), with its help text and valid values. ``TrainConfig`` holds
+one object per section (``config.optimizer.lr``, ``config.loop.epochs``); a section checks its own
+values, and ``TrainConfig.validate`` checks how the sections combine.
+
+Every setting also has one flat name, the command line's option without its dashes (``lr``,
+``batch_size``; the three whose field repeats its section's name: ``data`` is ``data.source``,
+``model`` is ``model.name``, ``optimizer`` is ``optimizer.name``). Flat names are what
+``gpuaccel train`` options (cli/options.py builds them from this schema), flat recipes,
+``TrainConfig(lr=0.1)`` and ``config.replace(lr=0.1)`` take. ``config.json`` in each run
+directory and ``gpuaccel train --print-config`` are the nested form (:meth:`TrainConfig.to_dict`);
+:meth:`TrainConfig.from_dict` reads either form.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import typing
 from dataclasses import dataclass
 
 from ..compiling import COMPILE_MODES
@@ -25,23 +33,23 @@ from ..tasks import TASKS
 
 LOSS_ALIASES = ("val_loss", "test_loss", "eval_loss", "validation_loss")
 DEFAULT_MODEL = "lenet5"  # for images; other data kinds have their own (TrainingInputs.default_model)
-SECTIONS = ("data", "model", "runtime", "parallel", "optimizer", "loop", "logging")
 
 
-def setting(default, section: str, help: str, *, choices=None, metavar: str | None = None, cli: bool = True):
-    """A field of TrainConfig, declared once: its default, the section it belongs to, its help
-    text and valid values. The command line, recipes and ``gpuaccel bench`` are made from these."""
+def setting(default, help: str, *, choices=None, metavar: str | None = None, cli: bool = True,
+            flag: str | None = None):
+    """A setting of a section, declared once: its default, its help text and valid values, and its
+    flat name where that is not the field's own (``flag``). The command line and recipes are made
+    from these."""
     factory = dict(default_factory=lambda: list(default)) if isinstance(default, list) else dict(default=default)
-    return dataclasses.field(**factory, metadata={"section": section, "help": help, "choices": choices,
-                                                  "metavar": metavar, "cli": cli})
+    return dataclasses.field(**factory, metadata={"help": help, "choices": choices, "metavar": metavar, "cli": cli,
+                                                  "flag": flag})
 
 
 @dataclass
-class TrainConfig:
-    # -- data: what is read, and how it reaches the device
-    data: str = setting(
-        "digits", "data",
-        "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
+class DataSettings:
+    """What is read, and how it reaches the device."""
+    source: str = setting(
+        "digits", "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
         "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
         "directory of .tar shards (streamed), .npz, text (.txt; labelled sentences .tsv/.csv/.jsonl), or "
         "recordings (a folder or .tar.gz of .wav files), detection (annotations/instances_train.json: COCO; images/ + "
@@ -49,242 +57,78 @@ class TrainConfig:
         "...); or KIND:PATH with KIND one of audio, cifar10, cifar100, coco, digits, fashion-mnist, idx, "
         "imagefolder, masks, mnist, npz, ratings, sentences, tar, text, translation, yolo ('python' in a run whose "
         "data came from Python)",
-        metavar="SPEC")
+        metavar="SPEC", flag="data")
     val_split: float | None = setting(
-        None, "data", "hold out fraction F of the training samples for evaluation, for data without a test split "
+        None, "hold out fraction F of the training samples for evaluation, for data without a test split "
         "(default 0.1; 0.2 for digits)", metavar="F")
     image_size: int | None = setting(
-        None, "data", "resize every image to NxN (default: keep; mixed sizes go to the most common size; "
+        None, "resize every image to NxN (default: keep; mixed sizes go to the most common size; "
         "streamed data: crops of 224)", metavar="N")
-    skip_bad: bool = setting(False, "data", "skip images that cannot be decoded (they are counted) instead of "
+    skip_bad: bool = setting(False, "skip images that cannot be decoded (they are counted) instead of "
                                             "stopping")
-    cache_dir: str | None = setting("default", "data", "where decoded images are cached (default "
+    cache_dir: str | None = setting("default", "where decoded images are cached (default "
                                                        "~/.cache/gpuaccel or $GPUACCEL_CACHE_DIR)", metavar="DIR")
     loader: str = setting(
-        "auto", "data", "auto (the data set lives in GPU memory when it fits), gpu, cpu (worker processes; "
+        "auto", "auto (the data set lives in GPU memory when it fits), gpu, cpu (worker processes; "
         "batches are copied to the GPU one step ahead), or stream (JPEG files read and decoded every step, on "
         "the GPU with nvJPEG where there is one: for data larger than memory; .tar shards are always streamed)",
         choices=PLACEMENTS + ("stream",), metavar="WHERE")
     workers: int | None = setting(
-        None, "data", "processes of the cpu loader (default: cores - 1, at most 8); with --loader stream, reader "
+        None, "processes of the cpu loader (default: cores - 1, at most 8); with --loader stream, reader "
         "processes (default: cores - 2)", metavar="N")
     cpu_decode: float | None = setting(
-        None, "data", "with --loader stream on a GPU: the share of each batch the reader processes decode with "
+        None, "with --loader stream on a GPU: the share of each batch the reader processes decode with "
         f"Pillow, nvJPEG decoding the rest (default 1 with at least {PILLOW_READERS} reader processes, else 0; "
         "docs/data.md)", metavar="F")
     tokenizer: str | None = setting(
-        None, "data", "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
+        None, "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
         "bytes), word (lower-cased words of the training split; the default for labelled sentences) or bpe (a "
         "byte-level BPE vocabulary learned from the training split; needs tokenizers)", choices=TOKENIZERS,
         metavar="KIND")
-    vocab_size: int | None = setting(None, "data", "text, --tokenizer bpe or word: the vocabulary's size (default: "
+    vocab_size: int | None = setting(None, "text, --tokenizer bpe or word: the vocabulary's size (default: "
                                                    "bpe 2048; word: every word seen twice)", metavar="N")
-    context: int = setting(256, "data", "text: tokens per training window of a language model (its context "
+    context: int = setting(256, "text: tokens per training window of a language model (its context "
                                         "length); the most tokens kept of a sentence to classify", metavar="TOKENS")
-    text_column: str | None = setting(None, "data", "labelled sentences: the text's column (default: found by "
+    text_column: str | None = setting(None, "labelled sentences: the text's column (default: found by "
                                                     "name: sentence, text, content, review, ...)", metavar="NAME")
-    label_column: str | None = setting(None, "data", "labelled sentences: the label's column (default: found by "
+    label_column: str | None = setting(None, "labelled sentences: the label's column (default: found by "
                                                      "name: label, sentiment, class, ...)", metavar="NAME")
     label_pattern: str | None = setting(
-        None, "data", "recordings: take each label from the file name, e.g. '{label}_{speaker}_{index}.wav' (default: "
+        None, "recordings: take each label from the file name, e.g. '{label}_{speaker}_{index}.wav' (default: "
         "from the class folder, train/<class>/*.wav)", metavar="PATTERN")
-    test_where: str | None = setting(None, "data", "recordings with --label-pattern: which files are the test split, "
+    test_where: str | None = setting(None, "recordings with --label-pattern: which files are the test split, "
                                                    "by the pattern's fields, e.g. 'index<5'", metavar="CONDITION")
-    sample_rate: int | None = setting(None, "data", "recordings: resample every recording to this rate (default: the "
+    sample_rate: int | None = setting(None, "recordings: resample every recording to this rate (default: the "
                                                     "most common rate in the data)", metavar="HZ")
-    clip_seconds: float | None = setting(None, "data", "recordings: centre shorter recordings in silence and cut "
+    clip_seconds: float | None = setting(None, "recordings: centre shorter recordings in silence and cut "
                                                        "longer ones to their loudest stretch of this length (default: "
                                                        "the length 99% of the training recordings fit in)",
                                          metavar="SECONDS")
-    source_lang: str | None = setting(None, "data", "translation: the language (or column) translated from, e.g. "
+    source_lang: str | None = setting(None, "translation: the language (or column) translated from, e.g. "
                                                     "de (as fairseq names it)", metavar="LANG")
-    target_lang: str | None = setting(None, "data", "translation: the language (or column) translated into, e.g. en",
+    target_lang: str | None = setting(None, "translation: the language (or column) translated into, e.g. en",
                                       metavar="LANG")
-    batch_tokens: int = setting(8192, "data", "translation: tokens per training batch (source or target, whichever "
+    batch_tokens: int = setting(8192, "translation: tokens per training batch (source or target, whichever "
                                               "is longer, padding included); batches of similar lengths",
                                 metavar="TOKENS")
-    negatives: int = setting(4, "data", "ratings with --task ranking: random items drawn per interaction as negatives "
+    negatives: int = setting(4, "ratings with --task ranking: random items drawn per interaction as negatives "
                                         "in training, each epoch", metavar="N")
-    eval_negatives: int = setting(99, "data", "ratings with --task ranking: unseen items each user's held-out item is "
+    eval_negatives: int = setting(99, "ratings with --task ranking: unseen items each user's held-out item is "
                                               "ranked against", metavar="N")
-    crop_padding: int = setting(0, "data", "random translation by up to P pixels", metavar="P")
-    flip: str = setting("none", "data", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
-    cutout: int = setting(0, "data", "zero a random SxS square in each image", metavar="S")
-    brightness: float = setting(0.0, "data", "shift each image's pixels by a random amount, up to B of the full "
+    crop_padding: int = setting(0, "random translation by up to P pixels", metavar="P")
+    flip: str = setting("none", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
+    cutout: int = setting(0, "zero a random SxS square in each image", metavar="S")
+    brightness: float = setting(0.0, "shift each image's pixels by a random amount, up to B of the full "
                                              "range", metavar="B")
-    contrast: float = setting(0.0, "data", "scale each image's deviations from the mean pixel by a random "
+    contrast: float = setting(0.0, "scale each image's deviations from the mean pixel by a random "
                                            "factor in [1 - C, 1 + C]", metavar="C")
-    zoom: float = setting(0.0, "data", "detection and segmentation: scale each training image by a random factor in "
+    zoom: float = setting(0.0, "detection and segmentation: scale each training image by a random factor in "
                                        "[1 - Z, 1 + Z] at a random place, boxes and masks with it", metavar="Z")
     size_schedule: list[str] | None = setting(
-        None, "data", "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
+        None, "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
         "at 24x24, then 2 at 28x28, then full size); each size compiles and captures its own step", metavar="SIZE:EPOCHS,...")
-    # -- model: what is trained, for which task
-    model: str | None = setting(
-        None, "model", "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
-        "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
-        "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for "
-        "text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for ratings, "
-        "centernet for detection, unet for segmentation, transformer_seq2seq for translation", metavar="NAME")
-    model_path: str | None = setting(None, "model", "where package.module:factory was imported from (recorded)",
-                                     cli=False)
-    model_args: dict | None = setting(
-        None, "model", "keyword arguments for the model factory beyond what the data gives (e.g. "
-        "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
-    task: str | None = setting(None, "model", "classification, multilabel, regression, language_modelling, ranking, "
-                                              "detection, segmentation or translation (default: the data's own: classification "
-                                              "for images and recordings, language_modelling for text, regression "
-                                              "for ratings, detection for COCO or YOLO folders, segmentation for "
-                                              "mask folders; ranking: top-k recommendation from ratings as implicit "
-                                              "feedback)",
-                               choices=tuple(TASKS), metavar="NAME")
-    activation_checkpointing: bool = setting(
-        False, "model", "recompute each block's activations in the backward pass instead of keeping them: less "
-        "memory for about one more forward pass of compute")
-    # -- runtime: where, how precisely, how compiled
-    device: str = setting("auto", "runtime", "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N",
-                          metavar="DEV")
-    precision: str = setting("auto", "runtime", "auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on "
-                                                "the CPU), fp32, tf32 (fp32 with TF32 matrix multiplies), bf16 or "
-                                                "fp16", choices=PRECISIONS, metavar="P")
-    channels_last: bool | None = setting(None, "runtime", "NHWC memory layout (default: on for GPUs, for "
-                                                          "models with convolutions)")
-    compile: bool = setting(False, "runtime", "torch.compile the model (slower start, faster steps; compiled "
-                                              "kernels are cached on disk)")
-    compile_mode: str = setting(
-        "default", "runtime", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
-        "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
-        "once per machine, for faster steps; docs/training.md)", choices=COMPILE_MODES, metavar="MODE")
-    compile_eval: bool = setting(
-        True, "runtime", "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
-        "tracing and loading a second graph: worth it for runs that evaluate once)")
-    cudnn_benchmark: bool = setting(
-        True, "runtime", "on GPUs: cuDNN times its candidate algorithms for each new convolution shape, in every "
-        "process, and keeps the fastest (off: its heuristics choose, sparing the search in short runs); always "
-        "off with --deterministic")
-    tune_kernels: bool = setting(
-        False, "runtime", "with --compile: tune the launch parameters of each kernel inductor generates (coordinate "
-        "descent): a few percent faster steps for a minute or more of compiling, once per machine (torch 2.11 "
-        "tunes again in every run: PyTorch issue 172819, fixed in 2.13)")
-    step_graph: bool = setting(
-        True, "runtime", "with --compile-mode reduce-overhead on GPUs: capture the whole training step (forward, "
-        "backward, gradient all-reduce with --gpus, optimizer, weight average) as one CUDA graph where the step "
-        "allows it")
-    deterministic: bool = setting(
-        False, "runtime", "deterministic GPU kernels (cuDNN without autotuning, deterministic cuBLAS): the same "
-        "seed gives the same weights, and a resumed run those of an uninterrupted one, on a GPU as on the CPU; "
-        "slower")
-    # -- parallel: several processes (started by --gpus or torchrun)
-    sync_bn: bool = setting(False, "parallel", "several processes: batch-norm statistics over the global batch "
-                                               "(SyncBatchNorm, GPUs)")
-    ddp_bucket_mb: float = setting(25.0, "parallel", "several processes: gradient all-reduce bucket size",
-                                   metavar="MB")
-    overlap_gradients: bool = setting(
-        False, "parallel", "several processes with the step graph: average the gradients in --ddp-bucket-mb buckets "
-        "while the backward pass runs (the model compiled in pieces: slightly faster steps, seconds more warm-up; "
-        "docs/parallel.md); off: one all-reduce after it")
-    shard: bool = setting(False, "parallel", "fully sharded data parallel (FSDP): each process keeps 1/N of the "
-                                             "parameters, gradients and optimizer state; checkpoints stay whole")
-    shard_unit_mb: float = setting(80.0, "parallel", "with --shard: consecutive blocks are sharded together until "
-                                                     "a unit holds this many MB of parameters (each unit costs host "
-                                                     "work every step; 0: a unit per block)", metavar="MB")
-    offload: str = setting("none", "parallel", "with --shard: 'cpu' keeps parameters, gradients and optimizer "
-                                               "state in host memory and runs the optimizer step on the CPU",
-                           choices=("none", "cpu"), metavar="WHERE")
-    pipeline_stages: int = setting(1, "parallel", "split the model into S stages on S processes "
-                                                  "(torch.distributed.pipelining); with --gpus N, N/S pipelines "
-                                                  "train data parallel", metavar="S")
-    microbatches: int | None = setting(None, "parallel", "with --pipeline-stages: micro-batches per batch "
-                                                         "(default: the fewest, at least max(4, 2 x stages), that "
-                                                         "divide the batch evenly)", metavar="M")
-    pipeline_schedule: str = setting("1f1b", "parallel", "with --pipeline-stages: the schedule",
-                                     choices=PIPELINE_SCHEDULES, metavar="NAME")
-    split_points: list[str] | None = setting(None, "parallel", "with --pipeline-stages: the modules each new "
-                                                               "stage starts at (default: chosen to even out the "
-                                                               "stages' FLOPs)", metavar="A,B")
-    # -- optimizer: how the weights move
-    optimizer: str = setting("sgd", "optimizer", "sgd (Nesterov momentum), adamw, or muon (orthogonalised "
-                                                 "updates for convolution filters, SGD for the rest)",
-                             choices=("sgd", "adamw", "muon"), metavar="NAME")
-    lr: float = setting(0.05, "optimizer", "peak learning rate")
-    momentum: float = setting(0.9, "optimizer", "SGD momentum or AdamW beta1")
-    beta2: float = setting(0.999, "optimizer", "AdamW's second-moment decay")
-    nesterov: bool = setting(True, "optimizer", "Nesterov momentum")
-    weight_decay: float = setting(5e-4, "optimizer", "on weights, not on biases or norms")
-    bias_lr_scale: float = setting(1.0, "optimizer", "learning-rate multiplier for biases and norm parameters",
-                                   metavar="X")
-    muon_lr: float = setting(0.24, "optimizer", "with --optimizer muon: the filters' learning rate")
-    muon_momentum: float = setting(0.6, "optimizer", "with --optimizer muon: the filters' momentum")
-    muon_ns_steps: int = setting(5, "optimizer", "with --optimizer muon: Newton-Schulz iterations per update "
-                                                 "(fewer: a cheaper step, a rougher orthogonalisation)", metavar="K")
-    schedule: str = setting("onecycle", "optimizer", "the learning-rate schedule: onecycle, cosine (with "
-                                                     "warm-up) or constant",
-                            choices=("onecycle", "cosine", "constant"), metavar="NAME")
-    warmup_epochs: float = setting(1.0, "optimizer", "length of the rising part of the schedule")
-    label_smoothing: float = setting(0.0, "optimizer", "classification: the share of each target spread over "
-                                                       "all classes")
-    grad_accum: int = setting(1, "optimizer", "accumulate K batches per optimizer step (effective batch = K x "
-                                              "batch size)", metavar="K")
-    grad_clip: float | None = setting(None, "optimizer", "clip the gradient norm to NORM", metavar="NORM")
-    ema: float | None = setting(None, "optimizer", "evaluate an exponential moving average of the weights "
-                                                   "(e.g. 0.99 per step)", metavar="DECAY")
-    # -- loop: batches, evaluation and when to stop
-    batch_size: int = setting(128, "loop", "samples per step (per process; with --global-batch, of all processes "
-                                           "together)")
-    global_batch: bool = setting(False, "loop", "--batch-size is the batch of all processes together, each taking "
-                                                "an equal share: the run keeps its batch, learning rate and "
-                                                "accuracy on any number of GPUs (strong scaling)")
-    eval_batch_size: int = setting(1024, "loop", "samples per evaluation batch")
-    seed: int = setting(0, "loop", "seeds model init, data order and augmentation")
-    tta: int = setting(0, "loop", "test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel translations "
-                                  "(classification; segmentation takes 0 or 1)", metavar="LEVEL")
-    epochs: float = setting(10, "loop", "passes over the training set (a fraction stops inside the last one)")
-    time_limit: float | None = setting(None, "loop", "stop training so that its time and the final evaluation "
-                                                     "(reckoned as long as the last one) fit in SECONDS",
-                                       metavar="SECONDS")
-    target: str | None = setting(None, "loop", "stop as soon as the held-out METRIC reaches VALUE (e.g. "
-                                               "accuracy=0.99, or loss=0.05: lower is better for losses and "
-                                               "errors); records the time to it", metavar="METRIC=VALUE")
-    target_acc: float | None = setting(None, "loop", "the same as --target accuracy=F", metavar="F")
-    beam_size: int = setting(5, "loop", "translation: hypotheses kept by the beam search that decodes the held-out "
-                                        "sentences (1: greedy)", metavar="K")
-    length_penalty: float = setting(1.0, "loop", "translation: the beam search ranks hypotheses by log-probability / "
-                                                 "length ** P", metavar="P")
-    eval_every: int | None = setting(None, "loop", "evaluate every STEPS optimizer steps (default: each epoch)",
-                                     metavar="STEPS")
-    # -- logging: what the run directory receives
-    run_dir: str | None = setting(None, "logging", "where to save the run (default runs/<data>-<model>-<time>)",
-                                  metavar="DIR")
-    checkpoint_every: int | None = setting(None, "logging", "also checkpoint every STEPS steps (besides "
-                                                            "--checkpoint-epochs and --checkpoint-seconds)",
-                                           metavar="STEPS")
-    checkpoint_seconds: float = setting(300.0, "logging", "checkpoint at least this often", metavar="SECONDS")
-    checkpoint_epochs: int = setting(1, "logging", "checkpoint at the end of every N-th epoch (0: by steps and "
-                                                   "seconds only, for epochs of a step or two)", metavar="N")
-    monitor: bool = setting(True, "logging", "sample GPU utilisation, memory, power, temperature and clock every "
-                                             "0.1 s into gpu.jsonl (needs nvidia-ml-py)")
-    profile: bool = setting(False, "logging", "write a torch.profiler trace of a few steps (--profile-steps) to "
-                                              "profile/trace.json and an operator table")
-    profile_steps: str = setting("8-12", "logging", "with --profile: the steps traced, FIRST-LAST (counted from 1; "
-                                                    "the two before are run under the profiler untraced)",
-                                 metavar="FIRST-LAST")
-    tensorboard: bool = setting(False, "logging", "log the metrics as TensorBoard scalars in tensorboard/ (needs "
-                                                  "tensorboard)")
 
-    def validate(self) -> "TrainConfig":
-        """Checks every section (its own values, then how they combine with other sections');
-        raises GpuaccelError naming the first bad value and the valid ones."""
-        for f in dataclasses.fields(self):  # the named choices, for every section at once
-            choices, value = f.metadata.get("choices"), getattr(self, f.name)
-            if f.name == "precision":
-                continue  # (read by _validate_runtime, which knows its other spellings)
-            if choices and value is not None and value not in choices:
-                raise choice_error(f.name.replace("_", " "), value, choices)
-        for section in SECTIONS:
-            getattr(self, f"_validate_{section}")()
-        return self
-
-    def _validate_data(self) -> None:
+    def validate(self) -> None:
         for name in ("crop_padding", "cutout"):
             _at_least(self, name, 0)
         for name in ("brightness", "contrast", "zoom"):
@@ -312,38 +156,175 @@ class TrainConfig:
         if self.test_where is not None and self.label_pattern is None:
             raise GpuaccelError("--test-where needs --label-pattern: its fields come from the file names")
 
-    def _validate_model(self) -> None:
+
+@dataclass
+class ModelSettings:
+    """What is trained, for which task."""
+    name: str | None = setting(
+        None, "a registered model ('gpuaccel models' lists them: lenet5, mlp, resnet18, resnet34, "
+        "resnet50, mobilenet_v2, fastnet, ...), package.module:factory for your own (found from the current "
+        "directory), or timm:NAME when timm is installed. Default: the data's own: lenet5 for images, gpt for "
+        "text, text_transformer for sentences, audio_tcnn for recordings, matrix_factorization for ratings, "
+        "centernet for detection, unet for segmentation, transformer_seq2seq for translation", metavar="NAME",
+        flag="model")
+    model_path: str | None = setting(None, "where package.module:factory was imported from (recorded)",
+                                     cli=False)
+    model_args: dict | None = setting(
+        None, "keyword arguments for the model factory beyond what the data gives (e.g. "
+        "layers=6,heads=6,width=384,dropout=0.2 for gpt)", metavar="K=V,...")
+    task: str | None = setting(None, "classification, multilabel, regression, language_modelling, ranking, "
+                                              "detection, segmentation or translation (default: the data's own: classification "
+                                              "for images and recordings, language_modelling for text, regression "
+                                              "for ratings, detection for COCO or YOLO folders, segmentation for "
+                                              "mask folders; ranking: top-k recommendation from ratings as implicit "
+                                              "feedback)",
+                               choices=tuple(TASKS), metavar="NAME")
+    activation_checkpointing: bool = setting(
+        False, "recompute each block's activations in the backward pass instead of keeping them: less "
+        "memory for about one more forward pass of compute")
+
+    def validate(self) -> None:
         # a model name is checked when the model is built (the registry lists the valid ones)
         if self.model_args is not None and not (isinstance(self.model_args, dict) and
                                                 all(isinstance(k, str) for k in self.model_args)):
             raise GpuaccelError(f"--model-args is a mapping of keyword: value, got {self.model_args!r}")
 
-    def _validate_runtime(self) -> None:
+
+@dataclass
+class RuntimeSettings:
+    """Where, how precisely, how compiled."""
+    device: str = setting("auto", "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N",
+                          metavar="DEV")
+    precision: str = setting("auto", "auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on "
+                                                "the CPU), fp32, tf32 (fp32 with TF32 matrix multiplies), bf16 or "
+                                                "fp16", choices=PRECISIONS, metavar="P")
+    channels_last: bool | None = setting(None, "NHWC memory layout (default: on for GPUs, for "
+                                                          "models with convolutions)")
+    compile: bool = setting(False, "torch.compile the model (slower start, faster steps; compiled "
+                                              "kernels are cached on disk)")
+    compile_mode: str = setting(
+        "default", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
+        "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
+        "once per machine, for faster steps; docs/training.md)", choices=COMPILE_MODES, metavar="MODE")
+    compile_eval: bool = setting(
+        True, "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
+        "tracing and loading a second graph: worth it for runs that evaluate once)")
+    cudnn_benchmark: bool = setting(
+        True, "on GPUs: cuDNN times its candidate algorithms for each new convolution shape, in every "
+        "process, and keeps the fastest (off: its heuristics choose, sparing the search in short runs); always "
+        "off with --deterministic")
+    tune_kernels: bool = setting(
+        False, "with --compile: tune the launch parameters of each kernel inductor generates (coordinate "
+        "descent): a few percent faster steps for a minute or more of compiling, once per machine (torch 2.11 "
+        "tunes again in every run: PyTorch issue 172819, fixed in 2.13)")
+    step_graph: bool = setting(
+        True, "with --compile-mode reduce-overhead on GPUs: capture the whole training step (forward, "
+        "backward, gradient all-reduce with --gpus, optimizer, weight average) as one CUDA graph where the step "
+        "allows it")
+    deterministic: bool = setting(
+        False, "deterministic GPU kernels (cuDNN without autotuning, deterministic cuBLAS): the same "
+        "seed gives the same weights, and a resumed run those of an uninterrupted one, on a GPU as on the CPU; "
+        "slower")
+
+    def validate(self) -> None:
         # the device is checked when it is resolved (whether it exists is known only then)
         self.precision = precision_name(self.precision)  # one spelling: 'bfloat16' and torch.bfloat16 are bf16
 
-    def _validate_parallel(self) -> None:
+    @property
+    def captures_step(self) -> bool:
+        """Compiled in reduce-overhead mode: the step (or the model) runs as CUDA graphs."""
+        return self.compile and self.compile_mode == "reduce-overhead"
+
+
+@dataclass
+class ParallelSettings:
+    """Several processes (started by --gpus or torchrun)."""
+    sync_bn: bool = setting(False, "several processes: batch-norm statistics over the global batch "
+                                               "(SyncBatchNorm, GPUs)")
+    ddp_bucket_mb: float = setting(25.0, "several processes: gradient all-reduce bucket size",
+                                   metavar="MB")
+    overlap_gradients: bool = setting(
+        False, "several processes with the step graph: average the gradients in --ddp-bucket-mb buckets "
+        "while the backward pass runs (the model compiled in pieces: slightly faster steps, seconds more warm-up; "
+        "docs/parallel.md); off: one all-reduce after it")
+    shard: bool = setting(False, "fully sharded data parallel (FSDP): each process keeps 1/N of the "
+                                             "parameters, gradients and optimizer state; checkpoints stay whole")
+    shard_unit_mb: float = setting(80.0, "with --shard: consecutive blocks are sharded together until "
+                                                     "a unit holds this many MB of parameters (each unit costs host "
+                                                     "work every step; 0: a unit per block)", metavar="MB")
+    offload: str = setting("none", "with --shard: 'cpu' keeps parameters, gradients and optimizer "
+                                               "state in host memory and runs the optimizer step on the CPU",
+                           choices=("none", "cpu"), metavar="WHERE")
+    pipeline_stages: int = setting(1, "split the model into S stages on S processes "
+                                                  "(torch.distributed.pipelining); with --gpus N, N/S pipelines "
+                                                  "train data parallel", metavar="S")
+    microbatches: int | None = setting(None, "with --pipeline-stages: micro-batches per batch "
+                                                         "(default: the fewest, at least max(4, 2 x stages), that "
+                                                         "divide the batch evenly)", metavar="M")
+    pipeline_schedule: str = setting("1f1b", "with --pipeline-stages: the schedule",
+                                     choices=PIPELINE_SCHEDULES, metavar="NAME")
+    split_points: list[str] | None = setting(None, "with --pipeline-stages: the modules each new "
+                                                               "stage starts at (default: chosen to even out the "
+                                                               "stages' FLOPs)", metavar="A,B")
+
+    def validate(self) -> None:
         _whole(self, "pipeline_stages")
         if not self.ddp_bucket_mb > 0:
             raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if not self.shard_unit_mb >= 0:
             raise GpuaccelError(f"--shard-unit-mb must be 0 or more, got {self.shard_unit_mb}")
-        if self.shard and self.ema is not None:
-            raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
         if self.shard and self.sync_bn:
             raise GpuaccelError("--sync-bn is for data parallel without --shard")
         if self.offload == "cpu" and not self.shard:
             raise GpuaccelError("--offload cpu works with --shard (FSDP moves each block's parameters to the GPU "
                                 "when it runs); add --shard")
-        if self.optimizer == "muon" and self.shard:
-            raise GpuaccelError("--optimizer muon needs each filter bank whole and does not work with --shard; "
-                                "use sgd or adamw")
-        if self.pipeline_stages > 1:
-            self._validate_pipeline()
-        elif self.microbatches is not None or self.split_points is not None:
+        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 1):
+            raise GpuaccelError(f"--microbatches must be a whole number >= 1, got {self.microbatches}")
+        if self.pipeline_stages == 1 and (self.microbatches is not None or self.split_points is not None):
             raise GpuaccelError("--microbatches and --split-points are for --pipeline-stages 2 or more")
+        if self.split_points is not None and len(self.split_points) != self.pipeline_stages - 1:
+            raise GpuaccelError(f"--split-points names {len(self.split_points)} module(s); "
+                                f"{self.pipeline_stages} stages need {self.pipeline_stages - 1}")
 
-    def _validate_optimizer(self) -> None:
+    def microbatches_of(self, batch_size: int) -> int:
+        """--microbatches, or the fewest that divide the batch evenly and number at least
+        max(4, 2 x stages) (fewer leave the stages idle longer at the start and end of a step)."""
+        if self.microbatches:
+            return self.microbatches
+        least = max(4, 2 * self.pipeline_stages)
+        return next((m for m in range(least, batch_size + 1) if batch_size % m == 0), batch_size)
+
+
+@dataclass
+class OptimizerSettings:
+    """How the weights move."""
+    name: str = setting("sgd", "sgd (Nesterov momentum), adamw, or muon (orthogonalised "
+                                                 "updates for convolution filters, SGD for the rest)",
+                             choices=("sgd", "adamw", "muon"), metavar="NAME", flag="optimizer")
+    lr: float = setting(0.05, "peak learning rate")
+    momentum: float = setting(0.9, "SGD momentum or AdamW beta1")
+    beta2: float = setting(0.999, "AdamW's second-moment decay")
+    nesterov: bool = setting(True, "Nesterov momentum")
+    weight_decay: float = setting(5e-4, "on weights, not on biases or norms")
+    bias_lr_scale: float = setting(1.0, "learning-rate multiplier for biases and norm parameters",
+                                   metavar="X")
+    muon_lr: float = setting(0.24, "with --optimizer muon: the filters' learning rate")
+    muon_momentum: float = setting(0.6, "with --optimizer muon: the filters' momentum")
+    muon_ns_steps: int = setting(5, "with --optimizer muon: Newton-Schulz iterations per update "
+                                                 "(fewer: a cheaper step, a rougher orthogonalisation)", metavar="K")
+    schedule: str = setting("onecycle", "the learning-rate schedule: onecycle, cosine (with "
+                                                     "warm-up) or constant",
+                            choices=("onecycle", "cosine", "constant"), metavar="NAME")
+    warmup_epochs: float = setting(1.0, "length of the rising part of the schedule")
+    label_smoothing: float = setting(0.0, "classification: the share of each target spread over "
+                                                       "all classes")
+    grad_accum: int = setting(1, "accumulate K batches per optimizer step (effective batch = K x "
+                                              "batch size)", metavar="K")
+    grad_clip: float | None = setting(None, "clip the gradient norm to NORM", metavar="NORM")
+    ema: float | None = setting(None, "evaluate an exponential moving average of the weights "
+                                                   "(e.g. 0.99 per step)", metavar="DECAY")
+
+    def validate(self) -> None:
         _whole(self, "grad_accum")
         _whole(self, "muon_ns_steps")
         for name in ("lr", "muon_lr", "bias_lr_scale"):
@@ -359,7 +340,48 @@ class TrainConfig:
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise GpuaccelError(f"--grad-clip must be positive, got {self.grad_clip}")
 
-    def _validate_loop(self) -> None:
+    def build(self, model, device, *, fused: bool = True, capturable: bool = False):
+        """The optimizer these settings describe, over ``model``'s trained parameters
+        (train/optim.py: which parameters decay, Muon's filters, fused or capturable kernels)."""
+        from .optim import build_optimizer
+
+        return build_optimizer(model, self, device, fused=fused, capturable=capturable)
+
+    def build_scheduler(self, optimizer, epochs: float, steps_per_epoch: int):
+        """The learning-rate schedule over ``epochs`` of ``steps_per_epoch`` optimizer steps."""
+        from .optim import build_scheduler
+
+        return build_scheduler(optimizer, self, epochs, steps_per_epoch)
+
+
+@dataclass
+class LoopSettings:
+    """Batches, evaluation and when to stop."""
+    batch_size: int = setting(128, "samples per step (per process; with --global-batch, of all processes "
+                                           "together)")
+    global_batch: bool = setting(False, "--batch-size is the batch of all processes together, each taking "
+                                                "an equal share: the run keeps its batch, learning rate and "
+                                                "accuracy on any number of GPUs (strong scaling)")
+    eval_batch_size: int = setting(1024, "samples per evaluation batch")
+    seed: int = setting(0, "seeds model init, data order and augmentation")
+    tta: int = setting(0, "test-time augmentation: 0 none, 1 flip, 2 flip and one-pixel translations "
+                                  "(classification; segmentation takes 0 or 1)", metavar="LEVEL")
+    epochs: float = setting(10, "passes over the training set (a fraction stops inside the last one)")
+    time_limit: float | None = setting(None, "stop training so that its time and the final evaluation "
+                                                     "(reckoned as long as the last one) fit in SECONDS",
+                                       metavar="SECONDS")
+    target: str | None = setting(None, "stop as soon as the held-out METRIC reaches VALUE (e.g. "
+                                               "accuracy=0.99, or loss=0.05: lower is better for losses and "
+                                               "errors); records the time to it", metavar="METRIC=VALUE")
+    target_acc: float | None = setting(None, "the same as --target accuracy=F", metavar="F")
+    beam_size: int = setting(5, "translation: hypotheses kept by the beam search that decodes the held-out "
+                                        "sentences (1: greedy)", metavar="K")
+    length_penalty: float = setting(1.0, "translation: the beam search ranks hypotheses by log-probability / "
+                                                 "length ** P", metavar="P")
+    eval_every: int | None = setting(None, "evaluate every STEPS optimizer steps (default: each epoch)",
+                                     metavar="STEPS")
+
+    def validate(self) -> None:
         for name in ("batch_size", "eval_batch_size"):
             _whole(self, name)
         if self.tta not in (0, 1, 2):
@@ -383,18 +405,6 @@ class TrainConfig:
         if self.target is not None:
             parse_target(self.target)
 
-    def _validate_logging(self) -> None:
-        _at_least(self, "checkpoint_seconds", 0)
-        _whole(self, "checkpoint_epochs", minimum=0)
-        if self.checkpoint_every is not None:
-            _whole(self, "checkpoint_every")
-        _step_range(self.profile_steps)
-
-    @property
-    def profile_window(self) -> tuple[int, int]:
-        """(first, last) step that ``--profile`` traces, counted from 1."""
-        return _step_range(self.profile_steps)
-
     @property
     def target_metric(self) -> tuple[str, float] | None:
         """(metric, value) of ``target``, or None."""
@@ -409,42 +419,174 @@ class TrainConfig:
                                 f"{data_ranks} processes; give a multiple of {data_ranks}")
         return self.batch_size // data_ranks
 
+
+@dataclass
+class LoggingSettings:
+    """What the run directory receives."""
+    run_dir: str | None = setting(None, "where to save the run (default runs/<data>-<model>-<time>)",
+                                  metavar="DIR")
+    checkpoint_every: int | None = setting(None, "also checkpoint every STEPS steps (besides "
+                                                            "--checkpoint-epochs and --checkpoint-seconds)",
+                                           metavar="STEPS")
+    checkpoint_seconds: float = setting(300.0, "checkpoint at least this often", metavar="SECONDS")
+    checkpoint_epochs: int = setting(1, "checkpoint at the end of every N-th epoch (0: by steps and "
+                                                   "seconds only, for epochs of a step or two)", metavar="N")
+    monitor: bool = setting(True, "sample GPU utilisation, memory, power, temperature and clock every "
+                                             "0.1 s into gpu.jsonl (needs nvidia-ml-py)")
+    profile: bool = setting(False, "write a torch.profiler trace of a few steps (--profile-steps) to "
+                                              "profile/trace.json and an operator table")
+    profile_steps: str = setting("8-12", "with --profile: the steps traced, FIRST-LAST (counted from 1; "
+                                                    "the two before are run under the profiler untraced)",
+                                 metavar="FIRST-LAST")
+    tensorboard: bool = setting(False, "log the metrics as TensorBoard scalars in tensorboard/ (needs "
+                                                  "tensorboard)")
+
+    def validate(self) -> None:
+        _at_least(self, "checkpoint_seconds", 0)
+        _whole(self, "checkpoint_epochs", minimum=0)
+        if self.checkpoint_every is not None:
+            _whole(self, "checkpoint_every")
+        _step_range(self.profile_steps)
+
+    @property
+    def profile_window(self) -> tuple[int, int]:
+        """(first, last) step that ``--profile`` traces, counted from 1."""
+        return _step_range(self.profile_steps)
+
+
+SECTIONS = {"data": DataSettings, "model": ModelSettings, "runtime": RuntimeSettings, "parallel": ParallelSettings,
+            "optimizer": OptimizerSettings, "loop": LoopSettings, "logging": LoggingSettings}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the schema: its flat name, its section and field there, its type and the
+    declaration (default, help, choices)."""
+    flat: str
+    section: str
+    name: str
+    type: type
+    field: dataclasses.Field
+
+    @property
+    def default(self):
+        f = self.field
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _schema() -> dict[str, Setting]:
+    schema = {}
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = next((t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+            flat = f.metadata["flag"] or f.name
+            schema[flat] = Setting(flat, section, f.name, kind, f)
+    return schema
+
+
+SCHEMA: dict[str, Setting] = _schema()  # every setting, by flat name, in declaration order
+
+
+class TrainConfig:
+    """The settings of a training run: one object per section (``config.data``, ``config.model``,
+    ``config.runtime``, ``config.parallel``, ``config.optimizer``, ``config.loop``,
+    ``config.logging``).
+
+    Built from sections, from flat settings as on the command line, or both::
+
+        TrainConfig(epochs=10, batch_size=256, optimizer="adamw", lr=3e-3)
+        TrainConfig(optimizer=OptimizerSettings(name="adamw", lr=3e-3), epochs=10)
+
+    (``data``, ``model`` and ``optimizer`` given as a string are the flat settings: the data
+    spec, the model's name, the optimizer's name.)
+    """
+
+    data: DataSettings
+    model: ModelSettings
+    runtime: RuntimeSettings
+    parallel: ParallelSettings
+    optimizer: OptimizerSettings
+    loop: LoopSettings
+    logging: LoggingSettings
+
+    def __init__(self, **settings):
+        for section, cls in SECTIONS.items():
+            given = settings.get(section)
+            if isinstance(given, cls):
+                settings.pop(section)
+                setattr(self, section, copy.deepcopy(given))
+            elif isinstance(given, dict):
+                settings.pop(section)
+                setattr(self, section, cls(**_section_fields(section, given)))
+            else:
+                setattr(self, section, cls())
+        self._set_flat(settings)
+
+    def _set_flat(self, settings: dict) -> None:
+        _refuse_unknown(settings)
+        for flat, value in settings.items():
+            s = SCHEMA[flat]
+            setattr(getattr(self, s.section), s.name, value)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return "TrainConfig(" + ", ".join(f"{section}={getattr(self, section)!r}" for section in SECTIONS) + ")"
+
+    def validate(self) -> "TrainConfig":
+        """Checks every section (its own values, then how they combine); raises GpuaccelError
+        naming the first bad value and the valid ones."""
+        for s in SCHEMA.values():  # the named choices, for every section at once
+            choices, value = s.field.metadata["choices"], self.get(s.flat)
+            if s.flat == "precision":
+                continue  # (read by RuntimeSettings.validate, which knows its other spellings)
+            if choices and value is not None and value not in choices:
+                raise choice_error(s.flat.replace("_", " "), value, choices)
+        for section in SECTIONS:
+            getattr(self, section).validate()
+        self._validate_combinations()
+        return self
+
+    def _validate_combinations(self) -> None:
+        parallel, optimizer = self.parallel, self.optimizer
+        if parallel.shard and optimizer.ema is not None:
+            raise GpuaccelError("--ema is not supported with --shard (the weight average would not be sharded)")
+        if optimizer.name == "muon" and parallel.shard:
+            raise GpuaccelError("--optimizer muon needs each filter bank whole and does not work with --shard; "
+                                "use sgd or adamw")
+        if parallel.pipeline_stages > 1:
+            if self.loop.batch_size % self.pipeline_microbatches:
+                raise GpuaccelError(f"--batch-size {self.loop.batch_size} does not split into "
+                                    f"{self.pipeline_microbatches} equal micro-batches; change --batch-size or "
+                                    f"--microbatches")
+            unsupported = {"--shard": parallel.shard, "--ema": optimizer.ema is not None, "--sync-bn": parallel.sync_bn,
+                           "--grad-accum (use --microbatches)": optimizer.grad_accum > 1,
+                           "--precision fp16": self.runtime.precision == "fp16",
+                           "--compile-mode reduce-overhead (CUDA graphs)": self.runtime.captures_step}
+            for option, used in unsupported.items():
+                if used:
+                    raise GpuaccelError(f"{option} is not supported with --pipeline-stages")
+
     @property
     def pipeline_microbatches(self) -> int:
-        """--microbatches, or the fewest that divide the batch evenly and number at least
-        max(4, 2 x stages) (fewer leave the stages idle longer at the start and end of a step)."""
-        if self.microbatches:
-            return self.microbatches
-        least = max(4, 2 * self.pipeline_stages)
-        return next((m for m in range(least, self.batch_size + 1) if self.batch_size % m == 0), self.batch_size)
+        """Micro-batches per batch of a pipelined run (ParallelSettings.microbatches_of)."""
+        return self.parallel.microbatches_of(self.loop.batch_size)
 
-    def _validate_pipeline(self) -> None:
-        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 1):
-            raise GpuaccelError(f"--microbatches must be a whole number >= 1, got {self.microbatches}")
-        if self.batch_size % self.pipeline_microbatches:
-            raise GpuaccelError(f"--batch-size {self.batch_size} does not split into {self.pipeline_microbatches} "
-                                f"equal micro-batches; change --batch-size or --microbatches")
-        if self.split_points is not None and len(self.split_points) != self.pipeline_stages - 1:
-            raise GpuaccelError(f"--split-points names {len(self.split_points)} module(s); "
-                                f"{self.pipeline_stages} stages need {self.pipeline_stages - 1}")
-        unsupported = {"--shard": self.shard, "--ema": self.ema is not None, "--sync-bn": self.sync_bn,
-                       "--grad-accum (use --microbatches)": self.grad_accum > 1,
-                       "--precision fp16": self.precision == "fp16",
-                       "--compile-mode reduce-overhead (CUDA graphs)":
-                           self.compile and self.compile_mode == "reduce-overhead"}
-        for option, used in unsupported.items():
-            if used:
-                raise GpuaccelError(f"{option} is not supported with --pipeline-stages")
+    def get(self, flat: str):
+        """A setting by its flat name (``config.get("lr")`` is ``config.optimizer.lr``)."""
+        s = SCHEMA[flat]
+        return getattr(getattr(self, s.section), s.name)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def flat(self) -> dict:
+        """Every setting by its flat name: the form of the command line and flat recipes."""
+        return {flat: copy.deepcopy(self.get(flat)) for flat in SCHEMA}
 
-    def to_sections(self) -> dict[str, dict]:
-        """The settings by section ({"data": {...}, "model": {...}, ...}): a recipe's nested form."""
-        nested = {section: {} for section in SECTIONS}
-        for f in dataclasses.fields(self):
-            nested[f.metadata["section"]][f.name] = getattr(self, f.name)
-        return nested
+    def to_dict(self) -> dict[str, dict]:
+        """The settings by section ({"data": {...}, "model": {...}, ...}): config.json's form, and
+        a recipe's nested form."""
+        return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -453,26 +595,64 @@ class TrainConfig:
         return cls(**flatten_sections(values))
 
     def replace(self, **changes) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``: flat settings, or whole sections."""
+        sections = {k: v for k, v in changes.items() if isinstance(v, SECTIONS.get(k, ()))}
+        config = TrainConfig(**{section: sections.get(section, getattr(self, section)) for section in SECTIONS})
+        config._set_flat({k: v for k, v in changes.items() if k not in sections})
+        return config
+
+
+def _section_fields(section: str, values: dict) -> dict:
+    """A section's mapping as its fields' names: a key may be the field's name or its flat name."""
+    cls = SECTIONS[section]
+    by_flat = {s.flat: s.name for s in SCHEMA.values() if s.section == section}
+    names = {f.name for f in dataclasses.fields(cls)}
+    fields, wrong = {}, []
+    for key, value in values.items():
+        name = key if key in names else by_flat.get(key)
+        if name is None:
+            wrong.append(key)
+        else:
+            fields[name] = value
+    if wrong:
+        raise GpuaccelError(f"section {section} has no setting(s) {', '.join(sorted(wrong))}; it has: "
+                            f"{', '.join(by_flat)}")
+    return fields
 
 
 def flatten_sections(values: dict) -> dict:
-    """A recipe's settings as flat keys: a section's mapping ({"optimizer": {"lr": 0.1}}) is
-    opened, and every key is checked against the schema."""
-    known = {f.name: f.metadata["section"] for f in dataclasses.fields(TrainConfig)}
+    """A recipe's or config.json's settings as flat names: a section's mapping ({"optimizer":
+    {"lr": 0.1}}) is opened, and every key is checked against the schema."""
+    flat = _opened(values, check=True)
+    _refuse_unknown(flat)
+    return flat
+
+
+def _refuse_unknown(settings: dict) -> None:
+    unknown = sorted(set(settings) - set(SCHEMA))
+    if unknown:
+        raise GpuaccelError(f"unknown training setting(s) {', '.join(unknown)}; valid ones: "
+                            f"{', '.join(sorted(SCHEMA))}")
+
+
+def saved_settings(values: dict) -> dict:
+    """The flat settings of a run's saved configuration (a checkpoint's "config", config.json),
+    nested or, from runs before the nested config, flat; keys no longer in the schema are kept,
+    not refused (reading an old run's data spec must not fail on a retired setting)."""
+    return _opened(values, check=False)
+
+
+def _opened(values: dict, check: bool) -> dict:
+    """``values`` with each section's mapping opened into flat names (``check``: a key a section
+    does not have is an error)."""
     flat = {}
     for key, value in values.items():
         if key in SECTIONS and isinstance(value, dict):
-            wrong = sorted(k for k in value if known.get(k) != key)
-            if wrong:
-                raise GpuaccelError(f"section {key} has no setting(s) {', '.join(wrong)}; it has: "
-                                    f"{', '.join(k for k, s in known.items() if s == key)}")
-            flat.update(value)
+            names = {s.name: s.flat for s in SCHEMA.values() if s.section == key}
+            fields = _section_fields(key, value) if check else value
+            flat.update({names.get(k, k): v for k, v in fields.items()})
         else:
             flat[key] = value
-    unknown = sorted(set(flat) - set(known))
-    if unknown:
-        raise GpuaccelError(f"unknown training setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
     return flat
 
 

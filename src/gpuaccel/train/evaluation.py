@@ -71,8 +71,8 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
     train_loss = totals[0].item() / samples if samples else None  # (none after a resume's redone evaluation)
     if train_loss is not None and not math.isfinite(train_loss):
         raise GpuaccelError(f"the training loss is {train_loss} at step {trainer.global_step}: training diverged "
-                            f"(no checkpoint of it was saved); try a lower --lr (this run: {trainer.config.lr:g}), "
-                            f"--grad-clip, or --precision fp32")
+                            f"(no checkpoint of it was saved); try a lower --lr (this run: "
+                            f"{trainer.config.optimizer.lr:g}), --grad-clip, or --precision fp32")
     result = trainer.evaluate()  # (the method: a subclass may evaluate otherwise)
     trainer.last_eval, trainer.evaluated_at = result, trainer.global_step
     broken = sorted(name for name, value in result.items() if not math.isfinite(value))
@@ -103,14 +103,14 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
 def best_model_metric(trainer) -> str:
     """What "best" means for best.pt: the target's metric where there is a target, else the
     task's main one."""
-    target = trainer.config.target_metric
+    target = trainer.config.loop.target_metric
     return target[0] if target else trainer.task.default_target
 
 
 def reached_target(trainer, result: dict) -> bool:
-    if trainer.config.target_metric is None:
+    if trainer.config.loop.target_metric is None:
         return False
-    metric, goal = trainer.config.target_metric
+    metric, goal = trainer.config.loop.target_metric
     value = result.get(metric)
     if value is None:
         return False

@@ -68,13 +68,13 @@ class FitContext:
         self.wall_start = time.perf_counter()
         self.sampler = GpuSampler(trainer.run_dir / f"gpu{'' if main else trainer.dist.rank}.jsonl",
                                   [trainer.device.index or 0] if trainer.device.type == "cuda" else [],
-                                  origin=self.wall_start) if cfg.monitor else None
+                                  origin=self.wall_start) if cfg.logging.monitor else None
         if self.sampler is not None:
             self.sampler.start()
         self.data_wait = DataWaitMeter(trainer.device)
-        self.profiler = StepProfiler(trainer.run_dir, trainer.device, *cfg.profile_window) \
-            if cfg.profile and main else None
-        self.scalars = ScalarLog(trainer.run_dir) if cfg.tensorboard and main else None
+        self.profiler = StepProfiler(trainer.run_dir, trainer.device, *cfg.logging.profile_window) \
+            if cfg.logging.profile and main else None
+        self.scalars = ScalarLog(trainer.run_dir) if cfg.logging.tensorboard and main else None
         self.wall_at_eval = 0.0
         self.seconds_at_eval = trainer.train_seconds
         self.evaluation_seconds = 0.0  # the last evaluation's duration
@@ -133,7 +133,7 @@ class FitContext:
             self.metrics.append(record)
         if self.scalars is not None:
             self.scalars.add(record, trainer.global_step)
-        self.progress.log(format_record(record, trainer.config.epochs, trainer.metric_tracker.metrics,
+        self.progress.log(format_record(record, trainer.config.loop.epochs, trainer.metric_tracker.metrics,
                                         trainer.inputs.unit))
         clock.loss_sum, clock.samples = None, 0
         self.seconds_at_eval = trainer.train_seconds

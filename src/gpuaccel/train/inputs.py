@@ -1,5 +1,5 @@
 """What the trainer trains on, opened into one :class:`TrainingInputs`: data of a registered
-kind (``config.data``: its kind, ``gpuaccel/kinds/``, reads it), a data set a gpuaccel reader
+kind (``config.data.source``: its kind, ``gpuaccel/kinds/``, reads it), a data set a gpuaccel reader
 made, or a user's own data (a torch Dataset, a DataLoader, or tensors).
 
 ``TrainingInputs`` says what the model factory may be offered (image data: classes, channels,
@@ -27,7 +27,7 @@ from ..errors import GpuaccelError
 from ..runtime.loaders import user_loader
 from .config import TrainConfig
 
-USER_DATA = "python"  # config.data of a run whose data came through the Python API
+USER_DATA = "python"  # config.data.source of a run whose data came through the Python API
 
 
 @dataclass
@@ -108,12 +108,12 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
         raise GpuaccelError("eval_data= needs train_data=")
     if dataset is not None:
         return kind_named("images").inputs_of(dataset)
-    if config.data == USER_DATA:
+    if config.data.source == USER_DATA:
         raise GpuaccelError("this run's data came through the Python API; pass the same train_data= "
                             "(and eval_data=) again")
-    fmt, path = parse_spec(config.data)
+    fmt, path = parse_spec(config.data.source)
     kind = kind_named(fmt)
-    if config.loader == "stream" and not getattr(kind, "streams", False):
+    if config.data.loader == "stream" and not getattr(kind, "streams", False):
         raise GpuaccelError(f"--loader stream reads image folders; {fmt} data is read once and kept on the "
                             f"device (use --loader auto, gpu or cpu)")
     inputs = kind.open(config, path, fmt, dist=dist)
@@ -133,13 +133,14 @@ def shared_read(dist, read):
 
 
 def cache_dir_of(config: TrainConfig):
-    return cache.default_cache_dir() if config.cache_dir == "default" else config.cache_dir
+    return cache.default_cache_dir() if config.data.cache_dir == "default" else config.data.cache_dir
 
 
 def augment_config(config: TrainConfig) -> AugmentConfig:
     """The training images' augmentation (and progressive resizing) that ``config`` asks for."""
-    return AugmentConfig(config.crop_padding, config.flip, config.cutout, config.brightness, config.contrast,
-                         parse_size_schedule(config.size_schedule))
+    return AugmentConfig(config.data.crop_padding, config.data.flip, config.data.cutout, config.data.brightness,
+                         config.data.contrast,
+                         parse_size_schedule(config.data.size_schedule))
 
 
 def _count(data) -> int | None:
@@ -156,18 +157,18 @@ def _user_inputs(train_data, eval_data, config: TrainConfig) -> TrainingInputs:
     if eval_data is None:
         if isinstance(train_data, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)):
             raise GpuaccelError("a DataLoader or IterableDataset cannot be split for evaluation; pass eval_data=")
-        train_data, eval_data = split_off(train_data, config.val_split or 0.1, config.seed)
+        train_data, eval_data = split_off(train_data, config.data.val_split or 0.1, config.loop.seed)
     kind = type(train_data).__name__
     train_n, test_n = _count(train_data), _count(eval_data)
 
     def build(config: TrainConfig, *, device, dtype, channels_last, rank, world_size):
-        common = dict(device=device, placement=config.loader, workers=config.workers, seed=config.seed,
+        common = dict(device=device, placement=config.data.loader, workers=config.data.workers, seed=config.loop.seed,
                       rank=rank, world_size=world_size)
-        if config.loader == "stream":
+        if config.data.loader == "stream":
             raise GpuaccelError("--loader stream reads image folders; a Python data set is loaded with "
                                 "--loader auto, gpu or cpu")
-        return (user_loader(train_data, batch_size=config.batch_size, train=True, **common),
-                user_loader(eval_data, batch_size=config.eval_batch_size, train=False, **common))
+        return (user_loader(train_data, batch_size=config.loop.batch_size, train=True, **common),
+                user_loader(eval_data, batch_size=config.loop.eval_batch_size, train=False, **common))
 
     return TrainingInputs(
         name=kind.lower(), description=f"{kind}: {train_n if train_n is not None else '?'} train / "

@@ -16,7 +16,6 @@ import torch
 import torch.nn as nn
 from torch.optim.sgd import sgd
 
-from .config import TrainConfig
 
 
 # Quintic Newton-Schulz coefficients of Muon's reference implementation (also torch.optim.Muon's
@@ -151,9 +150,10 @@ class Muon(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
+def build_optimizer(model: nn.Module, settings, device: torch.device,
                     fused: bool = True, capturable: bool = False) -> torch.optim.Optimizer:
-    """Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
+    """The optimizer ``settings`` (the config's ``OptimizerSettings``, whose ``build`` calls this)
+    describe. Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
     Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
     step on a GPU (sharded parameters use the multi-tensor path instead); ``capturable``: AdamW
     keeps its step count on the device, so that a CUDA graph can hold its update. With ``muon``,
@@ -165,43 +165,45 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
     filters, grouped = [], {(True, 1.0): [], (False, 1.0): []}  # weights, then biases and norms: always both
     for p in model.parameters():
         if p.requires_grad and not getattr(p, "updated_in_backward", False):
-            if config.optimizer == "muon" and p.ndim > 2:
+            if settings.name == "muon" and p.ndim > 2:
                 filters.append(p)
             else:
                 grouped.setdefault((p.ndim > 1, getattr(p, "lr_scale", 1.0)), []).append(p)
-    groups = [{"params": params, "weight_decay": config.weight_decay if decayed else 0.0,
-               "lr": config.lr * scale * (1.0 if decayed else config.bias_lr_scale)}
+    groups = [{"params": params, "weight_decay": settings.weight_decay if decayed else 0.0,
+               "lr": settings.lr * scale * (1.0 if decayed else settings.bias_lr_scale)}
               for (decayed, scale), params in grouped.items()]
-    if config.optimizer == "muon":
-        groups.append({"params": filters, "lr": config.muon_lr, "momentum": config.muon_momentum,
-                       "orthogonalize": True, "ns_steps": config.muon_ns_steps})
-        return Muon(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+    if settings.name == "muon":
+        groups.append({"params": filters, "lr": settings.muon_lr, "momentum": settings.muon_momentum,
+                       "orthogonalize": True, "ns_steps": settings.muon_ns_steps})
+        return Muon(groups, lr=settings.lr, momentum=settings.momentum, nesterov=settings.nesterov)
     fused = {"fused": True} if (fused and device.type == "cuda") else {}
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, config.beta2),
+    if settings.name == "adamw":
+        return torch.optim.AdamW(groups, lr=settings.lr, betas=(settings.momentum, settings.beta2),
                                  capturable=capturable and device.type == "cuda", **fused)
-    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum,
-                           nesterov=config.nesterov and config.momentum > 0, **fused)
+    return torch.optim.SGD(groups, lr=settings.lr, momentum=settings.momentum,
+                           nesterov=settings.nesterov and settings.momentum > 0, **fused)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, steps_per_epoch: int):
+def build_scheduler(optimizer: torch.optim.Optimizer, settings, epochs: float,
+                    steps_per_epoch: int):
     """A ``LambdaLR`` stepped once per optimizer step; ``warmup_epochs`` sets the rising part.
 
     onecycle: linear from lr/10 up to lr, then linear down to lr/1000. cosine: linear warm-up
     from 0, then cosine to 0. constant: linear warm-up, then lr. The factor is computed from
-    the config, so a resumed run given more epochs stretches its schedule to the new length.
+    the settings and ``epochs``, so a resumed run given more epochs stretches its schedule to the new
+    length.
     """
-    total = max(1, math.ceil(config.epochs * steps_per_epoch))
-    warmup = min(max(total - 1, 0), int(round(config.warmup_epochs * steps_per_epoch)))
+    total = max(1, math.ceil(epochs * steps_per_epoch))
+    warmup = min(max(total - 1, 0), int(round(settings.warmup_epochs * steps_per_epoch)))
 
     def factor(step: int) -> float:
-        if config.schedule == "onecycle":
+        if settings.schedule == "onecycle":
             if step < warmup:
                 return 0.1 + 0.9 * step / warmup
             return max(1e-3, 1.0 - (1.0 - 1e-3) * (step - warmup) / max(1, total - warmup))
         if step < warmup:
             return (step + 1) / warmup
-        if config.schedule == "constant":
+        if settings.schedule == "constant":
             return 1.0
         progress = (step - warmup) / max(1, total - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))

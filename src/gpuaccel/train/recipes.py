@@ -50,14 +50,11 @@ def training_settings(options: dict, recipe: str | None = None, resume: str | No
     With no recipe, no run to resume and no training setting given (logging settings aside), it is
     the demo (:data:`DEMO_RECIPE`); any training setting means the user chose, and the plain
     defaults apply beneath it, with no recipe."""
-    from dataclasses import fields
-
-    from .config import TrainConfig
+    from .config import SCHEMA
 
     if resume and recipe:
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
-    sections = {f.name: f.metadata["section"] for f in fields(TrainConfig)}
-    if not resume and not recipe and all(sections.get(k) == "logging" for k in options):
+    if not resume and not recipe and all(k in SCHEMA and SCHEMA[k].section == "logging" for k in options):
         recipe = DEMO_RECIPE
     return {**load_recipe(recipe), **options} if recipe else dict(options)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import GpuaccelError
 from ..parallel import Distributed
 from .checkpoint import load
-from .config import TrainConfig
+from .config import TrainConfig, flatten_sections
 from .run_dir import CHECKPOINT, RunDirectory
 
 # settings a resumed run may change: where and how it runs, when it stops, what it logs
@@ -28,17 +28,17 @@ def resumed_config(config, state: dict, overrides: dict, run_dir) -> tuple:
     overrides = dict(overrides or {})
     if overrides.get("target_acc") is not None:  # the older spelling of --target
         overrides["target"], overrides["target_acc"] = f"accuracy={overrides['target_acc']:g}", None
-    if "data" in overrides and resolved_spec(overrides["data"]) == config.data:
-        overrides["data"] = config.data  # the same data, spelled another way
+    if "data" in overrides and resolved_spec(overrides["data"]) == config.data.source:
+        overrides["data"] = config.data.source  # the same data, spelled another way
     for key, value in overrides.items():
         if key == "model" and value != state["model_name"]:
             raise GpuaccelError(f"{run_dir} holds a checkpoint of model {state['model_name']!r}, not {value!r}; "
                                 f"resume without --model or start a new run")
-        if getattr(config, key) != value and key not in RESUME_CHANGEABLE:
+        if config.get(key) != value and key not in RESUME_CHANGEABLE:
             raise GpuaccelError(f"--{key.replace('_', '-')} cannot change when resuming "
                                 f"(changeable: {', '.join(sorted(RESUME_CHANGEABLE))})")
-    changed = {k: (getattr(config, k), v) for k, v in overrides.items()
-               if k in RESUME_CHANGEABLE and getattr(config, k) != v}
+    changed = {k: (config.get(k), v) for k, v in overrides.items()
+               if k in RESUME_CHANGEABLE and config.get(k) != v}
     return config.replace(**{k: v for k, v in overrides.items() if k in RESUME_CHANGEABLE}), changed
 
 
@@ -54,7 +54,7 @@ def saved_config(run_dir: Path, state: dict) -> tuple[TrainConfig, str | None]:
         written = json.loads(path.read_text())
         if not isinstance(written, dict):
             raise ValueError("not a mapping of settings")
-        TrainConfig.from_dict(written)  # (unknown keys: damaged)
+        written = flatten_sections(written)  # (unknown keys: damaged; compared below by flat name)
     except FileNotFoundError:
         written, problem = None, "is missing"
     except (ValueError, TypeError, AttributeError, GpuaccelError) as exc:  # not JSON, or not a config
@@ -68,6 +68,7 @@ def saved_config(run_dir: Path, state: dict) -> tuple[TrainConfig, str | None]:
         return TrainConfig.from_dict(written), None
     if written is None:
         return TrainConfig.from_dict(recorded), problem
+    recorded = flatten_sections(recorded)  # (nested, or flat as runs before the nested config wrote it)
     same = json.loads(json.dumps(recorded, default=str))  # (compared as config.json spells values)
     missing = sorted(k for k in same if k not in written)
     differ = sorted(k for k in same if k in written and written[k] != same[k] and k not in RESUME_CHANGEABLE)
@@ -95,8 +96,8 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
         state = load(run_dir / CHECKPOINT)
         saved, damaged = saved_config(run_dir, state)
         config, changed = resumed_config(saved, state, overrides, run_dir)
-        if model is not None and not config.model.startswith("object:"):
-            raise GpuaccelError(f"{run_dir} trained model {config.model!r}, which it rebuilds itself; resume "
+        if model is not None and not config.model.name.startswith("object:"):
+            raise GpuaccelError(f"{run_dir} trained model {config.model.name!r}, which it rebuilds itself; resume "
                                 f"without model=")
         trainer = trainer_class(config, model=model, train_data=train_data, eval_data=eval_data, task=task,
                                 loss_fn=loss_fn, metrics=metrics, structure=state.get("structure"), data_init=False,
@@ -122,7 +123,7 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
                      else "") + "; config.json updated", file=sys.stderr)
         if not quiet:
             print(f"gpuaccel: resuming {run_dir} from step {trainer.global_step:,} (epoch {trainer.epochs_done:.2f} "
-                  f"of {trainer.config.epochs:g}, {trainer.train_seconds:.1f} s trained)", file=sys.stderr)
+                  f"of {trainer.config.loop.epochs:g}, {trainer.train_seconds:.1f} s trained)", file=sys.stderr)
         run.write_position(trainer.position())
         # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
         # the log stays one line per evaluation

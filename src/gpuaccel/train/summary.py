@@ -14,13 +14,13 @@ def start_lines(trainer) -> list[str]:
     trains (strategy, step graph, JPEG decoding); which class index is which."""
     lines = []
     cfg = trainer.config
-    lines.append(f"{trainer.inputs.description}; task {trainer.task.name}; model {cfg.model} "
+    lines.append(f"{trainer.inputs.description}; task {trainer.task.name}; model {cfg.model.name} "
                  f"({trainer.parameter_count:,} parameters) on {device_name(trainer.device)} [{trainer.device}], "
                  f"{trainer.precision.name}; run dir {trainer.run_dir}"
                  + (f"; {trainer.strategy.describe()}" if trainer.strategy.describe() else "")
                  + (f", {trainer.batch_per_process} samples each per step" if trainer.data_ranks > 1 else "")
-                 + (f" (the global batch of {cfg.batch_size} kept: strong scaling)"
-                    if trainer.data_ranks > 1 and cfg.global_batch else "")
+                 + (f" (the global batch of {cfg.loop.batch_size} kept: strong scaling)"
+                    if trainer.data_ranks > 1 and cfg.loop.global_batch else "")
                  + ("; each training step one CUDA graph (inductor's kernels inside it)"
                     if trainer.step_graph_off is None else "")
                  + (f"; no whole-step CUDA graph: {trainer.step_graph_off}"
@@ -37,12 +37,12 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
     """The run's summary: where and how it trained, on what, for how long, how fast and how well."""
     config, inputs = trainer.config, trainer.inputs
     rate = round(trainer.samples_seen / trainer.train_seconds if trainer.train_seconds > 0 else 0.0, 1)
-    target = config.target_metric
+    target = config.loop.target_metric
     summary = {
         "device": str(trainer.device), "device_name": device_name(trainer.device),
-        "precision": trainer.precision.name, "channels_last": trainer.channels_last, "compile": config.compile,
+        "precision": trainer.precision.name, "channels_last": trainer.channels_last, "compile": config.runtime.compile,
         "step_graph": trainer.step_graph_off is None, "step_graph_off": trainer.step_graph_off,
-        "model": config.model, "parameters": trainer.parameter_count, "task": trainer.task.name,
+        "model": config.model.name, "parameters": trainer.parameter_count, "task": trainer.task.name,
         "data": inputs.name, "train_samples": inputs.train_samples, "test_samples": inputs.test_samples,
         "skipped_samples": inputs.skipped, "epochs": round(trainer.epochs_done, 4), "steps": trainer.global_step,
         "stopped_by": stopped_by, "resumed": trainer.resumed, "setup_seconds": round(trainer.setup_seconds, 3),
@@ -55,14 +55,14 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "metric_signatures": dict(getattr(trainer.task, "signatures", None) or {}) or None,
         "metrics": dict(trainer.last_eval), "best_metrics": dict(trainer.best_metrics),
         "best_model": best_model(trainer),
-        "target": config.target, "target_metric": target[0] if target else None,
+        "target": config.loop.target, "target_metric": target[0] if target else None,
         "time_to_target": None if trainer.time_to_target is None else round(trainer.time_to_target, 3),
         "run_dir": str(trainer.run_dir), "torch": torch.__version__, "gpuaccel": trainer.version,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(trainer.device) / 2**30, 2)
         if trainer.device.type == "cuda" else None,
         "jpeg_decoder": trainer.jpeg_decoder,
         "processes": trainer.dist.world_size, "strategy": trainer.strategy.describe() or None,
-        "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.grad_accum,
+        "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.optimizer.grad_accum,
         "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
         # with several processes: each one's phases until the warm-up (the slowest holds the rest there)

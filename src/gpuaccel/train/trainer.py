@@ -16,7 +16,6 @@ may change in ``resume.py``; the warm-up before the clock starts in ``warmup.py`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import time
@@ -42,10 +41,9 @@ from ..tasks.base import CustomTask, takes_labels, training_loss
 from ..tasks.base import leading_size
 from . import checkpoint
 from .cadence import Cadence
-from .config import DEFAULT_MODEL, TrainConfig
+from .config import DEFAULT_MODEL, SCHEMA, TrainConfig
 from .ema import WeightAverage
 from .inputs import USER_DATA, open_inputs
-from .optim import build_optimizer, build_scheduler
 from .progress import Progress
 from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
@@ -65,11 +63,11 @@ class Trainer:
                  strategy: Strategy | None = None):
         """``config``: the settings (``TrainConfig()``'s defaults when None).
 
-        What to train on: ``config.data`` (a gpuaccel data spec), ``dataset`` (a data set a
+        What to train on: ``config.data.source`` (a gpuaccel data spec), ``dataset`` (a data set a
         gpuaccel reader made), or ``train_data`` (and ``eval_data``): a map-style torch Dataset,
         a DataLoader, or a tuple/dict of tensors; without ``eval_data`` a ``val_split`` share is
-        held out. What to train: ``config.model`` from the registry, or ``model`` (any
-        nn.Module; with ``structure``, it is ``config.model`` reshaped to those layer widths,
+        held out. What to train: ``config.model.name`` from the registry, or ``model`` (any
+        nn.Module; with ``structure``, it is ``config.model.name`` reshaped to those layer widths,
         e.g. pruned). What to minimise: ``task`` (a ``gpuaccel.tasks`` object or name; image
         data default to classification) or ``loss_fn(outputs, targets)``, with ``metrics``
         ({name: torchmetrics metric or callable (outputs, targets) -> number}) reported at
@@ -80,19 +78,21 @@ class Trainer:
         self.config = config = (config or TrainConfig()).replace().validate()  # (a copy: it records the run)
         self.quiet = quiet
         # the device, the process group under torchrun, the precision: the accelerator's
-        self.acc = Accelerator(device=config.device, precision=config.precision, channels_last=config.channels_last,
+        self.acc = Accelerator(device=config.runtime.device, precision=config.runtime.precision,
+                               channels_last=config.runtime.channels_last,
                                monitor=False)
         self.dist, self.device = self.acc.dist, self.acc.device  # (the precision: once the model is built)
         self.phases.mark("device (CUDA initialisation)")
         self._open_data(dataset, train_data, eval_data)
-        self.task = resolve_task(task or config.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
-                                 label_smoothing=config.label_smoothing, tta=config.tta,
+        self.task = resolve_task(task or config.model.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
+                                 label_smoothing=config.optimizer.label_smoothing, tta=config.loop.tta,
                                  num_classes=len(self.inputs.classes) if self.inputs.classes else None,
                                  **self.inputs.task_args)
-        if config.target_metric is not None:
-            self.task.check_target(config.target_metric[0])
-        torch.manual_seed(config.seed)
-        self.model_args = {**self.inputs.model_args, **(config.model_args or {})}  # (recorded: rebuilds the model)
+        if config.loop.target_metric is not None:
+            self.task.check_target(config.loop.target_metric[0])
+        torch.manual_seed(config.loop.seed)
+        self.model_args = {**self.inputs.model_args,
+                           **(config.model.model_args or {})}  # (recorded: rebuilds the model)
         self.structure = structure
         self.model = self._build_model(model, structure)
         self.acc.fit_precision_to(self.model)  # (a model with recurrent layers takes no autocast under 'auto')
@@ -100,8 +100,8 @@ class Trainer:
         check_processes_agree(self)
         self._place_model(strategy)
         self.phases.mark("building and placing the model")
-        self.acc.placement.configure_kernels(deterministic=config.deterministic,
-                                             cudnn_benchmark=config.cudnn_benchmark)
+        self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
+                                             cudnn_benchmark=config.runtime.cudnn_benchmark)
         self._build_loaders(data_init)
         self.phases.mark("loaders (the data on the device, data-dependent initialisation)")
         if self._compile_mode is not None:
@@ -133,10 +133,10 @@ class Trainer:
     def _open_data(self, dataset, train_data, eval_data) -> None:
         config = self.config
         if train_data is None and dataset is None:
-            config.data = resolved_spec(config.data)  # recorded so that a resume works from anywhere
+            config.data.source = resolved_spec(config.data.source)  # recorded so that a resume works from anywhere
         self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data, dist=self.dist)
         if train_data is not None and self.inputs.images is None:
-            config.data = USER_DATA
+            config.data.source = USER_DATA
         self.dataset = self.inputs.images  # a gpuaccel image data set, or None for a user's data
         if self.inputs.classes is not None and len(self.inputs.classes) < 2:
             raise GpuaccelError(f"{self.inputs.name} has one class ({self.inputs.classes[0]!r}); a classifier needs "
@@ -148,29 +148,32 @@ class Trainer:
         on resume, export and inference), or "object:Class" for a module passed in, which a
         resume must be given again."""
         config = self.config
-        if model is None and config.model is None:  # none named: the data's own (images: DEFAULT_MODEL)
-            config.model = self.inputs.default_model or (DEFAULT_MODEL if config.data != USER_DATA else None)
+        if model is None and config.model.name is None:  # none named: the data's own (images: DEFAULT_MODEL)
+            config.model.name = self.inputs.default_model or \
+                (DEFAULT_MODEL if config.data.source != USER_DATA else None)
         if model is None:
-            if config.data == USER_DATA and ":" not in (config.model or ""):
+            if config.data.source == USER_DATA and ":" not in (config.model.name or ""):
                 raise GpuaccelError("with train_data= from Python, pass the model too (model=...), or name a "
                                     "package.module:factory as the config's model")
-            if config.model.startswith("object:"):
-                raise GpuaccelError(f"this run trained a model passed as an object ({config.model[7:]}); pass "
+            if config.model.name.startswith("object:"):
+                raise GpuaccelError(f"this run trained a model passed as an object ({config.model.name[7:]}); pass "
                                     f"the same model again (model=...)")
-            add_search_dir(config.model_path)
-            model = create_for_data(config.model, self.inputs, self.model_args, tuple(config.model_args or ()))
-            if config.model_path is None:
-                config.model_path = model_source_dir(config.model)
+            add_search_dir(config.model.model_path)
+            model = create_for_data(config.model.name, self.inputs, self.model_args,
+                                    tuple(config.model.model_args or ()))
+            if config.model.model_path is None:
+                config.model.model_path = model_source_dir(config.model.name)
             if structure:
                 apply_structure(model, structure)
-        elif structure is None:  # (with a structure it is config.model, reshaped)
+        elif structure is None:  # (with a structure it is config.model.name, reshaped)
             if not isinstance(model, nn.Module):
                 raise GpuaccelError(f"model= takes a torch.nn.Module, not {type(model).__name__}")
-            config.model, config.model_path = f"object:{type(model).__qualname__}", None
-        if config.activation_checkpointing and config.pipeline_stages == 1:  # (a pipeline wraps its stage's blocks)
+            config.model.name, config.model.model_path = f"object:{type(model).__qualname__}", None
+        # (a pipeline wraps its stage's blocks itself)
+        if config.model.activation_checkpointing and config.parallel.pipeline_stages == 1:
             apply_activation_checkpointing(model)
-        if config.batch_size == 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            raise GpuaccelError(f"--batch-size 1 cannot train {config.model}: its batch norms need two or more "
+        if config.loop.batch_size == 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise GpuaccelError(f"--batch-size 1 cannot train {config.model.name}: its batch norms need two or more "
                                 f"samples per batch; use a larger --batch-size")
         self.parameter_count = sum(p.numel() for p in model.parameters())
         # a model that takes labels gets the targets too, and its own loss is trained on
@@ -186,11 +189,11 @@ class Trainer:
         self.step_graph_off = whole_step_obstacle(config, self.device, self.precision)
         # the step graph captures inductor's kernels itself: torch.compile's own CUDA graphs (mode
         # reduce-overhead) inside it would be graphs within a graph
-        self._compile_mode = None if not config.compile else \
-            "default" if self.step_graph_off is None else config.compile_mode
+        self._compile_mode = None if not config.runtime.compile else \
+            "default" if self.step_graph_off is None else config.runtime.compile_mode
         self.strategy = strategy or training_strategy(
             config, placement, captured_step=self.step_graph_off is None,
-            channels_last=placement.channels_last(self.model, config.channels_last))
+            channels_last=placement.channels_last(self.model, config.runtime.channels_last))
         self.channels_last = self.acc.place_model(self.model, self.strategy)
         self.on_host = self.strategy.places_parameters
 
@@ -198,7 +201,7 @@ class Trainer:
         config, inputs = self.config, self.inputs
         self.mean, self.std = inputs.mean, inputs.std
         self.data_rank, self.data_ranks = self.strategy.data_rank, self.strategy.data_ranks
-        self.batch_per_process = config.batch_per_process(self.data_ranks)
+        self.batch_per_process = config.loop.batch_per_process(self.data_ranks)
         self.train_loader, self.eval_loader = inputs.loaders(
             config.replace(batch_size=self.batch_per_process), device=self.device,
             dtype=self.precision.input_dtype, channels_last=self.channels_last,
@@ -219,14 +222,14 @@ class Trainer:
                                first_inputs=lambda: self.task.split(next(iter(self.train_loader.batches(0))))[0])
         self.collective_state = self.strategy.collective_state  # checkpoints gathered from every process
         self.counts_metrics = self.strategy.counts_metrics  # where losses are computed
-        if self.config.ema and getattr(self.strategy, "tables_sharded", False):
+        if self.config.optimizer.ema and getattr(self.strategy, "tables_sharded", False):
             raise GpuaccelError("--ema cannot average embedding tables sharded across processes (each holds "
                                 "some of them); leave out --ema, or train in one process")
-        self.ema = WeightAverage(self.model, self.config.ema) if self.config.ema else None
+        self.ema = WeightAverage(self.model, self.config.optimizer.ema) if self.config.optimizer.ema else None
         self.forward = self.strategy.training_forward(self._compiled)
         self.loss_fn = self._compiled(self.task.loss) if self.task.compile_loss else self.task.loss
-        compile_for_eval = self._compiled if self.config.compile_eval else (lambda module, **_: module)
-        forward_for_eval = self.forward if self.config.compile_eval else \
+        compile_for_eval = self._compiled if self.config.runtime.compile_eval else (lambda module, **_: module)
+        forward_for_eval = self.forward if self.config.runtime.compile_eval else \
             self.strategy.training_forward(compile_for_eval)
         self.eval_forward = self.strategy.eval_forward(compile_for_eval, forward_for_eval,
                                                        self.ema.module if self.ema else None)
@@ -235,12 +238,12 @@ class Trainer:
         """The optimizer and its schedule, and the training step: captured as one CUDA graph where
         ``step_graph_off`` is None, else run eagerly; the same code either way."""
         config = self.config
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.grad_accum)
-        self.optimizer = build_optimizer(self.model, config, self.device,
-                                         fused=self.strategy.fuses(config.optimizer),
-                                         capturable=self.step_graph_off is None)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.optimizer.grad_accum)
+        self.optimizer = config.optimizer.build(self.model, self.device,
+                                                fused=self.strategy.fuses(config.optimizer.name),
+                                                capturable=self.step_graph_off is None)
         self.stepper = self.acc.prepare_optimizer(self.optimizer)  # (fp16: stepped through the loss scaler)
-        self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
+        self.scheduler = config.optimizer.build_scheduler(self.optimizer, config.loop.epochs, self.steps_per_epoch)
         self._ema_weight = torch.zeros((), device=self.device)  # the weight average's blend, read by the step
         self.step = CapturedStep(self._train_step, [self.optimizer], self.device, max_shapes=16,
                                  uncaptured=self.step_graph_off)
@@ -252,8 +255,8 @@ class Trainer:
         writes), the model, its first batch's shapes and the device."""
         if self._compile_mode is None:
             return contextlib.nullcontext()
-        config = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)
-                  if f.name != "seed" and f.metadata.get("section") != "logging"}
+        config = {name: value for name, value in self.config.flat().items()
+                  if name != "seed" and SCHEMA[name].section != "logging"}
         shapes = [(tuple(t.shape), str(t.dtype)) for t in tree_flatten((inputs, targets))[0] if torch.is_tensor(t)]
         return compile_workers_unless_cached([config, repr(self.model), shapes, device_name(self.device)])
 
@@ -262,7 +265,7 @@ class Trainer:
         ``compile_module``); as it is without ``compile``."""
         if self._compile_mode is None:
             return module
-        return compile_module(module, self._compile_mode, self.config.tune_kernels, split_bytes=split_bytes,
+        return compile_module(module, self._compile_mode, self.config.runtime.tune_kernels, split_bytes=split_bytes,
                               dynamic=self.inputs.shapes_vary)
 
     @property
@@ -280,7 +283,7 @@ class Trainer:
         """Trains until a stop condition; returns the summary (also written to summary.json)."""
         cfg, main = self.config, self.dist.is_main
         self._open_run()
-        progress = Progress(math.ceil(cfg.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
+        progress = Progress(math.ceil(cfg.loop.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
         for line in start_lines(self):
             progress.log(line)
         next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
@@ -289,12 +292,12 @@ class Trainer:
         stopped_by = None
         self.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
-            if cfg.time_limit is not None:  # (the time left says how long the run has, when that is less)
-                progress.time_left = lambda: cfg.time_limit - clock.training_seconds() - context.time_reserve()
+            if cfg.loop.time_limit is not None:  # (the time left says how long the run has, when that is less)
+                progress.time_left = lambda: cfg.loop.time_limit - clock.training_seconds() - context.time_reserve()
             context.started(next_batches)
-            if self.epochs_done >= cfg.epochs and self.global_step > self.evaluated_at:
+            if self.epochs_done >= cfg.loop.epochs and self.global_step > self.evaluated_at:
                 context.evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
-            while stopped_by is None and self.epochs_done < cfg.epochs:
+            while stopped_by is None and self.epochs_done < cfg.loop.epochs:
                 batches = next_batches or self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
                 next_batches = None
                 for micro_batches in self._optimizer_steps(context.data_wait.timed(batches)):
@@ -311,7 +314,7 @@ class Trainer:
                     end_of_epoch = self.batch_in_epoch == len(self.train_loader)
                     if end_of_epoch:
                         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                    finished = self.epochs_done >= cfg.epochs  # epochs may end inside an epoch (e.g. 9.5)
+                    finished = self.epochs_done >= cfg.loop.epochs  # epochs may end inside an epoch (e.g. 9.5)
                     if end_of_epoch and not finished:
                         # a streaming loader makes the next epoch's first batches while this one is
                         # evaluated and checkpointed, so that epoch does not start waiting for them
@@ -351,7 +354,7 @@ class Trainer:
             group.append(self.task.split(batch))
             if self._example_inputs is None:
                 self._example_inputs = tree_map(lambda t: t[:1].clone(), group[-1][0])
-            if len(group) == self.config.grad_accum or len(group) == left:
+            if len(group) == self.config.optimizer.grad_accum or len(group) == left:
                 left -= len(group)
                 yield group
                 group = []
@@ -370,8 +373,8 @@ class Trainer:
             total = part if total is None else total + part
         if self.strategy.reduce_gradients is not None:  # data parallel inside the step graph
             self.strategy.reduce_gradients(self.model.parameters())
-        if self.config.grad_clip is not None:
-            self.acc.clip_grad_norm_(self.model, self.config.grad_clip)
+        if self.config.optimizer.grad_clip is not None:
+            self.acc.clip_grad_norm_(self.model, self.config.optimizer.grad_clip)
         self.stepper.step()
         if self.ema is not None:
             self.ema.blend(self.model, self._ema_weight)
@@ -417,8 +420,8 @@ class Trainer:
     def _open_run(self) -> None:
         """The run directory (made by rank 0 and named to the others), locked for this run."""
         if self.run is None:
-            made, path = self.dist.on_main(lambda: RunDirectory.create(self.config.run_dir, self.inputs.name,
-                                                                       self.config.model, writer=True),
+            made, path = self.dist.on_main(lambda: RunDirectory.create(self.config.logging.run_dir, self.inputs.name,
+                                                                       self.config.model.name, writer=True),
                                            share=lambda run: str(run.path))
             self.run = made or RunDirectory(Path(path), writer=False)
             self.run.write_config(self.config.to_dict())
@@ -433,7 +436,7 @@ class Trainer:
         if first is None:  # (a run resumed at an epoch's end)
             return None
         check_task(self, first)
-        if self.config.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
+        if self.config.runtime.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
             self.phases.mark("run directory, first batch, task check")
             self.warmup_seconds = self.warm_up(batch=first)
             self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")

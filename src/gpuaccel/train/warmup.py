@@ -41,12 +41,12 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
         done("waiting for the slowest process to arrive")
     with trainer.compiling(inputs, targets):
         for shaped in training_shapes(trainer, inputs, targets):
-            micro_batches = [shaped] * trainer.config.grad_accum  # (one optimizer step's)
+            micro_batches = [shaped] * trainer.config.optimizer.grad_accum  # (one optimizer step's)
             trainer.step.warm(micro_batches, steps=1)
             done(FIRST_STEP)
             trainer.step.warm(micro_batches, steps=STEPS - 1)
             done(f"{STEPS - 1} more training steps per shape")
-        if evaluate and (trainer.config.compile_eval or not trainer.config.compile):
+        if evaluate and (trainer.config.runtime.compile_eval or not trainer.config.runtime.compile):
             trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
             done("an evaluation")
     _restore(trainer, saved)
@@ -65,9 +65,9 @@ def training_shapes(trainer, inputs, targets) -> list[tuple]:
     for example in getattr(trainer.train_loader, "shape_examples", lambda: [])():
         split = trainer.task.split(example)
         batches.setdefault(signature(split), split)
-    if trainer.config.size_schedule and isinstance(trainer.dataset, ImageDataset):
+    if trainer.config.data.size_schedule and isinstance(trainer.dataset, ImageDataset):
         sizes = [tuple(trainer.dataset.train_images.shape[2:])]
-        sizes += [(size, size) for size, _ in parse_size_schedule(trainer.config.size_schedule)]
+        sizes += [(size, size) for size, _ in parse_size_schedule(trainer.config.data.size_schedule)]
         for size in sizes:
             resized = resize(inputs, size)
             batches.setdefault(signature((resized, targets)), (resized, targets))
