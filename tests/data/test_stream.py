@@ -577,7 +577,7 @@ def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(caps
 
     def logged_evaluate(self, each_shape=False):
         if not each_shape:  # (not the warm-up's pass)
-            events.append(("evaluate", self.epoch))
+            events.append(("evaluate", self.state.epoch))
         return evaluate(self, each_shape)
 
     monkeypatch.setattr(StreamLoader, "batches", logged_batches)
@@ -587,7 +587,7 @@ def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(caps
     common = ["--data", str(root), "--model", "mlp", "--image-size", "16", "--batch-size", "8", "--json", "--quiet"]
     code, out, err = run(capsys, "train", *common, "--epochs", "3", "--run-dir", str(tmp_path / "a"))
     assert code == 0, err
-    # epoch k+1's batches are asked for before the evaluation that ends epoch k (self.epoch is k+1 by then)
+    # epoch k+1's batches are asked for before the evaluation that ends epoch k (state.epoch is k+1 by then)
     assert [e for e in events if e[0] == "batches"][:3] == [("batches", 0), ("batches", 1), ("batches", 2)]
     assert events.index(("batches", 1)) < events.index(("evaluate", 1))
     assert events.index(("batches", 2)) < events.index(("evaluate", 2))

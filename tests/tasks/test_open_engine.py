@@ -146,7 +146,7 @@ def test_a_run_of_a_model_object_resumes_only_with_that_model(tmp_path):
         Trainer.resume(run.run_dir, overrides={"epochs": 2}, model=nn.Linear(5, 1))
     resumed = Trainer.resume(run.run_dir, overrides={"epochs": 2}, model=nn.Linear(5, 1),
                              train_data=linear_data(128, 0), task=Regression(), quiet=True)
-    assert resumed.global_step == run.global_step and resumed.fit()["epochs"] == 2
+    assert resumed.state.global_step == run.state.global_step and resumed.fit()["epochs"] == 2
 
 
 @pytest.mark.parametrize("arguments, message", [

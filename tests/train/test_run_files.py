@@ -84,7 +84,7 @@ def test_resume_cleans_what_a_killed_checkpoint_write_left(tmp_path):
     (run / "checkpoint.json").write_text('{"global_step": 1}')  # out of step with checkpoint.pt
     trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=True)
     assert not list(run.glob(".*.tmp"))
-    assert json.loads((run / "checkpoint.json").read_text())["global_step"] == trainer.global_step
+    assert json.loads((run / "checkpoint.json").read_text())["global_step"] == trainer.state.global_step
     trainer.run.unlock()
 
 
@@ -294,7 +294,7 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypat
     calls = []
 
     def interrupted_at_the_end(self, **kwargs):  # (kwargs: the warm-up's pass on a GPU)
-        calls.append(self.global_step)
+        calls.append(self.state.global_step)
         if self.epochs_done >= self.config.loop.epochs:
             raise KeyboardInterrupt  # Ctrl-C during the final evaluation
         return evaluate(self, **kwargs)
@@ -307,7 +307,7 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(tmp_path, monkeypat
     records = MetricsFile(run / "metrics.jsonl").read()
     assert [r["epoch"] for r in records] == [1, 2] and records[-1]["train_loss"] is None
     assert summary["metrics"]["accuracy"] == pytest.approx(records[-1]["accuracy"], abs=1e-6)
-    assert summary["steps"] == trainer.global_step
+    assert summary["steps"] == trainer.state.global_step
 
 
 def test_a_diverging_run_stops_with_a_clear_error(tmp_path, capsys):

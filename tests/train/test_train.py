@@ -227,8 +227,8 @@ def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monke
     checkpoint recorded, also when it was saved between two evaluations."""
     recorded = []
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint",
-                        lambda self: (recorded.append((self.global_step, self.train_seconds)), save(self))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (
+        recorded.append((self.state.global_step, self.state.train_seconds)), save(self))[1])
     fit(tmp_path / "r", digits, model="mlp", epochs=2, eval_every=10**6, checkpoint_every=5, monitor=False)
     between = [(step, seconds) for step, seconds in recorded if step % 5 == 0 and step < recorded[-1][0]]
     assert between and all(seconds > 0 for _, seconds in between)
@@ -238,7 +238,7 @@ def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monke
 def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path, digits):
     saved_at = []
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (saved_at.append(self.epoch), save(self))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (saved_at.append(self.state.epoch), save(self))[1])
     for every, expected in ((1, [1, 2, 3, 4]), (2, [2, 4]), (0, [4])):  # (the end is always saved)
         saved_at.clear()
         fit(tmp_path / str(every), digits, model="mlp", epochs=4, eval_every=10**6, monitor=False,

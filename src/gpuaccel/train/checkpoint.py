@@ -58,7 +58,8 @@ def training_state(trainer, full: bool) -> dict:
              "data_identity": inputs.identity, "config": config.to_dict(), "model": model_state,
              "ema_model": {k: v.detach().cpu() for k, v in trainer.ema.module.state_dict().items()}
              if trainer.ema else None,
-             "accuracy": trainer.last_eval.get("accuracy"), "metrics": trainer.last_eval, "gpuaccel": trainer.version,
+             "accuracy": trainer.state.last_eval.get("accuracy"), "metrics": trainer.state.last_eval,
+             "gpuaccel": trainer.version,
              "structure": trainer.structure}
     if full:
         state.update(
@@ -66,11 +67,8 @@ def training_state(trainer, full: bool) -> dict:
             ema=trainer.ema.state_dict() if trainer.ema else None,
             rng={"torch": torch.get_rng_state(),
                  "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-            position=trainer.position(),
-            progress={"train_seconds": trainer.train_seconds, "samples_seen": trainer.samples_seen,
-                      "best_metrics": trainer.best_metrics, "time_to_target": trainer.time_to_target,
-                      "last_eval": trainer.last_eval, "evaluated_at": trainer.evaluated_at,
-                      "best_step": trainer.best_step})
+            position=trainer.state.position(),
+            progress=trainer.state.progress())
     return state
 
 
@@ -91,11 +89,4 @@ def restore_training_state(trainer, state: dict) -> None:
     torch.set_rng_state(state["rng"]["torch"])
     if state["rng"]["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
-    position, progress = state["position"], state["progress"]
-    trainer.epoch, trainer.batch_in_epoch = position["epoch"], position["batch_in_epoch"]
-    trainer.global_step = position["global_step"]
-    trainer.train_seconds, trainer.samples_seen = progress["train_seconds"], progress["samples_seen"]
-    trainer.best_metrics, trainer.time_to_target = progress["best_metrics"], progress["time_to_target"]
-    trainer.last_eval = progress["last_eval"]
-    trainer.evaluated_at = progress.get("evaluated_at", trainer.global_step)
-    trainer.best_step = progress.get("best_step")
+    trainer.state.load(state["position"], state["progress"])

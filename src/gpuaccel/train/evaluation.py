@@ -69,36 +69,29 @@ def evaluate_and_record(trainer, loss_sum: torch.Tensor, samples: int, seconds: 
         float(samples), device=loss_sum.device)]))  # over all processes
     samples = int(totals[1].item())
     train_loss = totals[0].item() / samples if samples else None  # (none after a resume's redone evaluation)
+    state = trainer.state
     if train_loss is not None and not math.isfinite(train_loss):
-        raise GpuaccelError(f"the training loss is {train_loss} at step {trainer.global_step}: training diverged "
+        raise GpuaccelError(f"the training loss is {train_loss} at step {state.global_step}: training diverged "
                             f"(no checkpoint of it was saved); try a lower --lr (this run: "
                             f"{trainer.config.optimizer.lr:g}), --grad-clip, or --precision fp32")
     result = trainer.evaluate()  # (the method: a subclass may evaluate otherwise)
-    trainer.last_eval, trainer.evaluated_at = result, trainer.global_step
     broken = sorted(name for name, value in result.items() if not math.isfinite(value))
     if broken:
+        loss = "None" if train_loss is None else f"{train_loss:.4g}"
         warnings.warn(f"the held-out {', '.join(broken)} {'is' if len(broken) == 1 else 'are'} not finite at step "
-                      f"{trainer.global_step} while training's loss is {train_loss if train_loss is None else f'{train_loss:.4g}'}:"
-                      f" the evaluation data hold NaN or infinite values, or the model overflows on them", stacklevel=2)
-    ranked_by = best_model_metric(trainer)
-    improved = ranked_by in result and (ranked_by not in trainer.best_metrics or (
-        result[ranked_by] > trainer.best_metrics[ranked_by] if trainer.task.higher_is_better(ranked_by)
-        else result[ranked_by] < trainer.best_metrics[ranked_by]))
-    for name, value in result.items():
-        better = max if trainer.task.higher_is_better(name) else min
-        trainer.best_metrics[name] = better(trainer.best_metrics.get(name, value), value)
-    if improved:
+                      f"{state.global_step} while training's loss is {loss}: the evaluation data hold NaN or "
+                      f"infinite values, or the model overflows on them", stacklevel=2)
+    if state.evaluated(result, best_model_metric(trainer), trainer.task.higher_is_better,
+                       reached_target(trainer, result)):
         trainer.keep_best()
-    if trainer.time_to_target is None and reached_target(trainer, result):
-        trainer.time_to_target = trainer.train_seconds
     rate = round(samples / max(seconds, 1e-9), 1)
-    return {"step": trainer.global_step, "epoch": round(trainer.epochs_done, 4),
+    return {"step": state.global_step, "epoch": round(trainer.epochs_done, 4),
             "train_loss": None if train_loss is None else round(train_loss, 6),
             **{name: round(value, 6) for name, value in result.items()},
             "lr": trainer.scheduler.get_last_lr()[0], "samples_per_second": rate,
             **({"tokens_per_second": round(rate * trainer.inputs.tokens_per_sample)}
                if trainer.inputs.tokens_per_sample else {}),
-            "elapsed": round(trainer.train_seconds, 4), "wall": round(wall, 4)}
+            "elapsed": round(state.train_seconds, 4), "wall": round(wall, 4)}
 
 def best_model_metric(trainer) -> str:
     """What "best" means for best.pt: the target's metric where there is a target, else the

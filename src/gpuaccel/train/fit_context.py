@@ -76,7 +76,7 @@ class FitContext:
             if cfg.logging.profile and main else None
         self.scalars = ScalarLog(trainer.run_dir) if cfg.logging.tensorboard and main else None
         self.wall_at_eval = 0.0
-        self.seconds_at_eval = trainer.train_seconds
+        self.seconds_at_eval = trainer.state.train_seconds
         self.evaluation_seconds = 0.0  # the last evaluation's duration
         self.steps = 0  # optimizer steps taken in this fit
         self._stepped_at, self.last_step_seconds = clock.training_seconds(), 0.0
@@ -118,10 +118,11 @@ class FitContext:
         training time."""
         trainer, clock = self.trainer, self.clock
         synchronize(trainer.device)
-        trainer.train_seconds = clock.end_segment()
+        trainer.state.train_seconds = clock.end_segment()
         loss_sum = clock.loss_sum if clock.loss_sum is not None else torch.zeros((), device=trainer.device)
         started = time.perf_counter()
-        record = {**trainer.evaluate_and_record(loss_sum, clock.samples, trainer.train_seconds - self.seconds_at_eval,
+        record = {**trainer.evaluate_and_record(loss_sum, clock.samples,
+                                                trainer.state.train_seconds - self.seconds_at_eval,
                                                 time.perf_counter() - self.wall_start),
                   "data_wait": round(self.data_wait.read()["data_share"], 4)}
         self.evaluation_seconds = time.perf_counter() - started  # (--time-limit keeps this much for the last one)
@@ -132,18 +133,18 @@ class FitContext:
         if self.metrics is not None:
             self.metrics.append(record)
         if self.scalars is not None:
-            self.scalars.add(record, trainer.global_step)
+            self.scalars.add(record, trainer.state.global_step)
         self.progress.log(format_record(record, trainer.config.loop.epochs, trainer.metric_tracker.metrics,
                                         trainer.inputs.unit))
         clock.loss_sum, clock.samples = None, 0
-        self.seconds_at_eval = trainer.train_seconds
+        self.seconds_at_eval = trainer.state.train_seconds
         clock.start_segment()
         return record
 
     def close(self) -> None:
         trainer = self.trainer
         synchronize(trainer.device)
-        trainer.train_seconds = max(trainer.train_seconds, self.clock.trained_before + self.clock.trained)
+        trainer.state.train_seconds = max(trainer.state.train_seconds, self.clock.trained_before + self.clock.trained)
         self.wall_seconds = time.perf_counter() - self.wall_start
         if self._started is not None and hasattr(self._started, "close"):
             self._started.close()  # started for an epoch that the run did not reach

@@ -107,7 +107,7 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
     except BaseException:
         run.unlock()
         raise
-    trainer.run, trainer.resumed = run, True
+    trainer.run, trainer.state.resumed = run, True
     if run.writer:
         if damaged:
             run.write_config(trainer.config.to_dict())
@@ -122,12 +122,13 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
                     ("; the learning-rate schedule is re-planned for the new length" if "epochs" in changed
                      else "") + "; config.json updated", file=sys.stderr)
         if not quiet:
-            print(f"gpuaccel: resuming {run_dir} from step {trainer.global_step:,} (epoch {trainer.epochs_done:.2f} "
-                  f"of {trainer.config.loop.epochs:g}, {trainer.train_seconds:.1f} s trained)", file=sys.stderr)
-        run.write_position(trainer.position())
+            print(f"gpuaccel: resuming {run_dir} from step {trainer.state.global_step:,} "
+                  f"(epoch {trainer.epochs_done:.2f} of {trainer.config.loop.epochs:g}, "
+                  f"{trainer.state.train_seconds:.1f} s trained)", file=sys.stderr)
+        run.write_position(trainer.state.position())
         # evaluations logged after the checkpoint are redone, and a line torn by a crash goes:
         # the log stays one line per evaluation
-        run.metrics.repair(keep=lambda r: r.get("step", 0) <= trainer.global_step)
+        run.metrics.repair(keep=lambda r: r.get("step", 0) <= trainer.state.global_step)
     return trainer
 
 

@@ -36,7 +36,8 @@ def start_lines(trainer) -> list[str]:
 def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
     """The run's summary: where and how it trained, on what, for how long, how fast and how well."""
     config, inputs = trainer.config, trainer.inputs
-    rate = round(trainer.samples_seen / trainer.train_seconds if trainer.train_seconds > 0 else 0.0, 1)
+    rate = round(trainer.state.samples_seen / trainer.state.train_seconds if trainer.state.train_seconds > 0 else 0.0,
+                 1)
     target = config.loop.target_metric
     summary = {
         "device": str(trainer.device), "device_name": device_name(trainer.device),
@@ -44,26 +45,26 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "step_graph": trainer.step_graph_off is None, "step_graph_off": trainer.step_graph_off,
         "model": config.model.name, "parameters": trainer.parameter_count, "task": trainer.task.name,
         "data": inputs.name, "train_samples": inputs.train_samples, "test_samples": inputs.test_samples,
-        "skipped_samples": inputs.skipped, "epochs": round(trainer.epochs_done, 4), "steps": trainer.global_step,
-        "stopped_by": stopped_by, "resumed": trainer.resumed, "setup_seconds": round(trainer.setup_seconds, 3),
+        "skipped_samples": inputs.skipped, "epochs": round(trainer.epochs_done, 4), "steps": trainer.state.global_step,
+        "stopped_by": stopped_by, "resumed": trainer.state.resumed, "setup_seconds": round(trainer.setup_seconds, 3),
         "warmup_seconds": round(trainer.warmup_seconds, 3), "warmup_phases": dict(trainer.warmup_phases),
         "wall_seconds": round(wall_seconds, 3),
-        "train_seconds": round(trainer.train_seconds, 3), "samples_per_second": rate, "sample_unit": inputs.unit,
+        "train_seconds": round(trainer.state.train_seconds, 3), "samples_per_second": rate, "sample_unit": inputs.unit,
         "tokens_per_second": round(rate * inputs.tokens_per_sample) if inputs.tokens_per_sample else None,
         "main_metric": trainer.task.default_target,
         # how a metric was computed where a library names it (translation: sacreBLEU's signatures)
         "metric_signatures": dict(getattr(trainer.task, "signatures", None) or {}) or None,
-        "metrics": dict(trainer.last_eval), "best_metrics": dict(trainer.best_metrics),
+        "metrics": dict(trainer.state.last_eval), "best_metrics": dict(trainer.state.best_metrics),
         "best_model": best_model(trainer),
         "target": config.loop.target, "target_metric": target[0] if target else None,
-        "time_to_target": None if trainer.time_to_target is None else round(trainer.time_to_target, 3),
+        "time_to_target": None if trainer.state.time_to_target is None else round(trainer.state.time_to_target, 3),
         "run_dir": str(trainer.run_dir), "torch": torch.__version__, "gpuaccel": trainer.version,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(trainer.device) / 2**30, 2)
         if trainer.device.type == "cuda" else None,
         "jpeg_decoder": trainer.jpeg_decoder,
         "processes": trainer.dist.world_size, "strategy": trainer.strategy.describe() or None,
         "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.optimizer.grad_accum,
-        "samples_seen": trainer.samples_seen, "restarts": trainer.dist.restart,
+        "samples_seen": trainer.state.samples_seen, "restarts": trainer.dist.restart,
         "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
         # with several processes: each one's phases until the warm-up (the slowest holds the rest there)
         "setup_phases_by_process": list(trainer.setup_phases_by_process) or None,
@@ -88,9 +89,9 @@ def format_record(record: dict, epochs: float, metric_names, unit: str = "sample
 def best_model(trainer) -> dict | None:
     """Which file holds the best evaluation's weights: model.pt where the last evaluation was the
     best, else best.pt; with its step and the metric that ranked it. None before any evaluation."""
-    if trainer.best_step is None:
+    if trainer.state.best_step is None:
         return None
     metric = best_model_metric(trainer)
-    last = trainer.best_step == trainer.evaluated_at == trainer.global_step
-    return {"file": "model.pt" if last else "best.pt", "step": trainer.best_step, "metric": metric,
-            "value": trainer.best_metrics.get(metric)}
+    last = trainer.state.best_step == trainer.state.evaluated_at == trainer.state.global_step
+    return {"file": "model.pt" if last else "best.pt", "step": trainer.state.best_step, "metric": metric,
+            "value": trainer.state.best_metrics.get(metric)}

@@ -47,6 +47,7 @@ from .inputs import USER_DATA, open_inputs
 from .progress import Progress
 from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
+from .run_state import RunState
 from .fit_context import TrainingClock, fit_context, signals_held
 from . import evaluation
 from .checks import check_processes_agree, check_task, create_for_data, whole_step_obstacle
@@ -110,17 +111,10 @@ class Trainer:
         self._wrap_model()
         self._build_step()
         # where in the data order training stands, and what it has achieved so far
-        self.epoch = self.batch_in_epoch = self.global_step = 0
-        self.train_seconds, self.samples_seen = 0.0, 0
-        self.best_metrics: dict[str, float] = {}
-        self.last_eval: dict = {}
-        self.evaluated_at = 0  # the global step of the last finished evaluation
+        self.state = RunState()
         # the weights of the best evaluation so far (by the target's metric, else the task's main
-        # one), on the host, until written to best.pt; and its step
+        # one), on the host, until written to best.pt
         self.best_state: dict | None = None
-        self.best_step: int | None = None
-        self.resumed = False
-        self.time_to_target: float | None = None
         self.run: RunDirectory | None = None
         self.warmup_seconds = 0.0
         self.warmup_phases: dict[str, float] = {}  # (warmup.py: the warm-up's seconds, part by part)
@@ -283,22 +277,23 @@ class Trainer:
         """Trains until a stop condition; returns the summary (also written to summary.json)."""
         cfg, main = self.config, self.dist.is_main
         self._open_run()
-        progress = Progress(math.ceil(cfg.loop.epochs * self.steps_per_epoch), self.global_step, self.quiet or not main)
+        progress = Progress(math.ceil(cfg.loop.epochs * self.steps_per_epoch), self.state.global_step,
+                            self.quiet or not main)
         for line in start_lines(self):
             progress.log(line)
         next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
         cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
-        clock = TrainingClock(self.train_seconds)
+        clock = TrainingClock(self.state.train_seconds)
         stopped_by = None
         self.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
             if cfg.loop.time_limit is not None:  # (the time left says how long the run has, when that is less)
                 progress.time_left = lambda: cfg.loop.time_limit - clock.training_seconds() - context.time_reserve()
             context.started(next_batches)
-            if self.epochs_done >= cfg.loop.epochs and self.global_step > self.evaluated_at:
+            if self.epochs_done >= cfg.loop.epochs and self.state.global_step > self.state.evaluated_at:
                 context.evaluate_and_log()  # a resumed run whose last evaluation was interrupted: redo it
             while stopped_by is None and self.epochs_done < cfg.loop.epochs:
-                batches = next_batches or self.train_loader.batches(self.epoch, start=self.batch_in_epoch)
+                batches = next_batches or self.train_loader.batches(self.state.epoch, start=self.state.batch_in_epoch)
                 next_batches = None
                 for micro_batches in self._optimizer_steps(context.data_wait.timed(batches)):
                     if self.ema is not None:
@@ -306,34 +301,30 @@ class Trainer:
                     loss = self.step(micro_batches)  # one CUDA graph's replay, or the same code eagerly
                     if self.counts_metrics:
                         clock.add(loss, sum(leading_size(targets) for _, targets in micro_batches))
-                    self.samples_seen += sum(leading_size(t) for _, t in micro_batches) * self.data_ranks
-                    self.batch_in_epoch += len(micro_batches)
                     self.scheduler.step()
-                    self.global_step += 1
+                    end_of_epoch = self.state.stepped(len(micro_batches), self.data_ranks * sum(
+                        leading_size(targets) for _, targets in micro_batches), len(self.train_loader))
                     context.stepped()
-                    end_of_epoch = self.batch_in_epoch == len(self.train_loader)
-                    if end_of_epoch:
-                        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                     finished = self.epochs_done >= cfg.loop.epochs  # epochs may end inside an epoch (e.g. 9.5)
                     if end_of_epoch and not finished:
                         # a streaming loader makes the next epoch's first batches while this one is
                         # evaluated and checkpointed, so that epoch does not start waiting for them
-                        next_batches = context.started(self.train_loader.batches(self.epoch))
+                        next_batches = context.started(self.train_loader.batches(self.state.epoch))
                     # --time-limit covers the final evaluation too, and the step that would cross it
-                    out_of_time = cadence.out_of_time(self.global_step,
+                    out_of_time = cadence.out_of_time(self.state.global_step,
                                                       clock.training_seconds() + context.time_reserve())
-                    if cadence.evaluation_due(self.global_step, end_of_epoch, finished) or out_of_time:
+                    if cadence.evaluation_due(self.state.global_step, end_of_epoch, finished) or out_of_time:
                         if self._reached_target(context.evaluate_and_log()):
                             stopped_by = "target"
                     if out_of_time:
                         stopped_by = stopped_by or "time_limit"
                     last = finished or stopped_by is not None
-                    if cadence.checkpoint_due(self.global_step, self.epoch, end_of_epoch, last) and \
+                    if cadence.checkpoint_due(self.state.global_step, self.state.epoch, end_of_epoch, last) and \
                             (main or self.collective_state):  # every rank gives its part
                         # steps still queued on the GPU are training time; saving would wait for them
                         # inside the pause, which is not counted
                         synchronize(self.device)
-                        self.train_seconds = clock.training_seconds()  # (what the checkpoint records)
+                        self.state.train_seconds = clock.training_seconds()  # (what the checkpoint records)
                         with clock.paused():
                             self.save_checkpoint()
                         cadence.checkpointed()
@@ -349,7 +340,7 @@ class Trainer:
     def _optimizer_steps(self, batches):
         """The epoch's batches as optimizer steps, each a list of ``grad_accum`` (inputs, targets)
         micro-batches (the epoch's last takes what is left)."""
-        group, left = [], len(self.train_loader) - self.batch_in_epoch
+        group, left = [], len(self.train_loader) - self.state.batch_in_epoch
         for batch in batches:
             group.append(self.task.split(batch))
             if self._example_inputs is None:
@@ -410,10 +401,7 @@ class Trainer:
     @property
     def epochs_done(self) -> float:
         """Passes over the training set so far, counting the current one's batches."""
-        return self.epoch + self.batch_in_epoch / len(self.train_loader)
-
-    def position(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step}
+        return self.state.epoch + self.state.batch_in_epoch / len(self.train_loader)
 
     # ------------------------------------------------------------------ around the loop
 
@@ -431,7 +419,7 @@ class Trainer:
         """The batches of the epoch training starts in, already going (a streaming loader fills
         meanwhile), after the task has been checked on the first of them and, where anything
         needs it, the warm-up (compiling, autotuning, recording the step) ran on it."""
-        batches = iter(self.train_loader.batches(self.epoch, start=self.batch_in_epoch))
+        batches = iter(self.train_loader.batches(self.state.epoch, start=self.state.batch_in_epoch))
         first = next(batches, None)
         if first is None:  # (a run resumed at an epoch's end)
             return None
@@ -463,7 +451,7 @@ class Trainer:
 
     @property
     def best_accuracy(self) -> float:
-        return self.best_metrics.get("accuracy", 0.0)
+        return self.state.best_metrics.get("accuracy", 0.0)
 
     # ------------------------------------------------------------------ checkpoints and resuming
 
@@ -472,7 +460,7 @@ class Trainer:
         and best.pt where a better evaluation came since the last one."""
         with signals_held():
             state = checkpoint.training_state(self, full=True)
-            self.run.save_checkpoint(state, self.position())
+            self.run.save_checkpoint(state, self.state.position())
             self._save_best()
         return self.run.path / CHECKPOINT
 
@@ -482,7 +470,7 @@ class Trainer:
         if self.dist.is_main or self.collective_state:
             state = checkpoint.training_state(self, full=False)
             self.best_state = tree_map(lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t, state)
-        self.best_step = self.global_step
+        self.state.best_step = self.state.global_step
 
     def _save_best(self) -> None:
         if self.best_state is not None:
@@ -510,7 +498,8 @@ class Trainer:
         if self.dist.is_main or self.collective_state:
             state = checkpoint.training_state(self, full=False)
             self.run.save_model(state)
-        if self.best_step is not None and self.best_step == self.evaluated_at == self.global_step:
+        run_state = self.state
+        if run_state.best_step is not None and run_state.best_step == run_state.evaluated_at == run_state.global_step:
             self.best_state = None  # the last weights are the best: model.pt is both
             self.run.remove_best()
         self._save_best()
