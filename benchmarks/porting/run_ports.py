@@ -88,7 +88,7 @@ def launch(work: Path, script: str, variant: str, repeat: int, args, **env_extra
     command = [sys.executable] + [a.format(cifar=cifar, text=Path(args.text).resolve() if args.text else "")
                                   for a in arguments] + args.script_args.split()
     out = work / f"result-{repeat}.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(args.src), os.environ.get("PYTHONPATH", "")]),
            "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
            "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1", **env_extra}
     # the script's output goes to a file, not a pipe: a paired process whose pipe nobody reads
@@ -220,8 +220,11 @@ def main() -> None:
     ap.add_argument("--paired", action="store_true",
                     help="run two --variants at once, taking turns step by step (steptimer.py's paired mode): "
                          "each step of the second over its neighbours of the first")
+    ap.add_argument("--src", default=str(SRC), help="the gpuaccel source tree the ports import (default: this "
+                    "checkout's src/; another one to compare two versions of gpuaccel)")
     ap.add_argument("--out", help="write the results here (JSON)")
     args = ap.parse_args()
+    args.src = Path(args.src).resolve()
     missing = [f"{s}/{v}.diff" for s in args.scripts for v in args.variants
                if v != "original" and not (HERE / s / f"{v}.diff").exists()]
     if missing:
@@ -229,7 +232,7 @@ def main() -> None:
     if args.paired and len(args.variants) != 2:
         ap.error("--paired compares two --variants, e.g. --variants original port")
     examples = Path(args.examples)
-    results = {"examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
+    results = {"gpuaccel_src": str(args.src), "examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
                else None, "changed_lines": {}, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -18,6 +18,13 @@ Parts:
             the same with --compile-mode reduce-overhead: the whole step as one CUDA graph
   resnet50-eager
             the same without compiling (eager kernels, the host launches each one)
+  scenes-detect
+            ``gpuaccel train --recipe scenes-detect`` on a digit-scenes folder (``--scenes``) for
+            ``--seeds`` seeds: training time and the held-out metrics
+  ports     benchmarks/porting's ports (``--port-scripts``, variants port and capture) with each
+            tree's gpuaccel, old and new alternating over ``--repeats`` rounds: samples per second
+            (``--examples``: a pytorch/examples checkout; ``--mnist``, and ``--text`` split 80/10/10 by
+            lines for word_language_model)
   stream    ``gpuaccel train --loader stream`` (nvJPEG) on a synthetic JPEG folder made by
             imagenet_throughput.py's generator: images per second over the training time, old
             and new alternating
@@ -100,6 +107,57 @@ def shakespeare(trees: dict, text: str, seeds: int, work: Path) -> dict:
             print("shakespeare", name, row, flush=True)
     return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds", "tokens_per_second",
                                                                  "time_to_target", "val_loss")) for name in rows}}
+
+
+def scenes_detect(trees: dict, data: str, seeds: int, work: Path) -> dict:
+    rows = {name: [] for name in trees}
+    for seed in range(1, seeds + 1):
+        order = list(trees) if seed % 2 else list(trees)[::-1]
+        for name in order:
+            run_dir = work / f"scenes-{name}-{seed}"
+            subprocess.run(["rm", "-rf", str(run_dir)])
+            s = run_gpuaccel(trees[name], ["train", "--recipe", "scenes-detect", "--data", data, "--seed", str(seed),
+                                           "--run-dir", str(run_dir), "--quiet"], timeout=500)
+            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
+                "train_seconds": s["train_seconds"], "metrics": s.get("metrics"),
+                "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
+            rows[name].append(row)
+            print("scenes-detect", name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds",)) for name in rows}}
+
+
+def ports(trees: dict, args, work: Path) -> dict:
+    """run_ports.py once per tree and round (old and new alternating), each with that tree's gpuaccel."""
+    text = work / "shakespeare-words"
+    if args.text and not text.exists():  # word_language_model's layout: train/valid/test.txt
+        lines = Path(args.text).read_text().splitlines(keepends=True)
+        text.mkdir(parents=True)
+        cut1, cut2 = int(0.8 * len(lines)), int(0.9 * len(lines))
+        for name, part in (("train", lines[:cut1]), ("valid", lines[cut1:cut2]), ("test", lines[cut2:])):
+            (text / f"{name}.txt").write_text("".join(part))
+    rows = {name: [] for name in trees}
+    for r in range(args.repeats):
+        for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            out = work / f"ports-{name}-{r}.json"
+            subprocess.run([sys.executable, str(HERE.parent / "porting" / "run_ports.py"), "--examples",
+                            args.examples, "--mnist", args.mnist or "", "--text", str(text), "--scripts",
+                            *args.port_scripts, "--variants", "port", "capture", "--repeats", "1", "--src",
+                            trees[name], "--out", str(out)], timeout=900, check=False)
+            runs = json.loads(out.read_text())["runs"] if out.exists() else []
+            for run in runs:
+                row = {"round": r, "script": run["script"], "variant": run["variant"],
+                       **({"error": run["error"]} if "error" in run else
+                          {"samples_per_second": run.get("samples_per_second")})}
+                rows[name].append(row)
+                print("ports", name, row, flush=True)
+    summary = {}
+    for name in trees:
+        for row in rows[name]:
+            if "samples_per_second" in row:
+                summary.setdefault(f"{row['script']}/{row['variant']}", {}).setdefault(name, []).append(
+                    row["samples_per_second"])
+    return {"runs": rows, "summary": {key: {name: {"median": statistics.median(v), "values": v}
+                                            for name, v in per.items()} for key, per in summary.items()}}
 
 
 def _stats(rows: list[dict], keys) -> dict:
@@ -192,6 +250,10 @@ def main():
     ap.add_argument("--parts", nargs="+", default=["cifar10", "resnet50", "stream"])
     ap.add_argument("--cifar10", help="the CIFAR-10 JPEG folder (cifar10/train, cifar10/test)")
     ap.add_argument("--text", help="tiny Shakespeare's .txt (shakespeare)")
+    ap.add_argument("--scenes", help="a digit-scenes folder (scenes-detect)")
+    ap.add_argument("--examples", help="a pytorch/examples checkout (ports)")
+    ap.add_argument("--mnist", help="a folder holding MNIST/raw/ (ports)")
+    ap.add_argument("--port-scripts", nargs="+", default=["mnist", "word_language_model"])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stream-epochs", type=int, default=2)
@@ -219,12 +281,22 @@ def main():
             results["resnet50-graph"] = resnet50(trees, args.repeats, "reduce-overhead")
         elif part == "resnet50-eager":
             results["resnet50-eager"] = resnet50(trees, args.repeats, "eager")
+        elif part == "scenes-detect":
+            results["scenes-detect"] = scenes_detect(trees, args.scenes, args.seeds, work)
+        elif part == "ports":
+            results["ports"] = ports(trees, args, work)
         elif part == "stream":
             results["stream"] = stream(trees, work, args.repeats, args.stream_epochs)
         out.write_text(json.dumps(results, indent=1))
     for part in args.parts:
         summary = results[part]["summary"]
-        key = "train_seconds" if part in ("cifar10", "shakespeare") else "images_per_second"
+        if part == "ports":
+            for key, per in summary.items():
+                old, new = (per.get(n, {}).get("median") for n in ("old", "new"))
+                if old and new:
+                    print(f"ports {key}: samples/s median old {old:.5g}, new {new:.5g}, new/old {new / old:.4f}")
+            continue
+        key = "train_seconds" if part in ("cifar10", "shakespeare", "scenes-detect") else "images_per_second"
         old, new = (summary.get(n, {}).get(key, {}).get("median") for n in ("old", "new"))
         if old and new:
             print(f"{part}: {key} median old {old:.4g}, new {new:.4g}, new/old {new / old:.4f}")

@@ -37,10 +37,11 @@ from .errors import GpuaccelError, choice_error
 from .files import atomic_write
 from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
-from .parallel import DataParallel, Sharded, Strategy
+from .parallel import DataParallel, PipelineParallel, Sharded, Strategy
 from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
+from .runtime.capture import capture_obstacle
 from .runtime.placement import ScaledOptimizer
 from .runtime.strategy import STRATEGIES
 
@@ -77,11 +78,10 @@ class Accelerator:
         self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
         self._syncing = True  # False inside no_sync(): backward keeps the gradients local
         self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders and timed()
-        self._sampler = GpuSampler(None, [self.device.index or 0]) if monitor and self.device.type == "cuda" \
-            else None
-        if self._sampler is not None:
-            self._sampler.start()
+        self._sampler: GpuSampler | None = None
         self._stats_since = 0.0
+        if monitor:
+            self.monitor()
         _latest["accelerator"] = weakref.ref(self)
 
     # ------------------------------------------------------------------ who this process is
@@ -272,16 +272,17 @@ class Accelerator:
             any(isinstance(s, Sharded) for s in self._strategies.values())
 
     def _capture_obstacle(self) -> str | None:
-        if self._shards():
-            return "not with strategy='fsdp' (FSDP gathers and frees parameters on the host between layers)"
-        if self.compile and self.compile_mode == "reduce-overhead":
-            return ("compile_mode='reduce-overhead' records CUDA graphs of its own; use compile_mode='default' "
-                    "(compiled kernels, captured here)")
-        if self.precision.loss_scaling:
-            return "fp16's loss scaling decides on the host whether each step is taken; use precision='bf16'"
-        if self.device.type != "cuda":
-            return "CUDA graphs need a GPU"
-        return None
+        """Why a step of the prepared models cannot be one CUDA graph (``capture_obstacle``), or None."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+        strategies = list(self._strategies.values()) + [self._given_strategy]
+        modules = [m for model in self._strategies.keys() for m in model.modules()]
+        return capture_obstacle(
+            self.device, self.precision, sharded=self._shards(),
+            pipelined=any(isinstance(s, PipelineParallel) for s in strategies),
+            sync_batchnorm=any(isinstance(m, nn.SyncBatchNorm) for m in modules),
+            checkpointed=any(isinstance(m, CheckpointWrapper) for m in modules),
+            compiled_graphs=self.compile and self.compile_mode == "reduce-overhead")
 
     def _without_ddp_hooks(self) -> None:
         """Data parallel as the trainer's captured step does it (parallel/graph_data_parallel.py):
@@ -368,11 +369,28 @@ class Accelerator:
 
     # ------------------------------------------------------------------ measuring
 
+    def monitor(self, path: Path | None = None, *, origin: float | None = None) -> GpuSampler | None:
+        """Starts sampling the GPU's utilisation, memory and power in the background (NVML), for
+        :meth:`stats` (and into ``path`` as JSON lines, with times in seconds since ``origin``, a
+        ``time.perf_counter()`` value); a sampler started before stops. :meth:`stats` then counts
+        from here. Returns the sampler (None off a GPU). ``monitor=True`` starts one at once."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._sampler = GpuSampler(path, [self.device.index or 0], origin=origin) \
+            if self.device.type == "cuda" else None
+        if self._sampler is not None:
+            self._sampler.start()
+        self._data_wait.reset()
+        self._stats_since = 0.0
+        return self._sampler
+
     def timed(self, get_batch):
         """``get_batch`` (a function that returns a batch, e.g. a script's own ``get_batch(split)``),
         with the wait for each call counted in :meth:`stats`' data wait, as the prepared loaders'
-        batches are."""
+        batches are; or an iterable of batches, each one's wait counted alike."""
         meter = self._data_wait
+        if not callable(get_batch):
+            return meter.timed(get_batch)
 
         @functools.wraps(get_batch)
         def timed_call(*args, **kwargs):

@@ -54,12 +54,15 @@ class Precision:
         if self.tf32_matmul:
             torch.backends.cuda.matmul.allow_tf32 = True
 
-    def autocast(self, device: torch.device, cache: bool = True):
-        """``cache=False`` for code captured in a CUDA graph: the cache of cast weights would
-        hold tensors from the capture."""
+    def autocast(self, device: torch.device):
+        """The autocast context for this precision (none for fp32 and tf32): the one autocast
+        policy of both doors. Its cache of cast weights is off while a CUDA graph is being
+        recorded, on otherwise: a cast cached during a recording would be memory of the graph's
+        private pool, and PyTorch asks for ``cache_enabled=False`` under capture."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=cache)
+        recording = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=not recording)
 
     @property
     def input_dtype(self) -> torch.dtype:

@@ -40,6 +40,28 @@ from ..errors import GpuaccelError
 FUSED_ON_CUDA = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
+def capture_obstacle(device: torch.device, precision, *, sharded: bool = False, pipelined: bool = False,
+                     sync_batchnorm: bool = False, checkpointed: bool = False,
+                     compiled_graphs: bool = False) -> str | None:
+    """None when a training step on these terms can be recorded as one CUDA graph, else why not.
+    Both doors ask here: ``Trainer`` for its settings before it builds anything, and
+    ``Accelerator.capture`` for what was prepared. ``sharded``: FSDP; ``pipelined``: pipeline
+    stages; ``sync_batchnorm``: SyncBatchNorm layers; ``checkpointed``: activation checkpointing;
+    ``compiled_graphs``: the model was compiled in a mode that records CUDA graphs of its own
+    (reduce-overhead; a captured step compiles in mode default and captures those kernels). Every
+    cause found is named, in one line."""
+    causes = {"CUDA graphs need a GPU": device.type != "cuda",
+              "fp16's loss scaling decides on the host whether each step is taken (use bf16)": precision.loss_scaling,
+              "FSDP gathers and frees parameters on the host between layers": sharded,
+              "pipeline stages exchange activations on a host-driven schedule": pipelined,
+              "SyncBatchNorm masks out empty processes' statistics (a host synchronisation)": sync_batchnorm,
+              "activation checkpointing is not recorded inside a step graph": checkpointed,
+              "torch.compile's mode reduce-overhead records CUDA graphs of its own (compile in mode default; the "
+              "captured step records the compiled kernels)": compiled_graphs}
+    found = [cause for cause, present in causes.items() if present]
+    return "; ".join(found) if found else None
+
+
 def make_capturable(optimizer: torch.optim.Optimizer) -> str | None:
     """Prepares a PyTorch optimizer on CUDA parameters for a captured step, and for speed: the
     fused kernel where PyTorch has one (Adam, AdamW, SGD), and ``capturable=True`` where it has

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import GpuaccelError
 from ..models.registry import create_model, list_models
+from ..runtime.capture import capture_obstacle
 from ..tasks import call_model
 from .config import DEFAULT_MODEL, TrainConfig
 from .inputs import USER_DATA
@@ -68,19 +69,18 @@ def check_task(trainer, batch) -> None:
 
 
 def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) -> str | None:
-    """None when the whole training step is captured as one CUDA graph (runtime/capture.py),
-    else what prevents it. It needs --compile-mode reduce-overhead on a GPU and a step that is
-    the same kernels every time, on one device's whole model (gradient accumulation included:
-    its micro-batches are inside the one step)."""
-    if not (config.runtime.compile and config.runtime.compile_mode == "reduce-overhead") or device.type != "cuda":
+    """None when the whole training step is captured as one CUDA graph, else why not: the
+    settings ask for it with --compile-mode reduce-overhead (the model is then compiled in mode
+    default, its kernels recorded by the step graph), and ``runtime.capture.capture_obstacle``
+    finds nothing that prevents it (gradient accumulation is no obstacle: its micro-batches are
+    inside the one step)."""
+    if not (config.runtime.compile and config.runtime.compile_mode == "reduce-overhead"):
         return "it needs --compile --compile-mode reduce-overhead on a GPU"
-    obstacles = {"--no-step-graph": not config.runtime.step_graph,
-                 "--pipeline-stages": config.parallel.pipeline_stages > 1,
-                 "--shard": config.parallel.shard, "--sync-bn": config.parallel.sync_bn,
-                 "fp16 loss scaling": precision.loss_scaling,
-                 "--activation-checkpointing": config.model.activation_checkpointing}
-    found = [name for name, present in obstacles.items() if present]
-    return f"not with {', '.join(found)}" if found else None
+    if not config.runtime.step_graph:
+        return "not with --no-step-graph"
+    return capture_obstacle(device, precision, sharded=config.parallel.shard,
+                            pipelined=config.parallel.pipeline_stages > 1, sync_batchnorm=config.parallel.sync_bn,
+                            checkpointed=config.model.activation_checkpointing)
 
 
 def create_for_data(name: str, inputs, model_args: dict, required: tuple) -> torch.nn.Module:

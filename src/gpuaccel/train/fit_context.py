@@ -14,7 +14,6 @@ import torch
 
 from ..device import synchronize
 from ..files import MetricsFile
-from ..monitor import DataWaitMeter, GpuSampler
 from ..monitor.profiling import ScalarLog, StepProfiler
 from .progress import Progress
 from .summary import format_record
@@ -66,16 +65,12 @@ class FitContext:
         self.trainer, self.progress, self.clock = trainer, progress, clock
         self.metrics = MetricsFile(trainer.run_dir / "metrics.jsonl") if main else None
         self.wall_start = time.perf_counter()
-        self.sampler = GpuSampler(trainer.run_dir / f"gpu{'' if main else trainer.dist.rank}.jsonl",
-                                  [trainer.device.index or 0] if trainer.device.type == "cuda" else [],
-                                  origin=self.wall_start) if cfg.logging.monitor else None
-        if self.sampler is not None:
-            self.sampler.start()
-        self.data_wait = DataWaitMeter(trainer.device)
+        # the accelerator's GPU sampler and data-wait meter: read at each evaluation through its stats()
+        self.sampler = trainer.acc.monitor(trainer.run_dir / f"gpu{'' if main else trainer.dist.rank}.jsonl",
+                                           origin=self.wall_start) if cfg.logging.monitor else None
         self.profiler = StepProfiler(trainer.run_dir, trainer.device, *cfg.logging.profile_window) \
             if cfg.logging.profile and main else None
         self.scalars = ScalarLog(trainer.run_dir) if cfg.logging.tensorboard and main else None
-        self.wall_at_eval = 0.0
         self.seconds_at_eval = trainer.state.train_seconds
         self.evaluation_seconds = 0.0  # the last evaluation's duration
         self.steps = 0  # optimizer steps taken in this fit
@@ -121,15 +116,13 @@ class FitContext:
         trainer.state.train_seconds = clock.end_segment()
         loss_sum = clock.loss_sum if clock.loss_sum is not None else torch.zeros((), device=trainer.device)
         started = time.perf_counter()
-        record = {**trainer.evaluate_and_record(loss_sum, clock.samples,
-                                                trainer.state.train_seconds - self.seconds_at_eval,
-                                                time.perf_counter() - self.wall_start),
-                  "data_wait": round(self.data_wait.read()["data_share"], 4)}
+        record = trainer.evaluate_and_record(loss_sum, clock.samples, trainer.state.train_seconds - self.seconds_at_eval,
+                                             time.perf_counter() - self.wall_start)
         self.evaluation_seconds = time.perf_counter() - started  # (--time-limit keeps this much for the last one)
-        gpu_util = self.sampler.mean("util", since=self.wall_at_eval) if self.sampler is not None else None
-        if gpu_util is not None:
-            record["gpu_util"] = round(gpu_util, 1)
-        self.wall_at_eval = record["wall"]
+        measured = trainer.acc.stats()  # (since the previous evaluation)
+        record["data_wait"] = measured["data_wait_share"]
+        if self.sampler is not None and measured["gpu_util"] is not None:
+            record["gpu_util"] = measured["gpu_util"]
         if self.metrics is not None:
             self.metrics.append(record)
         if self.scalars is not None:

@@ -295,7 +295,7 @@ class Trainer:
             while stopped_by is None and self.epochs_done < cfg.loop.epochs:
                 batches = next_batches or self.train_loader.batches(self.state.epoch, start=self.state.batch_in_epoch)
                 next_batches = None
-                for micro_batches in self._optimizer_steps(context.data_wait.timed(batches)):
+                for micro_batches in self._optimizer_steps(self.acc.timed(batches)):
                     if self.ema is not None:
                         self._ema_weight.fill_(self.ema.advance())  # (read by the step, captured or not)
                     loss = self.step(micro_batches)  # one CUDA graph's replay, or the same code eagerly
@@ -375,8 +375,7 @@ class Trainer:
         def forward_backward(inputs, targets) -> torch.Tensor:
             if self.torch_compile_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            # (the autocast cache off: cast weights kept past the step would outlive a captured graph's memory)
-            with self.precision.autocast(self.device, cache=False):
+            with self.acc.autocast():
                 loss = training_loss(self.forward, inputs, targets, self.task, self._labels_in, self.loss_fn)
             self.acc.backward(loss / accumulate if accumulate > 1 else loss)
             return loss.detach()
