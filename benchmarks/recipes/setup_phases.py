@@ -38,7 +38,7 @@ def one_run(recipe: str, data: str, device: str, launched: float) -> dict:
     return {"torch": torch.__version__, "device": str(trainer.device),
             "python_started_s": round(STARTED - launched, 3),
             "arrived_s": round(time.time() - launched, 3),
-            "phases": {name: round(seconds, 3) for name, seconds in trainer.phases.phases.items()}}
+            "phases": {name: round(seconds, 3) for name, seconds in trainer.times.phases.phases.items()}}
 
 
 def launch(args, count: int) -> list[dict]:

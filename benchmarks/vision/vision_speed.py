@@ -263,7 +263,7 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
         trainer = Trainer(config, quiet=True)
         summary = trainer.fit()
         results.append({"seed": seed, "train_seconds": summary["train_seconds"],
-                        "warmup_seconds": round(trainer.warmup_seconds, 2), **summary["metrics"],
+                        "warmup_seconds": round(trainer.times.warmup_seconds, 2), **summary["metrics"],
                         "samples_per_second": summary.get("samples_per_second"), "run_dir": str(trainer.run_dir)})
         print(results[-1], flush=True)
     return {"recipe": recipe, "changed": changes, "epochs": config.loop.epochs, "runs": results,

@@ -178,6 +178,12 @@ class Accelerator:
             self._layout = torch.channels_last  # the loaders lay out image batches to match
         return channels_last
 
+    @property
+    def layout(self) -> torch.memory_format:
+        """The memory layout of image batches for the prepared models: channels_last once a model
+        is laid out so (the prepared loaders lay their batches out to match)."""
+        return self._layout
+
     def _compile(self, module: nn.Module):
         return compile_module(module, self.compile_mode) if self.compile else module
 

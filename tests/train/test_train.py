@@ -290,7 +290,7 @@ def test_the_step_as_a_graph_records_it_trains_exactly_like_the_eager_step(tmp_p
     rates = [[torch.zeros(()) for _ in graphed.optimizer.param_groups]]
     for images, labels in itertools.islice(usual.train_loader.batches(0), 6):
         expected = usual.train_step(images, labels)
-        graphed._ema_weight.fill_(graphed.ema.advance())
+        graphed.ema.advance_weight()
         with tensor_learning_rates([graphed.optimizer], rates):
             got = graphed._train_step([(images, labels)]) / len(labels)
         graphed.scheduler.step()
@@ -370,11 +370,11 @@ def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
 def test_a_compiled_run_sets_up_with_torch_compiles_import_as_a_phase_of_its_own():
     trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", compile=True, monitor=False, run_dir=None),
                       quiet=True)  # (torch.compile compiles at the first step: none here)
-    phases = list(trainer.phases.phases)
+    phases = list(trainer.times.phases.phases)
     assert phases[-3:] == ["loaders (the data on the device, data-dependent initialisation)",
                            "importing torch.compile (Dynamo, Inductor)", "parallel strategy, optimizer, training step"]
     plain = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
-    assert "importing torch.compile (Dynamo, Inductor)" not in plain.phases.phases
+    assert "importing torch.compile (Dynamo, Inductor)" not in plain.times.phases.phases
 
 
 def test_the_warm_up_says_where_its_seconds_went():
@@ -382,7 +382,7 @@ def test_the_warm_up_says_where_its_seconds_went():
 
     trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
     seconds = trainer.warm_up()
-    parts = trainer.warmup_phases
+    parts = trainer.times.warmup_phases
     assert list(parts) == ["saving the state to put back", FIRST_STEP, "2 more training steps per shape",
                            "an evaluation", "putting the state back", "recording the step graph"]
     assert sum(parts.values()) == pytest.approx(seconds, abs=0.01)

@@ -60,8 +60,10 @@ class _InBackground(threading.Thread):
         return self.value
 
 
-class _ShardedOrder:
-    """Which images each rank serves, in which order, in how many batches."""
+class ShardedOrder:
+    """The order every gpuaccel loader serves samples in: which ones each rank serves, in which
+    seeded order per epoch, in how many batches (so that a run stopped at any step resumes at
+    the next with the same data). Loaders subclass it or hold one."""
 
     def __init__(self, num_images: int, *, batch_size: int, train: bool, seed: int, rank: int, world_size: int,
                  drop_last: bool | None):
@@ -119,7 +121,7 @@ class _ShardedOrder:
         return (self.seed * _EPOCH_SALT + epoch) * _STEP_SALT + step * self.world_size + self.rank
 
 
-class _Normaliser:
+class Normaliser:
     """uint8 (or float in 0..255) batch -> normalised batch in the training dtype and layout."""
 
     def __init__(self, mean, std, device: torch.device, dtype: torch.dtype, channels_last: bool):
@@ -145,7 +147,7 @@ class _Normaliser:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
 
-class DeviceLoader(_ShardedOrder):
+class DeviceLoader(ShardedOrder):
     """Shuffled (training) or ordered (evaluation) batches of normalised images, from a uint8
     (N, C, H, W) tensor that lives on the compute device; ``labels``: int64 (N,)."""
 
@@ -158,7 +160,7 @@ class DeviceLoader(_ShardedOrder):
         self.device = device
         self.images, self.labels = images.to(device), labels.to(device)
         self.augment = augment if (train and augment is not None and augment.active) else None
-        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
         # how many batches :meth:`batches` prepares at once: on a GPU up to _BYTES_TOGETHER of fp32
         # images (one batch of large images). On a CPU one: a kernel costs little there, and
         # several batches' images outgrow its caches (cifar-sized batches together were slower)
@@ -207,7 +209,7 @@ class _HostBatches(torch.utils.data.Dataset):
     """What a worker process computes: item (epoch, step) is that batch, gathered and augmented
     on the CPU as uint8."""
 
-    def __init__(self, order: _ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
+    def __init__(self, order: ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
                  augment: AugmentConfig | None, fill: torch.Tensor):
         self.order, self.images, self.labels, self.augment, self.fill = order, images, labels, augment, fill
         self.mean_pixel = fill.float()  # colour jitter's centre, on the uint8 scale
@@ -357,7 +359,7 @@ class DeviceCopies:
             yield ready
 
 
-class WorkerLoader(_ShardedOrder):
+class WorkerLoader(ShardedOrder):
     """The same batches as :class:`DeviceLoader`, prepared by ``workers`` processes on the host.
 
     Cutout fills with the mean pixel (what a zero after normalisation is), so the batches
@@ -377,14 +379,14 @@ class WorkerLoader(_ShardedOrder):
         fill = torch.tensor(mean).view(1, -1, 1, 1).mul(255).round().to(torch.uint8)
         # shared memory: workers started by fork or spawn read the images without a copy
         self.host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
-        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
         on_gpu = device.type == "cuda"
         # the workers get a plain copy of the ordering, not this object with its stream and loader
-        order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
+        order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
                               world_size=world_size, drop_last=self.drop_last)
         steps = len(self)
         self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
-                                  lambda epoch: [(epoch, step) for step in range(steps)], _next_epoch(train),
+                                  lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),
                                   workers=self.workers, pin_memory=on_gpu, prefetch_factor=4)
         self._copies = DeviceCopies(device)
 
@@ -402,7 +404,7 @@ class WorkerLoader(_ShardedOrder):
             yield self.normaliser.finish(self.normaliser.scale(x)), y
 
 
-def _next_epoch(train: bool) -> Callable[[int], int | None]:
+def next_epoch(train: bool) -> Callable[[int], int | None]:
     """What a :class:`PassReader` reads after a pass: the next epoch in training; nothing
     after an evaluation pass (its processes would hold the next one's batches until then)."""
     return (lambda epoch: epoch + 1) if train else (lambda epoch: None)

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
-from .loader import _ShardedOrder
+from .loader import ShardedOrder
 
 RATING_FILES = ("u1.base", "u.data", "ratings.dat", "ratings.csv", "ratings.tsv")
 USER_NAMES = ("user", "userid", "user_id", "users")
@@ -425,7 +425,7 @@ def load_interactions(path: Path, *, negatives: int = 99, seed: int = 0,
     return data
 
 
-class NegativeSamplingLoader(_ShardedOrder):
+class NegativeSamplingLoader(ShardedOrder):
     """Training batches of implicit feedback, made on the device each epoch: every interaction
     (label 1) and ``negatives`` random items per interaction, labelled 0 unless the user did
     interact with the item (a sorted key list answers that), all shuffled. Seeded per epoch, so

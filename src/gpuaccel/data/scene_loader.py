@@ -8,7 +8,7 @@ stay on their objects. Boxes that leave the frame are clipped; a box left with l
 ``KEEP_VISIBLE`` of its area (or under 2 pixels a side) is dropped from that batch (label -1).
 Brightness and contrast jitter follow. No host work per step, whatever the object counts.
 
-Order, sharding over processes and the per-batch random streams are ``loader._ShardedOrder``'s,
+Order, sharding over processes and the per-batch random streams are ``loader.ShardedOrder``'s,
 so a run resumes at any step with the same batches.
 """
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .augment import color_jitter
 from ..errors import GpuaccelError
-from .loader import _Normaliser, _ShardedOrder, resident_budget
+from .loader import Normaliser, ShardedOrder, resident_budget
 
 KEEP_VISIBLE = 0.35  # of a box's area, for it to stay an object after a crop
 
@@ -87,7 +87,7 @@ def move_boxes(boxes: torch.Tensor, labels: torch.Tensor, size: tuple[int, int],
     return torch.where(keep[..., None], clipped, 0.0), torch.where(keep, labels, -1)
 
 
-class SceneLoader(_ShardedOrder):
+class SceneLoader(ShardedOrder):
     """(images, (boxes, labels)) batches for detection, (images, masks) for segmentation, from a
     :class:`~gpuaccel.data.scenes.SceneSplit` held on ``device``."""
 
@@ -109,7 +109,7 @@ class SceneLoader(_ShardedOrder):
         else:
             self.masks = torch.from_numpy(split.masks).to(device)
         self.augment = augment if train and augment is not None and augment.active else None
-        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         order = self.device_indices(epoch, self.device)

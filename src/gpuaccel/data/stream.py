@@ -43,7 +43,7 @@ from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxe
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, common_root, _scan_tree, split_tree
 from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
-from .loader import PassReader, _next_epoch, _Normaliser, _ShardedOrder, default_workers
+from .loader import PassReader, next_epoch, Normaliser, ShardedOrder, default_workers
 from .prefetch import in_threads, side_stream
 
 DEFAULT_IMAGE_SIZE = 224
@@ -445,10 +445,10 @@ class StreamLoader:
             self.order = ShardOrder(records.shard_sizes(), batch_size=batch_size, train=train, seed=seed,
                                     rank=rank, world_size=world_size)
         else:
-            self.order = _ShardedOrder(len(records), batch_size=batch_size, train=train, seed=seed, rank=rank,
+            self.order = ShardedOrder(len(records), batch_size=batch_size, train=train, seed=seed, rank=rank,
                                        world_size=world_size, drop_last=None)
         self.num_images = len(records)
-        self.normaliser = _Normaliser(mean, std, device, dtype, channels_last)
+        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
         self.on_gpu = gpu_jpeg_decoder_available(device)
         # two cores stay with the training and pipeline threads
@@ -457,7 +457,7 @@ class StreamLoader:
         self.cpu_decode = default_cpu_decode(self.on_gpu, self.workers) if cpu_decode is None else cpu_decode
         self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu and self.cpu_decode < 1 else None
         step_ids = functools.partial(_step_ids, self.order, batch_size)
-        self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, _next_epoch(train),
+        self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, next_epoch(train),
                                   workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
         self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
         self._in_use_lock = threading.Lock()

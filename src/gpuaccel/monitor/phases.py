@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 BEFORE = "start-up (interpreter, imports, command line)"
 
@@ -49,3 +50,16 @@ class PhaseClock:
 
     def table(self) -> dict[str, float]:
         return {name: round(seconds, 3) for name, seconds in self.phases.items()}
+
+
+@dataclass
+class SetupTimes:
+    """A trainer's time before its training clock starts: the set-up phase by phase (``phases``,
+    then on through the run), its total, the warm-up's total and parts, and with several
+    processes each one's phases until the warm-up (the slowest holds the rest there)."""
+
+    phases: PhaseClock = field(default_factory=PhaseClock)
+    setup_seconds: float = 0.0
+    warmup_seconds: float = 0.0
+    warmup_phases: dict[str, float] = field(default_factory=dict)
+    setup_by_process: list[dict[str, float]] = field(default_factory=list)

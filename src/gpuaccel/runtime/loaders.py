@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, TensorDataset
 from torch.utils.data import default_collate
 
-from ..data.loader import DeviceCopies, PassReader, _next_epoch, _ShardedOrder, default_workers, resident_budget
+from ..data.loader import DeviceCopies, PassReader, next_epoch, ShardedOrder, default_workers, resident_budget
 from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
 from ..errors import GpuaccelError
 from ..monitor.steps import DataWaitMeter
@@ -72,7 +72,7 @@ class _LikeDataLoader:
         return getattr(source, name)
 
 
-class ResidentLoader(_LikeDataLoader, _ShardedOrder):
+class ResidentLoader(_LikeDataLoader, ShardedOrder):
     """Batches of a tuple or dict of tensors with one row per sample, held on ``device``. Dtypes
     are kept: float targets stay float. By default in gpuaccel's seeded order, shuffled for
     training, this process's shard of it; with ``order_of``, in that DataLoader's order."""
@@ -84,13 +84,13 @@ class ResidentLoader(_LikeDataLoader, _ShardedOrder):
                  order_of: DataLoader | None = None, layout=None, meter: DataWaitMeter | None = None):
         if order_of is not None:  # (its batch size and drop_last)
             batch_size, drop_last, train = order_of.batch_size, order_of.drop_last, False
-        _ShardedOrder.__init__(self, rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
+        ShardedOrder.__init__(self, rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
                                world_size=world_size, drop_last=drop_last)
         self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
         self.tensors = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tensors)
 
     def __len__(self) -> int:
-        return len(self.source) if self.source is not None else _ShardedOrder.__len__(self)
+        return len(self.source) if self.source is not None else ShardedOrder.__len__(self)
 
     def _epoch_order(self, epoch: int) -> tuple[torch.Tensor, list[int]]:
         """(every index of the epoch, in order, on the device; the batch sizes)."""
@@ -146,7 +146,7 @@ class _DataLoaderPasses:
         return host
 
 
-class _DatasetPasses(_ShardedOrder):
+class _DatasetPasses(ShardedOrder):
     """A map-style Dataset read by ``workers`` persistent processes into pinned memory, in
     gpuaccel's seeded, sharded order, each batch collated in a worker."""
 
@@ -154,11 +154,11 @@ class _DatasetPasses(_ShardedOrder):
                  drop_last: bool | None, workers: int | None, pin_memory: bool, collate=default_collate):
         super().__init__(len(dataset), batch_size=batch_size, train=train, seed=seed, rank=rank,
                          world_size=world_size, drop_last=drop_last)
-        order = _ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
+        order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
                               world_size=world_size, drop_last=self.drop_last)
         steps = len(self)
         self._reader = PassReader(_DatasetBatches(order, dataset, collate),
-                                  lambda epoch: [(epoch, step) for step in range(steps)], _next_epoch(train),
+                                  lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),
                                   workers=default_workers() if workers is None else workers, pin_memory=pin_memory,
                                   prefetch_factor=4)
 
@@ -172,7 +172,7 @@ class _DatasetPasses(_ShardedOrder):
 class _DatasetBatches(Dataset):
     """What a worker process computes: item (epoch, step) is that batch, collated."""
 
-    def __init__(self, order: _ShardedOrder, dataset: Dataset, collate):
+    def __init__(self, order: ShardedOrder, dataset: Dataset, collate):
         self.order, self.dataset, self.collate = order, dataset, collate
         self._epoch, self._indices = None, None
 

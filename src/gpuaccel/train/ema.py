@@ -14,13 +14,15 @@ import torch.nn as nn
 
 
 class WeightAverage:
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model: nn.Module, decay: float, device: torch.device | None = None):
         self.module = copy.deepcopy(model).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)
         self.decay = decay
         self.updates = 0
         self._tensors = None  # (ours, theirs) float tensors and other tensors, found once
+        # the model's weight in the next blend, where a step reads it on the device (a CUDA graph)
+        self.weight = torch.zeros((), device=device)
 
     def _pair_up(self, model: nn.Module):
         # state_dict() returns the same tensor objects every time (loading copies in place)
@@ -36,6 +38,12 @@ class WeightAverage:
         decay starts at (1+n)/(10+n), so the average never clings to the random initialisation."""
         self.updates += 1
         return 1.0 - min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    def advance_weight(self) -> torch.Tensor:
+        """:meth:`advance`, written into :attr:`weight` (the same tensor every time), for a step
+        that blends with it on the device: ``blend(model, average.weight)``."""
+        self.weight.fill_(self.advance())
+        return self.weight
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

@@ -48,7 +48,7 @@ def evaluate(trainer, each_shape: bool = False) -> dict:
             outputs = trainer.task.eval_outputs(lambda x: _call(trainer, net, x), inputs)
             # (not in the warm-up's pass: decoding is eager, nothing in it is compiled or recorded)
             generated = None if each_shape else trainer.task.generate(plain, inputs)
-        if trainer.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
+        if trainer.strategy.counts_metrics:  # (a pipeline stage before the last took part; the last has the outputs)
             tracker.update(outputs, targets, generated)
     for _ in range(blanks):  # (where the forward pass is a collective: as many as the process with the most)
         _blank_pass(trainer, net)

@@ -107,7 +107,7 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
     except BaseException:
         run.unlock()
         raise
-    trainer.run, trainer.state.resumed = run, True
+    trainer.continue_in(run)
     if run.writer:
         if damaged:
             run.write_config(trainer.config.to_dict())

@@ -21,6 +21,9 @@ class RunState:
     best_step: int | None = None  # the step of the best evaluation (by the target's metric, else the task's main one)
     time_to_target: float | None = None  # training seconds when the target was first reached
     resumed: bool = False
+    # the weights of the best evaluation since the last checkpoint, on the host, until written to
+    # best.pt (not part of a checkpoint's progress: best.pt holds them)
+    best_weights: dict | None = None
 
     def position(self) -> dict:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step}

@@ -46,8 +46,8 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "model": config.model.name, "parameters": trainer.parameter_count, "task": trainer.task.name,
         "data": inputs.name, "train_samples": inputs.train_samples, "test_samples": inputs.test_samples,
         "skipped_samples": inputs.skipped, "epochs": round(trainer.epochs_done, 4), "steps": trainer.state.global_step,
-        "stopped_by": stopped_by, "resumed": trainer.state.resumed, "setup_seconds": round(trainer.setup_seconds, 3),
-        "warmup_seconds": round(trainer.warmup_seconds, 3), "warmup_phases": dict(trainer.warmup_phases),
+        "stopped_by": stopped_by, "resumed": trainer.state.resumed, "setup_seconds": round(trainer.times.setup_seconds, 3),
+        "warmup_seconds": round(trainer.times.warmup_seconds, 3), "warmup_phases": dict(trainer.times.warmup_phases),
         "wall_seconds": round(wall_seconds, 3),
         "train_seconds": round(trainer.state.train_seconds, 3), "samples_per_second": rate, "sample_unit": inputs.unit,
         "tokens_per_second": round(rate * inputs.tokens_per_sample) if inputs.tokens_per_sample else None,
@@ -65,9 +65,9 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
         "processes": trainer.dist.world_size, "strategy": trainer.strategy.describe() or None,
         "global_batch_size": trainer.batch_per_process * trainer.data_ranks * config.optimizer.grad_accum,
         "samples_seen": trainer.state.samples_seen, "restarts": trainer.dist.restart,
-        "phases": trainer.phases.table(),  # this process's wall-clock time, phase by phase, until now
+        "phases": trainer.times.phases.table(),  # this process's wall-clock time, phase by phase, until now
         # with several processes: each one's phases until the warm-up (the slowest holds the rest there)
-        "setup_phases_by_process": list(trainer.setup_phases_by_process) or None,
+        "setup_phases_by_process": list(trainer.times.setup_by_process) or None,
     }
     return summary
 

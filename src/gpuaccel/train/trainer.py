@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ from ..device import device_name, synchronize
 from ..errors import GpuaccelError
 from ..models.registry import add_search_dir, model_source_dir
 from ..models.structure import apply_structure
-from ..monitor.phases import PhaseClock
+from ..monitor.phases import SetupTimes
 from ..parallel import Strategy, apply_activation_checkpointing
 from ..runtime import CapturedStep, training_strategy
 from ..tasks import MetricTracker, Task, resolve_task
@@ -53,6 +54,17 @@ from . import evaluation
 from .checks import check_processes_agree, check_task, create_for_data, whole_step_obstacle
 from .summary import start_lines, summarise
 from .warmup import training_shapes, warm_up
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """What a run keeps of the model it built: a pruned model's layer widths (``structure``,
+    recorded so that a resume or export rebuilds it), its size, and whether it takes the labels
+    and computes its own loss (HuggingFace's models; not when the user gave a loss function)."""
+
+    structure: dict | None
+    parameter_count: int
+    takes_labels: bool
 
 
 class Trainer:
@@ -75,15 +87,14 @@ class Trainer:
         each evaluation. ``data_init=False`` skips a model's data-dependent initialisation.
         ``strategy``: a ``gpuaccel.parallel.Strategy`` instead of the one the settings imply."""
         setup_start = time.perf_counter()
-        self.phases = PhaseClock()
+        self.times = SetupTimes()  # the set-up's and the warm-up's seconds, part by part
         self.config = config = (config or TrainConfig()).replace().validate()  # (a copy: it records the run)
         self.quiet = quiet
         # the device, the process group under torchrun, the precision: the accelerator's
         self.acc = Accelerator(device=config.runtime.device, precision=config.runtime.precision,
                                channels_last=config.runtime.channels_last,
                                monitor=False)
-        self.dist, self.device = self.acc.dist, self.acc.device  # (the precision: once the model is built)
-        self.phases.mark("device (CUDA initialisation)")
+        self.times.phases.mark("device (CUDA initialisation)")
         self._open_data(dataset, train_data, eval_data)
         self.task = resolve_task(task or config.model.task, loss_fn=loss_fn, metrics=metrics, default=self.inputs.task,
                                  label_smoothing=config.optimizer.label_smoothing, tta=config.loop.tta,
@@ -92,35 +103,85 @@ class Trainer:
         if config.loop.target_metric is not None:
             self.task.check_target(config.loop.target_metric[0])
         torch.manual_seed(config.loop.seed)
-        self.model_args = {**self.inputs.model_args,
-                           **(config.model.model_args or {})}  # (recorded: rebuilds the model)
-        self.structure = structure
-        self.model = self._build_model(model, structure)
+        self.model, self.built = self._build_model(model, structure)
         self.acc.fit_precision_to(self.model)  # (a model with recurrent layers takes no autocast under 'auto')
-        self.precision, self.scaler = self.acc.precision, self.acc.scaler
         check_processes_agree(self)
         self._place_model(strategy)
-        self.phases.mark("building and placing the model")
+        self.times.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
                                              cudnn_benchmark=config.runtime.cudnn_benchmark)
         self._build_loaders(data_init)
-        self.phases.mark("loaders (the data on the device, data-dependent initialisation)")
+        self.times.phases.mark("loaders (the data on the device, data-dependent initialisation)")
         if self._compile_mode is not None:
             import_compiler()
-            self.phases.mark("importing torch.compile (Dynamo, Inductor)")
+            self.times.phases.mark("importing torch.compile (Dynamo, Inductor)")
         self._wrap_model()
         self._build_step()
         # where in the data order training stands, and what it has achieved so far
         self.state = RunState()
-        # the weights of the best evaluation so far (by the target's metric, else the task's main
-        # one), on the host, until written to best.pt
-        self.best_state: dict | None = None
         self.run: RunDirectory | None = None
-        self.warmup_seconds = 0.0
-        self.warmup_phases: dict[str, float] = {}  # (warmup.py: the warm-up's seconds, part by part)
-        self.setup_phases_by_process: list[dict[str, float]] = []  # (warmup.py, with several processes)
-        self.setup_seconds = time.perf_counter() - setup_start
-        self.phases.mark("parallel strategy, optimizer, training step")
+        self.times.setup_seconds = time.perf_counter() - setup_start
+        self.times.phases.mark("parallel strategy, optimizer, training step")
+
+    # ------------------------------------------------------------------ what the parts below decided
+
+    @property
+    def dist(self):
+        return self.acc.dist
+
+    @property
+    def device(self) -> torch.device:
+        return self.acc.device
+
+    @property
+    def precision(self):
+        """The accelerator's precision, fitted to the model (under 'auto' a recurrent model's)."""
+        return self.acc.precision
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        return self.acc.scaler
+
+    @property
+    def channels_last(self) -> bool:
+        return self.acc.layout == torch.channels_last
+
+    @property
+    def model_args(self) -> dict:
+        """The arguments the model was created with (recorded: resuming, exporting and inference
+        rebuild it from them)."""
+        return {**self.inputs.model_args, **(self.config.model.model_args or {})}
+
+    @property
+    def parameter_count(self) -> int:
+        return self.built.parameter_count
+
+    @property
+    def structure(self) -> dict | None:
+        return self.built.structure
+
+    @property
+    def dataset(self):
+        """A gpuaccel image data set, or None for other data."""
+        return self.inputs.images
+
+    @property
+    def data_ranks(self) -> int:
+        """How many processes read different batches (a pipeline's stages share theirs)."""
+        return self.strategy.data_ranks
+
+    @property
+    def collective_state(self) -> bool:
+        """Whether checkpoints are gathered from every process (FSDP, pipelines)."""
+        return self.strategy.collective_state
+
+    @property
+    def batch_per_process(self) -> int:
+        return self.config.loop.batch_per_process(self.data_ranks)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.train_loader) / self.config.optimizer.grad_accum)
 
     # ------------------------------------------------------------------ building
 
@@ -131,13 +192,12 @@ class Trainer:
         self.inputs = open_inputs(config, dataset=dataset, train_data=train_data, eval_data=eval_data, dist=self.dist)
         if train_data is not None and self.inputs.images is None:
             config.data.source = USER_DATA
-        self.dataset = self.inputs.images  # a gpuaccel image data set, or None for a user's data
         if self.inputs.classes is not None and len(self.inputs.classes) < 2:
             raise GpuaccelError(f"{self.inputs.name} has one class ({self.inputs.classes[0]!r}); a classifier needs "
                                 f"two or more to learn anything")
-        self.phases.mark("reading the data")
+        self.times.phases.mark("reading the data")
 
-    def _build_model(self, model: nn.Module | None, structure: dict | None) -> nn.Module:
+    def _build_model(self, model: nn.Module | None, structure: dict | None) -> tuple[nn.Module, "BuiltModel"]:
         """The model to train, and how a run records it: a registry name or factory spec (rebuilt
         on resume, export and inference), or "object:Class" for a module passed in, which a
         resume must be given again."""
@@ -169,11 +229,10 @@ class Trainer:
         if config.loop.batch_size == 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             raise GpuaccelError(f"--batch-size 1 cannot train {config.model.name}: its batch norms need two or more "
                                 f"samples per batch; use a larger --batch-size")
-        self.parameter_count = sum(p.numel() for p in model.parameters())
         # a model that takes labels gets the targets too, and its own loss is trained on
         # (HuggingFace's models), unless the user gave a loss_fn
-        self._labels_in = takes_labels(model) and not isinstance(self.task, CustomTask)
-        return model
+        return model, BuiltModel(structure, sum(p.numel() for p in model.parameters()),
+                                 takes_labels(model) and not isinstance(self.task, CustomTask))
 
     def _place_model(self, strategy: Strategy | None) -> None:
         """The whole-step CUDA graph's decision (said once, in the run's first line), the parallel
@@ -181,32 +240,24 @@ class Trainer:
         the loop never asks which), and the model moved where it trains, in its layout."""
         config, placement = self.config, self.acc.placement
         self.step_graph_off = whole_step_obstacle(config, self.device, self.precision)
-        # the step graph captures inductor's kernels itself: torch.compile's own CUDA graphs (mode
-        # reduce-overhead) inside it would be graphs within a graph
-        self._compile_mode = None if not config.runtime.compile else \
-            "default" if self.step_graph_off is None else config.runtime.compile_mode
         self.strategy = strategy or training_strategy(
             config, placement, captured_step=self.step_graph_off is None,
             channels_last=placement.channels_last(self.model, config.runtime.channels_last))
-        self.channels_last = self.acc.place_model(self.model, self.strategy)
-        self.on_host = self.strategy.places_parameters
+        self.acc.place_model(self.model, self.strategy)
 
     def _build_loaders(self, data_init: bool) -> None:
         config, inputs = self.config, self.inputs
-        self.mean, self.std = inputs.mean, inputs.std
-        self.data_rank, self.data_ranks = self.strategy.data_rank, self.strategy.data_ranks
-        self.batch_per_process = config.loop.batch_per_process(self.data_ranks)
         self.train_loader, self.eval_loader = inputs.loaders(
             config.replace(batch_size=self.batch_per_process), device=self.device,
             dtype=self.precision.input_dtype, channels_last=self.channels_last,
-            rank=self.data_rank, world_size=self.data_ranks)
+            rank=self.strategy.data_rank, world_size=self.data_ranks)
         if len(self.train_loader) == 0:
             raise GpuaccelError(f"{inputs.train_samples} training samples make no batch of "
                                 f"{self.batch_per_process} per process")
         if data_init and hasattr(self.model, "data_init") and inputs.init_sample is not None:
             sample = inputs.init_sample(self.train_loader)  # for a data-dependent initialisation
             if sample is not None:
-                self.model.data_init(*(t.cpu() if self.on_host else t for t in sample))
+                self.model.data_init(*(t.cpu() if self.strategy.places_parameters else t for t in sample))
 
     def _wrap_model(self) -> None:
         """The strategy applied to the model; the weight average; the (compiled) forward passes of
@@ -214,12 +265,11 @@ class Trainer:
         self._example_inputs = None  # one sample's inputs (set at the first step): blanks for sharded evaluation
         self.acc.prepare_model(self.model, strategy=self.strategy, loss_fn=self.task.loss,
                                first_inputs=lambda: self.task.split(next(iter(self.train_loader.batches(0))))[0])
-        self.collective_state = self.strategy.collective_state  # checkpoints gathered from every process
-        self.counts_metrics = self.strategy.counts_metrics  # where losses are computed
         if self.config.optimizer.ema and getattr(self.strategy, "tables_sharded", False):
             raise GpuaccelError("--ema cannot average embedding tables sharded across processes (each holds "
                                 "some of them); leave out --ema, or train in one process")
-        self.ema = WeightAverage(self.model, self.config.optimizer.ema) if self.config.optimizer.ema else None
+        self.ema = WeightAverage(self.model, self.config.optimizer.ema, self.device) \
+            if self.config.optimizer.ema else None
         self.forward = self.strategy.training_forward(self._compiled)
         self.loss_fn = self._compiled(self.task.loss) if self.task.compile_loss else self.task.loss
         compile_for_eval = self._compiled if self.config.runtime.compile_eval else (lambda module, **_: module)
@@ -232,13 +282,11 @@ class Trainer:
         """The optimizer and its schedule, and the training step: captured as one CUDA graph where
         ``step_graph_off`` is None, else run eagerly; the same code either way."""
         config = self.config
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.optimizer.grad_accum)
         self.optimizer = config.optimizer.build(self.model, self.device,
                                                 fused=self.strategy.fuses(config.optimizer.name),
                                                 capturable=self.step_graph_off is None)
         self.stepper = self.acc.prepare_optimizer(self.optimizer)  # (fp16: stepped through the loss scaler)
         self.scheduler = config.optimizer.build_scheduler(self.optimizer, config.loop.epochs, self.steps_per_epoch)
-        self._ema_weight = torch.zeros((), device=self.device)  # the weight average's blend, read by the step
         self.step = CapturedStep(self._train_step, [self.optimizer], self.device, max_shapes=16,
                                  uncaptured=self.step_graph_off)
         self.metric_tracker = MetricTracker(self.task, self.device)
@@ -263,6 +311,16 @@ class Trainer:
                               dynamic=self.inputs.shapes_vary)
 
     @property
+    def _compile_mode(self) -> str | None:
+        """torch.compile's mode for the model, None without compiling. The step graph records
+        inductor's kernels itself (mode default): torch.compile's own CUDA graphs (mode
+        reduce-overhead) inside it would be graphs within a graph."""
+        runtime = self.config.runtime
+        if not runtime.compile:
+            return None
+        return "default" if self.step_graph_off is None else runtime.compile_mode
+
+    @property
     def jpeg_decoder(self) -> str | None:
         """How a streaming loader decodes (e.g. "nvjpeg (direct), 0% pillow"); None for other loaders."""
         return getattr(self.train_loader, "decoder", None)
@@ -285,7 +343,7 @@ class Trainer:
         cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
         clock = TrainingClock(self.state.train_seconds)
         stopped_by = None
-        self.phases.mark("run directory, first batch, task check")
+        self.times.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
             if cfg.loop.time_limit is not None:  # (the time left says how long the run has, when that is less)
                 progress.time_left = lambda: cfg.loop.time_limit - clock.training_seconds() - context.time_reserve()
@@ -297,9 +355,9 @@ class Trainer:
                 next_batches = None
                 for micro_batches in self._optimizer_steps(self.acc.timed(batches)):
                     if self.ema is not None:
-                        self._ema_weight.fill_(self.ema.advance())  # (read by the step, captured or not)
+                        self.ema.advance_weight()  # (read by the step, captured or not)
                     loss = self.step(micro_batches)  # one CUDA graph's replay, or the same code eagerly
-                    if self.counts_metrics:
+                    if self.strategy.counts_metrics:  # (a pipeline's last stage computes the losses)
                         clock.add(loss, sum(leading_size(targets) for _, targets in micro_batches))
                     self.scheduler.step()
                     end_of_epoch = self.state.stepped(len(micro_batches), self.data_ranks * sum(
@@ -332,9 +390,9 @@ class Trainer:
                         break
             stopped_by = stopped_by or "epochs"
         self.step.release()  # before the process group goes; a later fit() records the step again
-        self.phases.add("training", clock.trained)
-        self.phases.add("evaluations, checkpoints and logs during the loop", context.wall_seconds - clock.trained)
-        self.phases.restart()
+        self.times.phases.add("training", clock.trained)
+        self.times.phases.add("evaluations, checkpoints and logs during the loop", context.wall_seconds - clock.trained)
+        self.times.phases.restart()
         return self._finish(stopped_by, context.wall_seconds)
 
     def _optimizer_steps(self, batches):
@@ -368,7 +426,7 @@ class Trainer:
             self.acc.clip_grad_norm_(self.model, self.config.optimizer.grad_clip)
         self.stepper.step()
         if self.ema is not None:
-            self.ema.blend(self.model, self._ema_weight)
+            self.ema.blend(self.model, self.ema.weight)
         return total
 
     def _forward_backward(self, accumulate: int):
@@ -376,7 +434,8 @@ class Trainer:
             if self.torch_compile_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             with self.acc.autocast():
-                loss = training_loss(self.forward, inputs, targets, self.task, self._labels_in, self.loss_fn)
+                loss = training_loss(self.forward, inputs, targets, self.task, self.built.takes_labels,
+                                     self.loss_fn)
             self.acc.backward(loss / accumulate if accumulate > 1 else loss)
             return loss.detach()
         return forward_backward
@@ -384,15 +443,19 @@ class Trainer:
     def train_step(self, inputs, targets) -> torch.Tensor:
         """One optimizer step on one batch, and the schedule's; returns the loss, on the device."""
         if self.ema is not None:
-            self._ema_weight.fill_(self.ema.advance())
+            self.ema.advance_weight()
         loss = self.step([(inputs, targets)]) / leading_size(targets)
         self.scheduler.step()
         return loss
 
     def warm_up(self, evaluate: bool = True, batch=None) -> float:
         """Compiles, autotunes and records the step before the clock starts, then puts every piece
-        of state back (warmup.py); returns the seconds it took."""
-        return warm_up(self, evaluate, batch)
+        of state back (warmup.py); returns the seconds it took (``times`` holds them, part by part)."""
+        done = warm_up(self, evaluate, batch)
+        self.times.warmup_seconds, self.times.warmup_phases = done.seconds, done.phases
+        if done.setup_by_process is not None:
+            self.times.setup_by_process = done.setup_by_process
+        return done.seconds
 
     def _each_training_shape(self, inputs, targets) -> list:
         return training_shapes(self, inputs, targets)
@@ -424,11 +487,11 @@ class Trainer:
             return None
         check_task(self, first)
         if self.config.runtime.compile or self.device.type == "cuda" or self.strategy.needs_warm_up:
-            self.phases.mark("run directory, first batch, task check")
-            self.warmup_seconds = self.warm_up(batch=first)
-            self.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
+            self.times.phases.mark("run directory, first batch, task check")
+            self.warm_up(batch=first)
+            self.times.phases.mark("warm-up (compiling, autotuning, graph capture, a first evaluation)")
             done = "compilation, cuDNN autotuning, graph capture" if self.device.type == "cuda" else "compilation"
-            progress.log(f"warm-up ({done}) took {self.warmup_seconds:.1f} s; "
+            progress.log(f"warm-up ({done}) took {self.times.warmup_seconds:.1f} s; "
                          f"not counted as training time")
         return itertools.chain([first], batches)
 
@@ -468,13 +531,14 @@ class Trainer:
         the state is gathered from every rank), written to best.pt at the next checkpoint."""
         if self.dist.is_main or self.collective_state:
             state = checkpoint.training_state(self, full=False)
-            self.best_state = tree_map(lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t, state)
+            self.state.best_weights = tree_map(lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t)
+                                               else t, state)
         self.state.best_step = self.state.global_step
 
     def _save_best(self) -> None:
-        if self.best_state is not None:
-            self.run.save_best(self.best_state)
-            self.best_state = None
+        if self.state.best_weights is not None:
+            self.run.save_best(self.state.best_weights)
+            self.state.best_weights = None
 
     def load_state(self, state: dict) -> None:
         """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped."""
@@ -493,16 +557,20 @@ class Trainer:
         return resume(cls, run_dir, overrides=overrides, quiet=quiet, model=model, train_data=train_data,
                                  eval_data=eval_data, task=task, loss_fn=loss_fn, metrics=metrics)
 
+    def continue_in(self, run: RunDirectory) -> None:
+        """A resumed trainer takes over the run directory (locked) whose checkpoint it loaded."""
+        self.run, self.state.resumed = run, True
+
     def _finish(self, stopped_by: str, wall_seconds: float) -> dict:
         if self.dist.is_main or self.collective_state:
             state = checkpoint.training_state(self, full=False)
             self.run.save_model(state)
         run_state = self.state
         if run_state.best_step is not None and run_state.best_step == run_state.evaluated_at == run_state.global_step:
-            self.best_state = None  # the last weights are the best: model.pt is both
+            self.state.best_weights = None  # the last weights are the best: model.pt is both
             self.run.remove_best()
         self._save_best()
-        self.phases.mark("writing model.pt")
+        self.times.phases.mark("writing model.pt")
         summary = summarise(self, stopped_by, wall_seconds)
         self.run.write_summary(summary)
         self.dist.barrier()  # nobody leaves (and tears the group down) before rank 0 has written

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -21,11 +22,16 @@ STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a f
 FIRST_STEP = "the first training step per shape (compiling or loading compiled kernels, autotuning, first collectives)"
 
 
-def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
+class WarmedUp(NamedTuple):
+    seconds: float
+    phases: dict[str, float]  # where the seconds went (each part waits for the device before the next starts)
+    setup_by_process: list[dict[str, float]] | None  # with several processes: each one's set-up phases
+
+
+def warm_up(trainer, evaluate: bool = True, batch=None) -> WarmedUp:
     """Runs :data:`STEPS` training steps on ``batch`` (by default the first of epoch 0) at each
     training shape and (``evaluate``, unless evaluation runs eagerly) an evaluation, puts the
-    state back and records the step. Returns the seconds it took; ``trainer.warmup_phases``
-    says where they went (each part waits for the device before the next starts)."""
+    state back and records the step. Returns how long it took, and where the time went."""
     start = time.perf_counter()
     parts = PhaseClock(since_process_start=False)
 
@@ -36,8 +42,9 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
     saved = _saved_state(trainer)
     inputs, targets = trainer.task.split(batch if batch is not None else next(iter(trainer.train_loader.batches(0))))
     done("saving the state to put back")
+    by_process = None
     if trainer.dist.active:  # (a process that set up slower holds the others at the first collective)
-        trainer.setup_phases_by_process = trainer.dist.gather(trainer.phases.table())  # (and says why)
+        by_process = trainer.dist.gather(trainer.times.phases.table())  # (and says why)
         done("waiting for the slowest process to arrive")
     with trainer.compiling(inputs, targets):
         for shaped in training_shapes(trainer, inputs, targets):
@@ -53,8 +60,7 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> float:
     done("putting the state back")
     trainer.step.record()  # last: it records where the restored state lives
     done("recording the step graph")
-    trainer.warmup_phases = parts.table()
-    return time.perf_counter() - start
+    return WarmedUp(time.perf_counter() - start, parts.table(), by_process)
 
 
 def training_shapes(trainer, inputs, targets) -> list[tuple]:
