@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,20 @@ def resolve_device(spec: str = "auto") -> torch.device:
     raise choice_error("device", spec, ["auto", "cpu", "cuda", "cuda:N"])
 
 
+_REGION = threading.local()
+
+
+@contextlib.contextmanager
+def capturable_region():
+    """Marks the calls of a step that is captured as a CUDA graph (``runtime.capture.CapturedStep``
+    enters it for every call it may record): :meth:`Precision.autocast` keeps no cache there."""
+    _REGION.capturable = getattr(_REGION, "capturable", 0) + 1
+    try:
+        yield
+    finally:
+        _REGION.capturable -= 1
+
+
 @dataclass(frozen=True)
 class Precision:
     """How the forward and backward passes run: a name, the autocast dtype, loss scaling, and
@@ -56,12 +71,17 @@ class Precision:
 
     def autocast(self, device: torch.device):
         """The autocast context for this precision (none for fp32 and tf32): the one autocast
-        policy of both doors. Its cache of cast weights is off while a CUDA graph is being
-        recorded, on otherwise: a cast cached during a recording would be memory of the graph's
-        private pool, and PyTorch asks for ``cache_enabled=False`` under capture."""
+        policy of both doors. Its cache of cast weights is off inside a step that is captured as
+        a CUDA graph (every call of it: warm-up, recording and replay, see
+        :func:`capturable_region`) and while any CUDA graph is recorded, on elsewhere. A cast
+        cached during a recording would be memory of the graph's private pool (PyTorch asks for
+        ``cache_enabled=False`` under capture), and the warm-up must see the same setting as the
+        recording: torch.compile's guards include it, and a change would compile the model again
+        inside the recording."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        recording = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        recording = getattr(_REGION, "capturable", 0) > 0 or \
+            (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=not recording)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -59,3 +60,19 @@ def test_timm_models_pass_through_or_explain(monkeypatch):
         monkeypatch.setitem(sys.modules, "timm", None)  # make 'import timm' fail for sure
         with pytest.raises(GpuaccelError, match="pip install timm"):
             create_model("timm:resnet18")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_ways_of_writing_the_rotary_embedding_give_the_same_bits(dtype):
+    """gpt.py rotates with the halves swapped off a GPU and with the halves on one: the two must
+    be the same function (and the pair (x1, x2) turned by each position's angle)."""
+    from gpuaccel.models.gpt import rotary_tables, rotate_halves, rotate_rolled
+
+    cos, sin = rotary_tables(12, 8)
+    x = torch.randn(2, 3, 12, 8).to(dtype)
+    assert torch.equal(rotate_rolled(x, cos, sin), rotate_halves(x, cos, sin))
+    angle = 5 * 10000.0 ** (-2 / 8)  # position 5, the second frequency
+    x1, x2 = x[0, 0, 5, 1].float(), x[0, 0, 5, 5].float()
+    turned = rotate_halves(x, cos, sin)[0, 0, 5].float()
+    expected = torch.stack([x1 * math.cos(angle) - x2 * math.sin(angle), x2 * math.cos(angle) + x1 * math.sin(angle)])
+    torch.testing.assert_close(torch.stack([turned[1], turned[5]]), expected.to(dtype).float(), atol=2e-2, rtol=1e-2)

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 import gpuaccel
 from gpuaccel import GpuaccelError, TrainConfig
-from gpuaccel.device import Precision, resolve_precision
+from gpuaccel.device import Precision, capturable_region, resolve_precision
 from gpuaccel.parallel import PipelineParallel
-from gpuaccel.runtime.capture import capture_obstacle
+from gpuaccel.runtime.capture import CapturedStep, capture_obstacle
 from gpuaccel.runtime.strategy import choose_strategy, training_strategy
 from gpuaccel.train.checks import whole_step_obstacle
 
@@ -62,26 +62,38 @@ def test_the_accelerator_finds_sync_batchnorm_and_checkpointed_blocks_in_what_it
             acc.capture(lambda: None, strict=True)
 
 
-def test_autocast_keeps_its_cache_outside_a_recording():
-    precision = resolve_precision("bf16", torch.device("cpu"))
-    with precision.autocast(torch.device("cpu")):
+def test_autocast_keeps_its_cache_except_in_a_captured_steps_calls():
+    cpu = torch.device("cpu")
+    precision = resolve_precision("bf16", cpu)
+    with precision.autocast(cpu):
         assert torch.is_autocast_enabled("cpu") and torch.is_autocast_cache_enabled()
+    with capturable_region(), precision.autocast(cpu):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
 
 
 @pytest.mark.gpu
-def test_autocast_turns_its_cache_off_while_a_cuda_graph_is_recorded():
-    precision = BF16
+def test_a_captured_step_sees_one_autocast_setting_in_its_warm_up_and_its_recording():
+    """torch.compile guards on the autocast cache: the warm-up calls and the recording must see
+    the same setting (off), else the model is compiled again inside the recording."""
     seen = []
-    x = torch.ones(4, device=GPU)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        with precision.autocast(GPU):
+    weight = torch.ones(4, device=GPU, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+
+    def step(x):
+        with BF16.autocast(GPU):
             seen.append(torch.is_autocast_cache_enabled())
-            x.mul_(2)
-    with precision.autocast(GPU):
-        seen.append(torch.is_autocast_cache_enabled())
-    assert seen == [False, True]
+            loss = (weight * x).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    captured = CapturedStep(step, [optimizer], GPU, warmup=2)
+    for _ in range(5):
+        captured(torch.ones(4, device=GPU))
+    assert captured.captured and seen == [False, False, False]  # two warm-up calls, the recording
+    with BF16.autocast(GPU):
+        assert torch.is_autocast_cache_enabled()
 
 
 def test_one_strategy_chooser_builds_pipelines_and_refuses_fp16_for_them():

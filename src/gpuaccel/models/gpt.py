@@ -33,11 +33,23 @@ def rotary_tables(length: int, head_dim: int, base: float = 10000.0) -> tuple[to
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (batch, heads, time, head_dim) at the positions of ``cos``/``sin``
     (:func:`rotary_tables`): each pair (x1, x2) of a head's two halves becomes (x1 cos - x2 sin,
-    x2 cos + x1 sin). Written as x * cos + (x with its halves swapped) * sin: three kernels and a
-    roll, where splitting and joining the halves took eight (an eager step on a CPU pays for
-    each), with the same results to the bit."""
+    x2 cos + x1 sin). Two ways to write it, with the same results to the bit: off a GPU as one
+    multiply-add with the halves swapped (three kernels and a roll, where splitting and joining
+    the halves take eight, and an eager step on a CPU pays for each); on a GPU, where
+    torch.compile fuses either, with the halves (the rolled form's steps were slower there)."""
+    return rotate_halves(x, cos, sin) if x.is_cuda else rotate_rolled(x, cos, sin)
+
+
+def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).type_as(x)
+
+
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    cos, sin = cos[..., :half], sin[..., half:]  # (the tables' halves repeat, with the sign of sin)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 class RotaryTables(nn.Module):

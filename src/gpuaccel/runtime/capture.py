@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..device import capturable_region
 from ..errors import GpuaccelError
 
 # PyTorch optimizers whose fused CUDA kernel updates every parameter in one launch; it reads a
@@ -249,7 +250,7 @@ class CapturedStep:
         recording = self.recordings.get(key)
         if recording is None:
             if len(self.recordings) >= self.max_shapes:
-                return self.fn(*args)  # (a rare signature: eagerly rather than one more memory pool)
+                return self._call(args)  # (a rare signature: eagerly rather than one more memory pool)
             recording = self.recordings[key] = _Recording()
         if recording.graph is not None:
             return self._replay(recording, args)
@@ -258,7 +259,7 @@ class CapturedStep:
             return self._on_side_stream(args)
         recording.keep(args)
         if not self._record(recording):
-            return self.fn(*args)  # (the failed recording ran nothing: this call's step, eagerly)
+            return self.fn(*args)  # (the failed recording ran nothing: this call's step, eagerly, uncaptured now)
         recording.graph.replay()
         return recording.outputs
 
@@ -268,9 +269,15 @@ class CapturedStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), self._learning_rates_as_tensors():
-            outputs = self.fn(*args)
+            outputs = self._call(args)
         torch.cuda.current_stream(self.device).wait_stream(side)
         return outputs
+
+    def _call(self, args):
+        """The step function on ``args``, as a step that is captured runs it (its autocast keeps
+        no cache, in the warm-up as in the recording: ``device.capturable_region``)."""
+        with capturable_region():
+            return self.fn(*args)
 
     def _replay(self, recording: _Recording, args):
         recording.copy_in(args)
@@ -315,7 +322,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         try:
             with self._learning_rates_as_tensors(), _recording(graph):
-                outputs = self.fn(*recording.args)
+                outputs = self._call(recording.args)
         except RuntimeError as exc:
             self._give_up(_cause(exc))
             return False
