@@ -36,7 +36,7 @@ def make_frames(folder: Path, count: int, size: int) -> Path:
     return folder
 
 
-def run_infer(src: str, run: str, frames: Path, out: Path, device: str, batch: int) -> dict:
+def run_infer(src: str, run: str, frames: Path, count: int, out: Path, device: str, batch: int) -> dict:
     env = {**os.environ, "PYTHONPATH": src}
     cmd = [sys.executable, "-m", "gpuaccel", "infer", run, str(frames), "--out", str(out), "--force",
            "--device", device, "--batch-size", str(batch)]
@@ -47,9 +47,9 @@ def run_infer(src: str, run: str, frames: Path, out: Path, device: str, batch: i
     seconds = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
-    rows = sum(1 for _ in open(out)) - 1
+    rows = sum(1 for _ in open(out)) - 1  # (a classifier's: one per frame; a detector's: one per object found)
     return {"max_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 2),
-            "frames_per_second": round(rows / seconds, 1), "rows": rows}
+            "frames_per_second": round(count / seconds, 1), "rows": rows}
 
 
 def main():
@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--run", required=True, help="a run directory of an image model (classifier or detector)")
     ap.add_argument("--counts", type=int, nargs="+", default=[5000, 50000])
     ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--source", help="a folder of JPEGs to make the frames of (each used in turn), e.g. a "
+                    "detector's own validation images, so that it finds objects; default: random textures")
     ap.add_argument("--new", default="src")
     ap.add_argument("--old", help="another source tree, alternated with --new")
     ap.add_argument("--device", default="auto")
@@ -72,22 +74,26 @@ def main():
     if args.old:
         trees = {"old": str(Path(args.old).resolve()), **trees}
     rows = []
+    sources = sorted(Path(args.source).rglob("*.jpg")) if args.source else None
     for count in args.counts:
-        frames = make_frames(work / f"frames_{args.size}", count, args.size)
-        subset = work / f"frames_{args.size}_{count}"
-        if not subset.exists():  # (a folder of exactly N frames: links to the first N)
+        frames = make_frames(work / f"frames_{args.size}", count, args.size) if sources is None else None
+        subset = work / f"frames_{args.size if sources is None else 'source'}_{count}"
+        if not subset.exists():  # (a folder of exactly N frames: links to the first N, or to --source's in turn)
             subset.mkdir()
             for i in range(count):
-                os.symlink(frames / f"{i:07d}.jpg", subset / f"{i:07d}.jpg")
+                os.symlink(frames / f"{i:07d}.jpg" if sources is None else sources[i % len(sources)].resolve(),
+                           subset / f"{i:07d}.jpg")
         for repeat in range(args.repeats):
             for name, src in trees.items():
-                result = run_infer(src, args.run, subset, work / "predictions.csv", args.device, args.batch_size)
+                result = run_infer(src, args.run, subset, count, work / "predictions.csv", args.device,
+                                   args.batch_size)
                 row = {"tree": name, "frames": count, "repeat": repeat, **result}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu"
             else platform.processor() or "cpu", "cores": os.cpu_count(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "size": args.size, "batch_size": args.batch_size,
+            "date": time.strftime("%Y-%m-%d"), "size": None if args.source else args.size, "source": args.source,
+            "batch_size": args.batch_size,
             "command": " ".join(sys.argv)}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     for name in trees:

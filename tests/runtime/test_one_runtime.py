@@ -144,3 +144,21 @@ def test_the_trainers_records_carry_its_accelerators_measurements(tmp_path, monk
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["data_wait"] == 0.4321 and r["gpu_util"] == 55.0 for r in records)
     assert calls and all(acc is trainer.acc for acc in calls)
+
+
+def test_the_trainers_optimizer_kernels_are_decided_where_a_users_are(monkeypatch):
+    """The config's optimizer section says which parameters take which rate; whether the update is
+    fused or capturable is Accelerator.prepare_optimizer's to decide, for both doors."""
+    prepared = []
+    real = gpuaccel.Accelerator.prepare_optimizer
+    monkeypatch.setattr(gpuaccel.Accelerator, "prepare_optimizer",
+                        lambda self, optimizer: prepared.append(optimizer) or real(self, optimizer))
+    model = nn.Linear(4, 2)
+    for name in ("adamw", "sgd"):
+        built = TrainConfig(optimizer=name).optimizer.build(model)
+        assert not any(group.get("fused") or group.get("capturable") for group in built.param_groups)
+    x = torch.randn(64, 4)
+    trainer = gpuaccel.Trainer(TrainConfig(batch_size=32, epochs=1, device="cpu", optimizer="adamw", run_dir=None,
+                                           monitor=False), model=model, train_data=(x, (x[:, 0] > 0).long()),
+                               loss_fn=F.cross_entropy, quiet=True)
+    assert prepared == [trainer.optimizer]

@@ -198,8 +198,7 @@ def test_autorec_members_are_fitted_on_their_own_and_unknown_items_fall_back_to_
     grads = torch.autograd.grad(0.5 * ((alone - ratings) ** 2).mean(), model.factorization.item_bias.weight)[0]
     assert torch.allclose(grads, model.factorization.item_bias.weight.grad)
     # the factorisation member learns at ten times the rate
-    rates = {id(p): g["lr"] for g in build_optimizer(model, TrainConfig(lr=1e-3).optimizer,
-                                                     torch.device("cpu")).param_groups
+    rates = {id(p): g["lr"] for g in build_optimizer(model, TrainConfig(lr=1e-3).optimizer).param_groups
              for p in g["params"]}
     assert rates[id(model.factorization.user_factors.weight)] == pytest.approx(1e-2)
     assert rates[id(model.encode.weight)] == pytest.approx(1e-3)
@@ -319,8 +318,7 @@ def test_a_dlrm_learns_clicks_through_the_trainer_with_its_tables_left_to_itself
     trainer = gpuaccel.Trainer(config, model=model, train_data=(dense[:3584], sparse[:3584], labels[:3584]),
                                eval_data=(dense[3584:], sparse[3584:], labels[3584:]), task=click_task(), quiet=True)
     table = trainer.model.tables.weight
-    assert all(table is not p for group in build_optimizer(trainer.model, config.optimizer,
-                                                           torch.device("cpu")).param_groups
+    assert all(table is not p for group in build_optimizer(trainer.model, config.optimizer).param_groups
                for p in group["params"])
     before = table.detach().clone()
     summary = trainer.fit()

@@ -76,7 +76,7 @@ def test_filters_are_renormalised_then_moved_by_the_orthogonalised_momentum(tens
 def test_build_optimizer_orthogonalises_only_convolution_filters():
     model = create_model("lenet5", image_size=8)
     opt = TrainConfig(optimizer="muon", lr=0.1, bias_lr_scale=4.0, muon_lr=0.2,
-                      muon_ns_steps=3).optimizer.build(model, torch.device("cpu"))  # the section builds its optimizer
+                      muon_ns_steps=3).optimizer.build(model)  # the section builds its optimizer
     assert isinstance(opt, Muon)
     weights, biases, filters = opt.param_groups
     assert all(p.ndim == 4 for p in filters["params"]) and filters["orthogonalize"] and filters["lr"] == 0.2

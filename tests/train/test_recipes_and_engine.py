@@ -160,7 +160,7 @@ def test_gpu_jpeg_decoding_only_with_a_cuda_device():
 def test_bias_lr_scale_sets_the_second_group():
     from gpuaccel.train.optim import build_optimizer
     model = create_model("lenet5", image_size=8)
-    opt = build_optimizer(model, TrainConfig(lr=0.1, bias_lr_scale=4.0).optimizer, torch.device("cpu"))
+    opt = build_optimizer(model, TrainConfig(lr=0.1, bias_lr_scale=4.0).optimizer)
     assert [g["lr"] for g in opt.param_groups] == [0.1, pytest.approx(0.4)]
     assert opt.param_groups[1]["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])

@@ -340,12 +340,13 @@ class OptimizerSettings:
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise GpuaccelError(f"--grad-clip must be positive, got {self.grad_clip}")
 
-    def build(self, model, device, *, fused: bool = True, capturable: bool = False):
+    def build(self, model):
         """The optimizer these settings describe, over ``model``'s trained parameters
-        (train/optim.py: which parameters decay, Muon's filters, fused or capturable kernels)."""
+        (train/optim.py: which parameters decay at which rate, Muon's filters); give it to
+        ``Accelerator.prepare_optimizer`` for its kernels on the device."""
         from .optim import build_optimizer
 
-        return build_optimizer(model, self, device, fused=fused, capturable=capturable)
+        return build_optimizer(model, self)
 
     def build_scheduler(self, optimizer, epochs: float, steps_per_epoch: int):
         """The learning-rate schedule over ``epochs`` of ``steps_per_epoch`` optimizer steps."""

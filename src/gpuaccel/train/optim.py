@@ -150,18 +150,16 @@ class Muon(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, settings, device: torch.device,
-                    fused: bool = True, capturable: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, settings) -> torch.optim.Optimizer:
     """The optimizer ``settings`` (the config's ``OptimizerSettings``, whose ``build`` calls this)
-    describe. Weight decay applies to weights only: decaying batch-norm scales and biases hurts accuracy.
-    Those also take ``bias_lr_scale`` times the learning rate. ``fused``: one fused kernel per
-    step on a GPU (sharded parameters use the multi-tensor path instead); ``capturable``: AdamW
-    keeps its step count on the device, so that a CUDA graph can hold its update. With ``muon``,
-    convolution filters take Muon's orthogonalised updates at ``muon_lr`` and the rest SGD.
-    Parameters a model updates itself in its backward pass (``updated_in_backward``, e.g.
-    models/dlrm.py's embedding tables) are left out. A parameter with an ``lr_scale`` attribute
-    takes that multiple of its group's rate (e.g. models/recsys.py's autorec, whose matrix
-    factorisation member needs a tenfold rate)."""
+    describe; how it runs on the device (fused or capturable kernels, sharded parameters) is
+    ``Accelerator.prepare_optimizer``'s to decide, for both doors. Weight decay applies to weights
+    only: decaying batch-norm scales and biases hurts accuracy. Those also take ``bias_lr_scale``
+    times the learning rate. With ``muon``, convolution filters take Muon's orthogonalised
+    updates at ``muon_lr`` and the rest SGD. Parameters a model updates itself in its backward
+    pass (``updated_in_backward``, e.g. models/dlrm.py's embedding tables) are left out. A
+    parameter with an ``lr_scale`` attribute takes that multiple of its group's rate (e.g.
+    models/recsys.py's autorec, whose matrix factorisation member needs a tenfold rate)."""
     filters, grouped = [], {(True, 1.0): [], (False, 1.0): []}  # weights, then biases and norms: always both
     for p in model.parameters():
         if p.requires_grad and not getattr(p, "updated_in_backward", False):
@@ -176,12 +174,10 @@ def build_optimizer(model: nn.Module, settings, device: torch.device,
         groups.append({"params": filters, "lr": settings.muon_lr, "momentum": settings.muon_momentum,
                        "orthogonalize": True, "ns_steps": settings.muon_ns_steps})
         return Muon(groups, lr=settings.lr, momentum=settings.momentum, nesterov=settings.nesterov)
-    fused = {"fused": True} if (fused and device.type == "cuda") else {}
     if settings.name == "adamw":
-        return torch.optim.AdamW(groups, lr=settings.lr, betas=(settings.momentum, settings.beta2),
-                                 capturable=capturable and device.type == "cuda", **fused)
+        return torch.optim.AdamW(groups, lr=settings.lr, betas=(settings.momentum, settings.beta2))
     return torch.optim.SGD(groups, lr=settings.lr, momentum=settings.momentum,
-                           nesterov=settings.nesterov and settings.momentum > 0, **fused)
+                           nesterov=settings.nesterov and settings.momentum > 0)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, settings, epochs: float,
