@@ -70,60 +70,40 @@ def run_gpuaccel(src: str, args: list[str], env_extra: dict | None = None, timeo
     return summary
 
 
-def cifar10(trees: dict, data: str, seeds: int, work: Path) -> dict:
+def recipe_runs(trees: dict, recipe: str, data: str, seeds: int, work: Path, fields, summarised) -> dict:
+    """``gpuaccel train --recipe RECIPE`` for seeds 1..``seeds``, the trees alternating who goes first;
+    ``fields(summary)`` picks each run's row, ``summarised`` the keys whose medians are compared."""
     rows = {name: [] for name in trees}
     for seed in range(1, seeds + 1):
-        order = list(trees) if seed % 2 else list(trees)[::-1]  # alternate who goes first
-        for name in order:
-            run_dir = work / f"cifar-{name}-{seed}"
-            subprocess.run(["rm", "-rf", str(run_dir)])
-            s = run_gpuaccel(trees[name], ["train", "--recipe", "cifar10-fast", "--data", data, "--seed", str(seed),
-                                           "--run-dir", str(run_dir), "--quiet"])
-            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
-                "train_seconds": s["train_seconds"], "test_accuracy": accuracy(s),
-                "warmup_seconds": s["warmup_seconds"], "setup_seconds": s["setup_seconds"],
-                "wall_seconds": s["wall_seconds"], "command_seconds": s["command_seconds"],
-                "step_graph": s.get("step_graph")})}
+        for name in (list(trees) if seed % 2 else list(trees)[::-1]):
+            run_dir = work / f"{recipe}-{name}-{seed}"
+            subprocess.run(["rm", "-rf", str(run_dir)], check=False)
+            s = run_gpuaccel(trees[name], ["train", "--recipe", recipe, "--data", data, "--seed", str(seed),
+                                           "--run-dir", str(run_dir), "--quiet"], timeout=500)
+            row = {"seed": seed, **({"error": s["error"]} if "error" in s else
+                                    {**fields(s), "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
             rows[name].append(row)
-            print("cifar10", name, row, flush=True)
-    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds", "test_accuracy"))
-                                      for name in rows}}
+            print(recipe, name, row, flush=True)
+    return {"runs": rows, "summary": {name: _stats(rows[name], summarised) for name in rows}}
+
+
+def cifar10(trees: dict, data: str, seeds: int, work: Path) -> dict:
+    return recipe_runs(trees, "cifar10-fast", data, seeds, work, lambda s: {
+        "train_seconds": s["train_seconds"], "test_accuracy": accuracy(s), "setup_seconds": s["setup_seconds"],
+        "wall_seconds": s["wall_seconds"], "command_seconds": s["command_seconds"]},
+        ("train_seconds", "test_accuracy"))
 
 
 def shakespeare(trees: dict, text: str, seeds: int, work: Path) -> dict:
-    rows = {name: [] for name in trees}
-    for seed in range(1, seeds + 1):
-        order = list(trees) if seed % 2 else list(trees)[::-1]
-        for name in order:
-            run_dir = work / f"shakespeare-{name}-{seed}"
-            subprocess.run(["rm", "-rf", str(run_dir)])
-            s = run_gpuaccel(trees[name], ["train", "--recipe", "shakespeare-char", "--data", text, "--seed",
-                                           str(seed), "--run-dir", str(run_dir), "--quiet"])
-            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
-                "train_seconds": s["train_seconds"], "tokens_per_second": s["tokens_per_second"],
-                "time_to_target": s["time_to_target"], "val_loss": s["metrics"].get("loss"),
-                "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
-            rows[name].append(row)
-            print("shakespeare", name, row, flush=True)
-    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds", "tokens_per_second",
-                                                                 "time_to_target", "val_loss")) for name in rows}}
+    return recipe_runs(trees, "shakespeare-char", text, seeds, work, lambda s: {
+        "train_seconds": s["train_seconds"], "tokens_per_second": s["tokens_per_second"],
+        "time_to_target": s["time_to_target"], "val_loss": s["metrics"].get("loss")},
+        ("train_seconds", "tokens_per_second", "time_to_target", "val_loss"))
 
 
 def scenes_detect(trees: dict, data: str, seeds: int, work: Path) -> dict:
-    rows = {name: [] for name in trees}
-    for seed in range(1, seeds + 1):
-        order = list(trees) if seed % 2 else list(trees)[::-1]
-        for name in order:
-            run_dir = work / f"scenes-{name}-{seed}"
-            subprocess.run(["rm", "-rf", str(run_dir)])
-            s = run_gpuaccel(trees[name], ["train", "--recipe", "scenes-detect", "--data", data, "--seed", str(seed),
-                                           "--run-dir", str(run_dir), "--quiet"], timeout=500)
-            row = {"seed": seed, **({"error": s["error"]} if "error" in s else {
-                "train_seconds": s["train_seconds"], "metrics": s.get("metrics"),
-                "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
-            rows[name].append(row)
-            print("scenes-detect", name, row, flush=True)
-    return {"runs": rows, "summary": {name: _stats(rows[name], ("train_seconds",)) for name in rows}}
+    return recipe_runs(trees, "scenes-detect", data, seeds, work,
+                       lambda s: {"train_seconds": s["train_seconds"], "metrics": s.get("metrics")}, ("train_seconds",))
 
 
 def ports(trees: dict, args, work: Path) -> dict:
