@@ -91,3 +91,42 @@ def test_a_kind_needs_a_name():
 
     with pytest.raises(GpuaccelError, match="needs a name"):
         register_kind(Nameless())
+
+
+RECIPE_KINDS = {"cifar10-accurate": "images", "cifar10-fast": "images", "digits": "images", "fsdd": "audio",
+                "movielens": "ratings", "movielens-topk": "ratings", "multi30k": "translation",
+                "scenes-detect": "scenes", "scenes-segment": "scenes", "shakespeare-char": "text",
+                "sst2": "sentences"}
+
+
+def test_each_shipped_recipe_sets_only_its_kinds_settings():
+    from gpuaccel.train.inputs import check_kind_settings
+    from gpuaccel.train.recipes import list_recipes, load_recipe
+
+    assert sorted(RECIPE_KINDS) == list_recipes()  # (a new recipe names its kind here)
+    for recipe, kind in RECIPE_KINDS.items():
+        check_kind_settings(kind_named(kind), TrainConfig.from_dict(load_recipe(recipe)), kind)
+
+
+def test_another_kinds_setting_is_one_line_and_this_kinds_own_are_taken():
+    from gpuaccel.train.inputs import check_kind_settings
+
+    owners = {name for kind in data_kinds() for name in kind.settings}
+    assert {"tokenizer", "sample_rate", "zoom", "source_lang", "negatives", "loader"} <= owners
+    assert not owners & {"source", "val_split", "cache_dir"}  # (every kind's)
+    text = kind_named("text")
+    check_kind_settings(text, TrainConfig(data="tiny.txt", tokenizer="bpe", vocab_size=512, context=64), "text")
+    with pytest.raises(GpuaccelError, match=r"sample_rate is a setting of audio data; zoom is a setting of "
+                                            r"scenes data, not of text data \(tiny.txt\); leave them out"):
+        check_kind_settings(text, TrainConfig(data="tiny.txt", sample_rate=8000, zoom=0.2, tokenizer="bpe"), "text")
+    with pytest.raises(GpuaccelError, match="tokenizer is a setting of text and sentences data, not of translation"):
+        check_kind_settings(kind_named("translation"), TrainConfig(data="pairs/", tokenizer="bpe"), "translation")
+
+
+def test_training_refuses_a_setting_its_data_would_ignore(tmp_path, capsys):
+    from conftest import assert_user_error
+
+    assert_user_error(capsys, ["train", "--data", "digits", "--tokenizer", "bpe", "--epochs", "1", "--device", "cpu",
+                               "--run-dir", str(tmp_path / "run")],
+                      "--tokenizer is a setting of text and sentences data, not of images data (digits)")
+    assert not (tmp_path / "run").exists()

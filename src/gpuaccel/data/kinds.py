@@ -42,6 +42,10 @@ class DataKind:
     default_model: str | None = None
     default_task: str | None = None
     export_format = "onnx"  # what 'gpuaccel export' writes when no --format is given
+    # its option group: the data settings (flat names, e.g. "tokenizer") it reads beyond those of
+    # every kind (source, val_split, cache_dir); one of another kind's given for this kind's data
+    # is refused in one line rather than silently ignored
+    settings: tuple[str, ...] = ()
 
     def detect(self, path: Path) -> str | None:
         """The format of this kind found at ``path`` (``name`` or one of ``formats``), or None."""

@@ -17,6 +17,7 @@ from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
 
 class Audio(DataKind):
     name = "audio"
+    settings = ("label_pattern", "test_where", "sample_rate", "clip_seconds", "skip_bad")
     detect_order = 40
     description = "recordings with a class each (a folder or .tar.gz of .wav files)"
     default_model = "audio_tcnn"

@@ -26,6 +26,7 @@ def _only_text(path: Path) -> bool:
 
 class Corpus(DataKind):
     name = "text"
+    settings = ("tokenizer", "vocab_size", "context")
     detect_order = 10
     description = "a text corpus for language modelling (a .txt file, or a folder of text files)"
     default_model = "gpt"

@@ -18,6 +18,8 @@ from ..train.inputs import TrainingInputs, augment_config, shared_read
 
 class Images(DataKind):
     name = "images"
+    settings = ("image_size", "loader", "workers", "cpu_decode", "skip_bad", "crop_padding", "flip", "cutout",
+                "brightness", "contrast", "size_schedule")
     formats = tuple(READERS)
     detect_order = 1000  # last: an image folder is what a folder is when nothing more specific is found
     description = "images with a class each (MNIST, CIFAR, an image folder or .tar of one, .npz, .tar shards)"

@@ -15,6 +15,7 @@ from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
 
 class Ratings(DataKind):
     name = "ratings"
+    settings = ("negatives", "eval_negatives")
     detect_order = 20
     description = "ratings (MovieLens files, or a CSV/TSV with user, item and rating columns)"
     default_model = "matrix_factorization"

@@ -14,6 +14,8 @@ from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
 
 class Scenes(DataKind):
     name = "scenes"
+    settings = ("image_size", "skip_bad", "crop_padding", "flip", "cutout", "brightness", "contrast", "zoom",
+                "size_schedule")
     formats = SCENE_KINDS
     detect_order = 50
     description = "detection (COCO annotations, YOLO labels) or segmentation (masks) folders beside images/"

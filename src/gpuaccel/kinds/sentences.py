@@ -14,6 +14,7 @@ from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
 
 class Sentences(DataKind):
     name = "sentences"
+    settings = ("tokenizer", "vocab_size", "context", "text_column", "label_column")
     detect_order = 30
     description = "labelled sentences (.tsv/.csv/.jsonl, or a folder with train.tsv and dev.tsv)"
     default_model = "text_transformer"

@@ -19,6 +19,7 @@ from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
 
 class Translation(DataKind):
     name = "translation"
+    settings = ("vocab_size", "context", "source_lang", "target_lang", "batch_tokens")
     detect_order = 25  # (before labelled sentences: a .tsv of pairs is named translation:PATH)
     description = "sentence pairs (train.<source> + train.<target> files, or a .tsv/.jsonl with a column per side)"
     default_model = "transformer_seq2seq"
