@@ -1,4 +1,5 @@
-"""The package's layers: no subpackage imports one that imports it back (even inside a function)."""
+"""The package's layers: no subpackage imports one that imports it back (even inside a function);
+the runtime below both doors; and the Trainer's attributes few and assigned by its loop only."""
 
 from __future__ import annotations
 
@@ -107,3 +108,41 @@ def test_the_runtime_is_below_both_doors():
                                                                       "gpuaccel.cli"))} for m in runtime)
     assert "gpuaccel.accelerator" in graph["gpuaccel.train.trainer"]
     assert {"gpuaccel.runtime", "gpuaccel.runtime.capture"} & graph["gpuaccel.train.trainer"]
+
+
+LOOP_MODULES = {"train/trainer.py", "train/fit_context.py"}  # the Trainer's loop and its fit's context
+
+
+def test_only_the_loop_assigns_the_trainers_attributes():
+    """A module that reads a trainer (``trainer.x``) may call its parts, but only the loop's own
+    modules assign ``trainer.x = ...`` (or ``trainer.x.y = ...``): the rest return what they made."""
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name in LOOP_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for part in ast.walk(target):
+                    base = part
+                    while isinstance(base, ast.Attribute):
+                        base = base.value
+                    if isinstance(part, ast.Attribute) and isinstance(base, ast.Name) and base.id == "trainer":
+                        offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_a_trained_trainer_holds_few_attributes(tmp_path):
+    """What the accelerator and the strategy decided is read from them, not copied into the Trainer."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(64, 4)
+    trainer = gpuaccel.Trainer(gpuaccel.TrainConfig(batch_size=32, epochs=1, device="cpu", ema=0.9, monitor=False,
+                                                    run_dir=str(tmp_path / "run")),
+                               model=torch.nn.Linear(4, 2), train_data=(x, (x[:, 0] > 0).long()),
+                               eval_data=(x[:32], (x[:32, 0] > 0).long()), loss_fn=F.cross_entropy, quiet=True)
+    trainer.fit()
+    assert len(vars(trainer)) <= 25, sorted(vars(trainer))
