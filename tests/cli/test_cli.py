@@ -28,6 +28,24 @@ def test_help_explains_the_options(capsys):
         assert text in out
 
 
+def test_help_groups_the_data_settings_by_the_kinds_of_data_they_are_for(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    sections = {}  # option -> the title of the group it is listed under
+    title = None
+    for line in out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+        elif line.startswith("  --"):
+            sections[line.split()[0]] = title
+    assert sections["--data"] == sections["--val-split"] == "data settings"
+    assert sections["--sample-rate"] == "data settings (audio data)"
+    assert sections["--tokenizer"] == "data settings (text and sentences data)"
+    assert sections["--zoom"] == "data settings (scenes data)"
+    assert sections["--lr"] == "optimizer settings"
+
+
 def test_console_script_entry_point(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gpuaccel", "models"], capture_output=True, text=True)
     assert result.returncode == 0 and "resnet18" in result.stdout

@@ -44,19 +44,37 @@ def keywords(text: str) -> dict:
 
 def add_config_options(parser, names=None, shown_defaults: dict | None = None) -> None:
     """TrainConfig's settings (all, or those in ``names``: flat names) as options, one group per
-    section, made from the schema (train/config.py): type, help, valid values and default declared
-    there once. Every option defaults to None here, so that what the user typed is known."""
+    section (the data section's by the kinds whose option group a setting is in), made from the
+    schema (train/config.py): type, help, valid values and default declared there once. Every
+    option defaults to None here, so that what the user typed is known."""
     import typing
 
+    from ..data.kinds import data_kinds, kind_named
     from ..train.config import SCHEMA
 
-    groups: dict[str, argparse._ArgumentGroup] = {}
+    kinds = [kind.name for kind in data_kinds()]
+    owners = {name: tuple(k for k in kinds if name in kind_named(k).settings)
+              for kind in data_kinds() for name in kind.settings}  # a data setting -> the kinds it is for
+
+    def group_of(setting) -> tuple[str, tuple[str, ...]]:
+        """(its section, the kinds it is for: none where every kind's)."""
+        return setting.section, owners.get(setting.flat, ())
+
+    def title(section: str, kinds_of: tuple[str, ...]) -> str:
+        if not kinds_of:
+            return f"{section} settings"
+        named = " and ".join([", ".join(kinds_of[:-1]), kinds_of[-1]] if len(kinds_of) > 1 else kinds_of)
+        return f"{section} settings ({named} data)"
+
+    sections = list(dict.fromkeys(s.section for s in SCHEMA.values()))
+    keys = sorted({group_of(s) for s in SCHEMA.values()},  # each section's groups together, kind by kind
+                  key=lambda key: (sections.index(key[0]), [kinds.index(k) for k in key[1]]))
+    groups = {key: parser.add_argument_group(title(*key)) for key in keys}
     for s in SCHEMA.values():
         meta = s.field.metadata
         if not meta["cli"] or (names is not None and s.flat not in names):
             continue
-        group = groups.get(s.section) or groups.setdefault(
-            s.section, parser.add_argument_group(s.section + " settings"))
+        group = groups[group_of(s)]
         default = (shown_defaults or {}).get(s.flat, s.default)
         text = meta["help"]
         if meta["choices"] and not all(c in text for c in meta["choices"]):
