@@ -80,9 +80,9 @@ class Precision:
         inside the recording."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        recording = getattr(_REGION, "capturable", 0) > 0 or \
+        captured = getattr(_REGION, "capturable", 0) > 0 or \
             (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=not recording)
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype, cache_enabled=not captured)
 
     @property
     def input_dtype(self) -> torch.dtype:

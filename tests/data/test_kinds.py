@@ -105,7 +105,7 @@ def test_each_shipped_recipe_sets_only_its_kinds_settings():
 
     assert sorted(RECIPE_KINDS) == list_recipes()  # (a new recipe names its kind here)
     for recipe, kind in RECIPE_KINDS.items():
-        check_kind_settings(kind_named(kind), TrainConfig.from_dict(load_recipe(recipe)), kind)
+        check_kind_settings(kind_named(kind), TrainConfig.from_dict(load_recipe(recipe)))
 
 
 def test_another_kinds_setting_is_one_line_and_this_kinds_own_are_taken():
@@ -115,12 +115,12 @@ def test_another_kinds_setting_is_one_line_and_this_kinds_own_are_taken():
     assert {"tokenizer", "sample_rate", "zoom", "source_lang", "negatives", "loader"} <= owners
     assert not owners & {"source", "val_split", "cache_dir"}  # (every kind's)
     text = kind_named("text")
-    check_kind_settings(text, TrainConfig(data="tiny.txt", tokenizer="bpe", vocab_size=512, context=64), "text")
+    check_kind_settings(text, TrainConfig(data="tiny.txt", tokenizer="bpe", vocab_size=512, context=64))
     with pytest.raises(GpuaccelError, match=r"sample_rate is a setting of audio data; zoom is a setting of "
                                             r"scenes data, not of text data \(tiny.txt\); leave them out"):
-        check_kind_settings(text, TrainConfig(data="tiny.txt", sample_rate=8000, zoom=0.2, tokenizer="bpe"), "text")
+        check_kind_settings(text, TrainConfig(data="tiny.txt", sample_rate=8000, zoom=0.2, tokenizer="bpe"))
     with pytest.raises(GpuaccelError, match="tokenizer is a setting of text and sentences data, not of translation"):
-        check_kind_settings(kind_named("translation"), TrainConfig(data="pairs/", tokenizer="bpe"), "translation")
+        check_kind_settings(kind_named("translation"), TrainConfig(data="pairs/", tokenizer="bpe"))
 
 
 def test_training_refuses_a_setting_its_data_would_ignore(tmp_path, capsys):

@@ -49,12 +49,11 @@ def add_config_options(parser, names=None, shown_defaults: dict | None = None) -
     option defaults to None here, so that what the user typed is known."""
     import typing
 
-    from ..data.kinds import data_kinds, kind_named
+    from ..data.kinds import data_kinds, setting_kinds
     from ..train.config import SCHEMA
 
     kinds = [kind.name for kind in data_kinds()]
-    owners = {name: tuple(k for k in kinds if name in kind_named(k).settings)
-              for kind in data_kinds() for name in kind.settings}  # a data setting -> the kinds it is for
+    owners = setting_kinds()  # a data setting -> the kinds it is for
 
     def group_of(setting) -> tuple[str, tuple[str, ...]]:
         """(its section, the kinds it is for: none where every kind's)."""

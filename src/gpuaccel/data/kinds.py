@@ -105,6 +105,14 @@ def data_kinds() -> list[DataKind]:
     return sorted(_KINDS.values(), key=lambda k: k.detect_order)
 
 
+def setting_kinds() -> dict[str, tuple[str, ...]]:
+    """Each data setting some kind names in its option group (``DataKind.settings``), and the kinds
+    that name it, in registry order; settings of every kind (source, val_split, ...) are not here."""
+    kinds = data_kinds()
+    names = dict.fromkeys(name for kind in kinds for name in kind.settings)
+    return {name: tuple(kind.name for kind in kinds if name in kind.settings) for name in names}
+
+
 def spec_names() -> dict[str, DataKind]:
     """Every name ``--data NAME:PATH`` takes, and the kind that reads it."""
     return {name: kind for kind in data_kinds() for name in (kind.name, *kind.formats)}

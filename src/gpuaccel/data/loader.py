@@ -383,7 +383,7 @@ class WorkerLoader(ShardedOrder):
         on_gpu = device.type == "cuda"
         # the workers get a plain copy of the ordering, not this object with its stream and loader
         order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                              world_size=world_size, drop_last=self.drop_last)
+                             world_size=world_size, drop_last=self.drop_last)
         steps = len(self)
         self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
                                   lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),

@@ -446,7 +446,7 @@ class StreamLoader:
                                     rank=rank, world_size=world_size)
         else:
             self.order = ShardedOrder(len(records), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                                       world_size=world_size, drop_last=None)
+                                      world_size=world_size, drop_last=None)
         self.num_images = len(records)
         self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
         self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders

@@ -85,7 +85,7 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
         if order_of is not None:  # (its batch size and drop_last)
             batch_size, drop_last, train = order_of.batch_size, order_of.drop_last, False
         ShardedOrder.__init__(self, rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                               world_size=world_size, drop_last=drop_last)
+                              world_size=world_size, drop_last=drop_last)
         self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
         self.tensors = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tensors)
 
@@ -155,7 +155,7 @@ class _DatasetPasses(ShardedOrder):
         super().__init__(len(dataset), batch_size=batch_size, train=train, seed=seed, rank=rank,
                          world_size=world_size, drop_last=drop_last)
         order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                              world_size=world_size, drop_last=self.drop_last)
+                             world_size=world_size, drop_last=self.drop_last)
         steps = len(self)
         self._reader = PassReader(_DatasetBatches(order, dataset, collate),
                                   lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),

@@ -121,7 +121,7 @@ class FitContext:
         self.evaluation_seconds = time.perf_counter() - started  # (--time-limit keeps this much for the last one)
         measured = trainer.acc.stats()  # (since the previous evaluation)
         record["data_wait"] = measured["data_wait_share"]
-        if self.sampler is not None and measured["gpu_util"] is not None:
+        if measured["gpu_util"] is not None:  # (with --monitor on a GPU)
             record["gpu_util"] = measured["gpu_util"]
         if self.metrics is not None:
             self.metrics.append(record)

@@ -21,7 +21,7 @@ import torch
 
 from ..data import ImageDataset, StreamingDataset, cache, parse_spec
 from ..data.augment import AugmentConfig, parse_size_schedule
-from ..data.kinds import data_kinds, kind_named
+from ..data.kinds import kind_named, setting_kinds
 from ..data.tensors import is_tensors, split_off
 from ..errors import GpuaccelError
 from ..runtime.loaders import user_loader
@@ -116,20 +116,17 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
     if config.data.loader == "stream" and not getattr(kind, "streams", False):
         raise GpuaccelError(f"--loader stream reads image folders; {fmt} data is read once and kept on the "
                             f"device (use --loader auto, gpu or cpu)")
-    check_kind_settings(kind, config, fmt)
+    check_kind_settings(kind, config)
     inputs = kind.open(config, path, fmt, dist=dist)
     inputs.data_kind = inputs.data_kind or kind.name
     return inputs
 
 
-def check_kind_settings(kind, config: TrainConfig, fmt: str) -> None:
+def check_kind_settings(kind, config: TrainConfig) -> None:
     """Refuses, in one line, settings of other kinds' option groups (``DataKind.settings``) given
     for this kind's data (changed from their defaults): ``--tokenizer bpe`` for an image folder
     would otherwise be silently ignored."""
-    owners: dict[str, list[str]] = {}
-    for other in data_kinds():
-        for name in other.settings:
-            owners.setdefault(name, []).append(other.name)
+    owners = setting_kinds()
     foreign = [name for name in owners if name not in kind.settings and config.get(name) != SCHEMA[name].default]
     if foreign:
         said = "; ".join(f"--{name.replace('_', '-')} is a setting of {' and '.join(owners[name])} data"
