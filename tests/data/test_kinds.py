@@ -95,7 +95,7 @@ def test_a_kind_needs_a_name():
 
 RECIPE_KINDS = {"cifar10-accurate": "images", "cifar10-fast": "images", "digits": "images", "fsdd": "audio",
                 "movielens": "ratings", "movielens-topk": "ratings", "multi30k": "translation",
-                "scenes-detect": "scenes", "scenes-segment": "scenes", "shakespeare-char": "text",
+                "gpt2-small": "text", "scenes-detect": "scenes", "scenes-segment": "scenes", "shakespeare-char": "text",
                 "sst2": "sentences"}
 
 

@@ -303,3 +303,45 @@ def test_stats_report_the_share_of_time_spent_waiting_for_batches():
     assert acc.stats()["data_wait_share"] < 0.2
     assert acc.stats() == {"seconds": 0.0, "data_wait_share": 0.0, "gpu_util": None, "gpu_mem_used_mib": None,
                            "gpu_power_w": None, "gpu_monitor": "no GPU in use"}  # nothing since the last call
+
+
+@pytest.mark.gpu
+def test_a_flat_captured_loop_holding_its_loss_warns_nothing_and_times_its_batches():
+    """nanoGPT's shape of loop: a module-level ``get_batch`` through ``acc.timed``, a captured step
+    that returns its loss with the autograd graph, held by the loop into the next call. No
+    PyTorch warning about the gradient-accumulation nodes' streams, and ``stats()`` counts the
+    loop's time from its timed batches."""
+    import warnings
+
+    data, targets = (t.cuda() for t in accelerator_loop.data().tensors)
+    acc = gpuaccel.Accelerator(device="cuda", precision="bf16")
+    model = accelerator_loop.model()
+    net, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+
+    def get_batch(split):
+        rows = torch.randint(len(data), (32,), device="cuda")
+        return data[rows], targets[rows]
+
+    get_batch = acc.timed(get_batch)
+
+    @acc.capture
+    def step(x, y):
+        with acc.autocast():
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss  # (with its graph, as a script returns it)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, y = get_batch("train")
+        for _ in range(12):
+            loss = step(x, y)
+            x, y = get_batch("train")
+        assert torch.isfinite(loss).item()
+        stats = acc.stats()
+    assert step.captured
+    assert not [w for w in caught if "AccumulateGrad" in str(w.message)], [str(w.message) for w in caught]
+    assert stats["seconds"] > 0 and 0 <= stats["data_wait_share"] < 1, stats
+    acc.end()

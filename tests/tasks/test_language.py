@@ -148,6 +148,51 @@ def test_generation_with_the_cache_equals_recomputing_the_whole_context(temperat
     assert torch.equal(runs[0], runs[1])
 
 
+def test_a_padded_vocabulary_gives_the_vocabularys_logits_and_the_same_generation():
+    """pad_vocab rounds the embedding up (rows no token reaches); the logits stay the
+    vocabulary's, so the loss, generation and decoding never see a padding row."""
+    torch.manual_seed(0)
+    model = create_model("gpt", vocab_size=30, context_length=16, layers=1, heads=2, width=16, pad_vocab=64).eval()
+    assert model.embedding.num_embeddings == 64 and model.head.weight.shape == (64, 16)
+    ids = torch.randint(30, (2, 9))
+    assert model(ids).shape == (2, 9, 30)
+    assert model.generate(ids, 20, temperature=1.0, generator=torch.Generator().manual_seed(0)).max() < 30
+    with pytest.raises(GpuaccelError, match="pad_vocab must be a whole number"):
+        create_model("gpt", vocab_size=30, pad_vocab=0)
+
+
+def test_an_attention_kernel_is_named_and_math_gives_pytorchs_default_result():
+    torch.manual_seed(0)
+    default = create_model("gpt", vocab_size=20, context_length=8, layers=1, heads=2, width=16).eval()
+    math_only = create_model("gpt", vocab_size=20, context_length=8, layers=1, heads=2, width=16,
+                             attention="math").eval()
+    math_only.load_state_dict(default.state_dict())
+    ids = torch.randint(20, (2, 8))
+    assert torch.allclose(default(ids), math_only(ids), atol=1e-5)
+    with pytest.raises(GpuaccelError, match="attention is auto or one of flash, cudnn"):
+        create_model("gpt", vocab_size=20, attention="fast")
+
+
+def test_the_gpt2_small_recipe_builds_gpt2s_shape_on_a_learned_bpe_vocabulary(tmp_path):
+    """The recipe as a CPU can afford it: its settings (BPE, context 1024, 12 x 768, padded
+    vocabulary) built into a Trainer on a small corpus; the model is GPT-2 small's shape."""
+    from gpuaccel.train.recipes import load_recipe
+
+    corpus = tmp_path / "words.txt"
+    corpus.write_text(" ".join(random.Random(0).choice(["the", "cat", "sat", "on", "a", "mat", "and", "dog"])
+                               for _ in range(40000)))
+    settings = {**load_recipe("gpt2-small"), "data": str(corpus), "device": "cpu", "compile": False,
+                "monitor": False, "run_dir": None, "cache_dir": str(tmp_path / "cache")}
+    trainer = Trainer(TrainConfig.from_dict(settings), quiet=True)
+    model = trainer.model
+    assert len(model.blocks) == 12 and model.embedding.embedding_dim == 768 and model.context_length == 1024
+    assert trainer.inputs.tokenizer["kind"] == "bpe"
+    vocabulary = model.vocab_size
+    assert 256 < vocabulary <= 50257 and model.embedding.num_embeddings == -(-vocabulary // 64) * 64
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2)
+    assert matrices - model.embedding.weight.numel() == 12 * 12 * 768 * 768  # GPT-2 small's blocks
+
+
 # ------------------------------------------------------------------------------ training and generation
 
 def test_a_tiny_language_model_learns_far_below_the_unigram_entropy(tmp_path, corpus_file, capsys):

@@ -1,14 +1,18 @@
 """``gpt``: a decoder-only transformer for language modelling.
 
 Pre-norm blocks (RMSNorm), causal self-attention through ``F.scaled_dot_product_attention``
-(flash kernels on GPUs), rotary position embeddings, an MLP, and an output layer tied to the
-token embedding. The model returns logits (batch, time, vocabulary); the language-modelling
-task computes the loss. ``generate`` samples with a key/value cache, so each new token costs
-one position's work, not the whole prefix's.
+(flash or cuDNN kernels on GPUs), rotary position embeddings, an MLP, and an output layer tied
+to the token embedding. The model returns logits (batch, time, vocabulary); the
+language-modelling task computes the loss. ``generate`` samples with a key/value cache, so each
+new token costs one position's work, not the whole prefix's. ``attention`` picks the attention
+kernel (PyTorch's choice by default); ``pad_vocab`` rounds the embedding's rows up to a multiple
+(a learned vocabulary has any size, and an odd one keeps the output layer's matrix products off
+the tensor cores' fast path; the logits stay the vocabulary's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -78,14 +82,20 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
+ATTENTION_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
 class Attention(RotaryTables):
     """Causal self-attention with rotary positions. Each layer holds its own rotary tables
     (12 layers x context 1024 x 64 dims: 3 MB), so a block takes only the residual stream and
-    a pipeline stage boundary carries one activation."""
+    a pipeline stage boundary carries one activation. ``kernel``: one of ``ATTENTION_KERNELS``'
+    SDPA backends, or None for PyTorch's choice."""
 
-    def __init__(self, width: int, heads: int, dropout: float, context_length: int):
+    def __init__(self, width: int, heads: int, dropout: float, context_length: int,
+                 kernel: SDPBackend | None = None):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads, self.dropout, self.kernel = heads, dropout, kernel
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
         cos, sin = rotary_tables(context_length, width // heads)
@@ -102,8 +112,9 @@ class Attention(RotaryTables):
         if cache is not None:
             causal = cache.position == 0  # a prompt attends causally; a new token sees every cached one
             k, v = cache.append(layer, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        with contextlib.nullcontext() if self.kernel is None or cache is not None else sdpa_kernel(self.kernel):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -123,10 +134,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, dropout: float,
-                 context_length: int):
+                 context_length: int, kernel: SDPBackend | None = None):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
-        self.attention = Attention(width, heads, dropout, context_length)
+        self.attention = Attention(width, heads, dropout, context_length, kernel)
         self.mlp = MLP(width, mlp_ratio, activation)
         self.dropout = nn.Dropout(dropout)
 
@@ -137,19 +148,26 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6,
-                 width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0):
+                 width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0,
+                 attention: str = "auto", pad_vocab: int = 1):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise GpuaccelError(f"gpt: width {width} must split into {heads} heads of an even size")
         if activation not in ("gelu", "relu2"):
             raise GpuaccelError(f"gpt: activation is gelu or relu2, not {activation!r}")
+        if attention != "auto" and attention not in ATTENTION_KERNELS:
+            raise GpuaccelError(f"gpt: attention is auto or one of {', '.join(ATTENTION_KERNELS)}, not {attention!r}")
+        if isinstance(pad_vocab, bool) or not isinstance(pad_vocab, int) or pad_vocab < 1:
+            raise GpuaccelError(f"gpt: pad_vocab must be a whole number >= 1, got {pad_vocab!r}")
         self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
-        self.embedding = nn.Embedding(vocab_size, width)
+        rows = -(-vocab_size // pad_vocab) * pad_vocab  # (rows past the vocabulary are never a target)
+        self.embedding = nn.Embedding(rows, width)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length)
+        kernel = ATTENTION_KERNELS.get(attention)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length, kernel)
                                     for _ in range(layers))
         self.norm = nn.RMSNorm(width)
-        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.head = nn.Linear(width, rows, bias=False)
         self.head.weight = self.embedding.weight  # tied: one matrix reads and writes tokens
         self._init_weights(layers)
 
@@ -171,7 +189,8 @@ class GPT(nn.Module):
             x = block(x, cache, i)
         if cache is not None:
             cache.position += t
-        return self.head(self.norm(x))
+        logits = self.head(self.norm(x))
+        return logits if logits.shape[-1] == self.vocab_size else logits[..., :self.vocab_size]
 
     def new_cache(self, batch: int, device, dtype) -> KVCache:
         attention = self.blocks[0].attention
@@ -218,7 +237,10 @@ class GPT(nn.Module):
 
 @register_model("gpt")
 def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
-        mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0) -> GPT:
+        mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0, attention: str = "auto",
+        pad_vocab: int = 1) -> GPT:
     """Decoder-only transformer; the data gives ``vocab_size`` and ``context_length``, and
-    ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size."""
-    return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout)
+    ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size (``attention=cudnn``,
+    ``pad_vocab=64``: see the module's notes)."""
+    return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout, attention,
+               pad_vocab)

@@ -269,7 +269,7 @@ class CapturedStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), self._learning_rates_as_tensors():
-            outputs = self._call(args)
+            outputs = _without_autograd_graph(self._call(args))
         torch.cuda.current_stream(self.device).wait_stream(side)
         return outputs
 
@@ -326,7 +326,7 @@ class CapturedStep:
         except RuntimeError as exc:
             self._give_up(_cause(exc))
             return False
-        recording.graph, recording.outputs = graph, outputs
+        recording.graph, recording.outputs = graph, _without_autograd_graph(outputs)
         return True
 
     def _give_up(self, cause: str) -> None:
@@ -349,6 +349,14 @@ class CapturedStep:
             if recording.graph is not None:
                 recording.graph.reset()
         self.recordings.clear()
+
+
+def _without_autograd_graph(outputs):
+    """A step's outputs detached. A returned loss that kept its autograd graph would keep the
+    parameters' gradient-accumulation nodes alive into the next call, which records on another
+    stream than the one they were made on (PyTorch warns "The AccumulateGrad node's stream does
+    not match ..."). The step has run its backward pass already: the graph has no use after it."""
+    return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, outputs)
 
 
 def _same_layout_copy(value):

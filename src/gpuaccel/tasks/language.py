@@ -31,6 +31,9 @@ class LanguageModelling(Task):
 
     name = "language_modelling"
     default_target = "loss"
+    # eager, the float32 copy of the logits and the cross-entropy's kernels forward and backward
+    # cost GPT-2 small (20k tokens) 6% of its step (docs/results.md, "GPT-2 size")
+    compile_loss = True
 
     def loss(self, logits, targets):
         # in float32: a bf16 loss is rounded to steps of 1/128 near 1.5, coarser than the

@@ -1,0 +1,83 @@
+"""Each recipe's whole command, cold and warm: ``gpuaccel train --recipe NAME --data DATA`` as a
+user types it, timed from the shell's side, with its phases from the run's summary.
+
+    python benchmarks/cold_start/cold_start.py --run cifar10-fast=/tmp/data/cifar10 \\
+        --run shakespeare-char=tinyshakespeare.txt --warm 2 --out cold_start.json
+
+Cold: gpuaccel's cache folder (``GPUACCEL_CACHE_DIR``: the decoded data, the interpreter's
+bytecode for Dynamo and Inductor, Inductor's compiled graphs and kernels) and Triton's own
+(``TRITON_CACHE_DIR``) are new and empty, as on a machine that never ran gpuaccel; the
+operating system's file cache is not emptied. Warm: the same command again with those folders
+as the cold run left them (``--warm`` times). ``--run NAME=DATA:OPTIONS`` adds options to a
+recipe's command (after a colon, shell-quoted).
+
+Reported per command: the whole command's seconds, and from the summary the set-up (imports,
+data, model), the warm-up (compiling and recording the step, phase by phase), training and
+the rest (evaluations, checkpoints, the summary, the exit); and the issue's aim for a cold
+command, at most twice the training time plus 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def whole_command(recipe: str, data: str, options: list[str], cache: Path, run_dir: Path) -> dict:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = {**os.environ, "GPUACCEL_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    command = [sys.executable, "-m", "gpuaccel", "train", "--recipe", recipe, "--data", data,
+               "--run-dir", str(run_dir), "--json", *options]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        return {"error": (done.stdout + done.stderr)[-3000:], "command_seconds": round(seconds, 2)}
+    s = json.loads(done.stdout[done.stdout.index("{"):])
+    setup, warmup, train = s["setup_seconds"], s["warmup_seconds"], s["train_seconds"]
+    return {"command_seconds": round(seconds, 2), "setup_seconds": setup, "warmup_seconds": warmup,
+            "train_seconds": train, "rest_seconds": round(seconds - setup - warmup - train, 2),
+            "warmup_phases": s["warmup_phases"], "phases": s.get("phases"), "steps": s["steps"],
+            "metrics": s["metrics"],
+            "aim_seconds": round(2 * train + 10, 2), "within_aim": seconds <= 2 * train + 10}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", action="append", required=True, metavar="RECIPE=DATA[:OPTIONS]")
+    p.add_argument("--warm", type=int, default=1, help="warm commands after each cold one")
+    p.add_argument("--work", default="/tmp/cold_start")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    import torch
+
+    work = Path(args.work)
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+              "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "cpus": os.cpu_count(), "recipes": {}}
+    for spec in args.run:
+        recipe, _, rest = spec.partition("=")
+        data, _, options = rest.partition(":")
+        cache = work / f"cache-{recipe}"
+        shutil.rmtree(cache, ignore_errors=True)
+        rows = {"options": shlex.split(options), "cold": None, "warm": []}
+        rows["cold"] = whole_command(recipe, data, rows["options"], cache, work / "run")
+        print(recipe, "cold", json.dumps(rows["cold"])[:2000], flush=True)
+        for _ in range(args.warm):
+            rows["warm"].append(whole_command(recipe, data, rows["options"], cache, work / "run"))
+            print(recipe, "warm", json.dumps(rows["warm"][-1])[:2000], flush=True)
+        result["recipes"][recipe] = rows
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
