@@ -1,7 +1,8 @@
 """gpuaccel's ``gpt`` against nanoGPT's own model (cpu_baseline.py's ``NanoGPT``) of the same size,
 their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process;
-gpuaccel's with its rotary embedding as written now (``models.gpt.rotate``: one multiply-add with
-the halves swapped) and as it was written before (the halves split, rotated and joined again).
+gpuaccel's as it is now (the rotary embedding one multiply-add with the halves swapped, RMSNorm's
+gradient written out: ``models.layers.RMSNorm``), with its rotary embedding as it was written
+before (the halves split, rotated and joined again), and with PyTorch's ``nn.RMSNorm``.
 
     python benchmarks/cpu_baseline/rotary_swap.py --rounds 3 --steps 30 --out results/rotary_swap_cpu.json
 """
@@ -9,6 +10,7 @@ the halves swapped) and as it was written before (the halves split, rotated and 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import gpuaccel.models.gpt as gpt_module
@@ -65,12 +68,18 @@ def main():
     q = torch.randn(2, 4, 64, 32)
     cos, sin = gpt_module.rotary_tables(64, 32)
     assert torch.equal(gpt_module.rotate(q, cos, sin), split_rotate(q, cos, sin))  # (the same function)
-    now_rotate, runs = gpt_module.rotate, {"nanogpt": [], "gpt_split_rotate": [], "gpt": []}
+    torch_norms = copy.deepcopy(ours)
+    for module in torch_norms.modules():
+        if isinstance(module, nn.RMSNorm):
+            module.__class__ = nn.RMSNorm  # (the same parameters, PyTorch's forward and backward)
+    now_rotate = gpt_module.rotate
+    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_nn_rmsnorm": [], "gpt": []}
     for _ in range(args.rounds):
         runs["nanogpt"].append(tokens_per_second(nano, args.steps))
         gpt_module.rotate = split_rotate
         runs["gpt_split_rotate"].append(tokens_per_second(ours, args.steps))
         gpt_module.rotate = now_rotate
+        runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))
         runs["gpt"].append(tokens_per_second(ours, args.steps))
     ratios = {k: [round(a / b, 3) for a, b in zip(v, runs["nanogpt"])] for k, v in runs.items() if k != "nanogpt"}
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -76,3 +76,33 @@ def test_both_ways_of_writing_the_rotary_embedding_give_the_same_bits(dtype):
     turned = rotate_halves(x, cos, sin)[0, 0, 5].float()
     expected = torch.stack([x1 * math.cos(angle) - x2 * math.sin(angle), x2 * math.cos(angle) + x1 * math.sin(angle)])
     torch.testing.assert_close(torch.stack([turned[1], turned[5]]), expected.to(dtype).float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("shape, normalized", [((4, 16, 32), 32), ((3, 5, 6, 10), (6, 10))])
+def test_rmsnorm_with_its_gradient_by_hand_is_pytorchs_rmsnorm(shape, normalized):
+    """layers.RMSNorm trains on a CPU through a hand-written gradient: the same outputs to the
+    bit and the same gradients as nn.RMSNorm, the same parameters; without gradients it is
+    nn.RMSNorm's own forward."""
+    from gpuaccel.models.layers import RMSNorm
+
+    torch.manual_seed(0)
+    theirs, ours = torch.nn.RMSNorm(normalized), RMSNorm(normalized)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    x, grad = torch.randn(*shape, requires_grad=True), torch.randn(*shape)
+    out = ours(x)
+    assert type(out.grad_fn).__name__ == "_RMSNormByHandBackward"
+    assert torch.equal(out, theirs(x))
+    for a, b in zip(torch.autograd.grad(out, [x, ours.weight], grad),
+                    torch.autograd.grad(theirs(x), [x, theirs.weight], grad)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+    # the formula itself, in float64 against numerical derivatives
+    from gpuaccel.models.layers import _RMSNormByHand
+
+    dims = ours.weight.dim()
+    assert torch.autograd.gradcheck(lambda v, w: _RMSNormByHand.apply(v, w, 1e-6, dims),
+                                    (torch.randn(*shape, dtype=torch.double, requires_grad=True),
+                                     torch.randn(ours.weight.shape, dtype=torch.double, requires_grad=True)))

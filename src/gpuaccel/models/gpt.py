@@ -1,8 +1,8 @@
 """``gpt``: a decoder-only transformer for language modelling.
 
-Pre-norm blocks (RMSNorm), causal self-attention through ``F.scaled_dot_product_attention``
-(flash or cuDNN kernels on GPUs), rotary position embeddings, an MLP, and an output layer tied
-to the token embedding. The model returns logits (batch, time, vocabulary); the
+Pre-norm blocks (RMSNorm: :class:`layers.RMSNorm`), causal self-attention through
+``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position
+embeddings, an MLP, and an output layer tied to the token embedding. The model returns logits (batch, time, vocabulary); the
 language-modelling task computes the loss. ``generate`` samples with a key/value cache, so each
 new token costs one position's work, not the whole prefix's. ``attention`` picks the attention
 kernel (PyTorch's choice by default); ``pad_vocab`` rounds the embedding's rows up to a multiple
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import GpuaccelError
+from .layers import RMSNorm
 from .registry import register_model
 
 
@@ -136,7 +137,7 @@ class Block(nn.Module):
     def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, dropout: float,
                  context_length: int, kernel: SDPBackend | None = None):
         super().__init__()
-        self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
+        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
         self.attention = Attention(width, heads, dropout, context_length, kernel)
         self.mlp = MLP(width, mlp_ratio, activation)
         self.dropout = nn.Dropout(dropout)
@@ -166,7 +167,7 @@ class GPT(nn.Module):
         kernel = ATTENTION_KERNELS.get(attention)
         self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length, kernel)
                                     for _ in range(layers))
-        self.norm = nn.RMSNorm(width)
+        self.norm = RMSNorm(width)
         self.head = nn.Linear(width, rows, bias=False)
         self.head.weight = self.embedding.weight  # tied: one matrix reads and writes tokens
         self._init_weights(layers)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import GpuaccelError
 from .gpt import MLP, RotaryTables, rotary_tables, rotate
+from .layers import RMSNorm
 from .registry import register_model
 
 _PAIR_PRIME = 1_000_003
@@ -73,7 +74,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
         self.heads, self.dropout = heads, dropout
-        self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
+        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
         self.mlp = MLP(width, 4.0, "gelu")
@@ -101,7 +102,7 @@ class TextTransformer(RotaryTables):
         self.word_dropout, self.pooling = word_dropout, pooling
         self.embedding = nn.Embedding(vocab_size, width, padding_idx=0)
         self.blocks = nn.ModuleList(EncoderBlock(width, heads, dropout) for _ in range(layers))
-        self.norm = nn.RMSNorm(width)
+        self.norm = RMSNorm(width)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(2 * width if pooling == "mean_max" else width, num_classes)
         cos, sin = rotary_tables(context_length, width // heads)
