@@ -80,6 +80,35 @@ def test_bpe_tokens_are_learned_from_the_training_split(tmp_path, corpus_file):
     assert corpus.tokenizer.decode(corpus.val) == corpus_file.read_text()[5400:]
 
 
+def test_a_tokenizer_file_is_used_as_it_is_and_recorded_for_generation(tmp_path, corpus_file, capsys):
+    """--tokenizer-file: a HuggingFace tokenizer.json (as GPT-2's is published) tokenises the
+    corpus instead of a learned vocabulary; the run records it, so generation decodes with it."""
+    pytest.importorskip("tokenizers")
+    from gpuaccel.data.text import BpeTokenizer
+
+    other_text = " ".join(["abc", "abd", "bcd", "cab"] * 200)
+    given = BpeTokenizer.train([other_text], 270)
+    file = tmp_path / "tokenizer.json"
+    given.tokenizer.save(str(file))
+    corpus = load_corpus(corpus_file, tokenizer="bpe", tokenizer_file=file, cache_dir=tmp_path / "cache")
+    assert corpus.vocab_size == given.vocab_size
+    assert np.array_equal(corpus.val, given.encode(corpus_file.read_text()[5400:]))
+    learned = load_corpus(corpus_file, tokenizer="bpe", vocab_size=270, cache_dir=tmp_path / "cache")
+    assert not np.array_equal(learned.val, corpus.val)  # (not the vocabulary learned from this corpus)
+
+    Trainer(tiny_lm_config(tmp_path, corpus_file, tokenizer=None, tokenizer_file=str(file), epochs=1),
+            quiet=True).fit()
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "abc", "--tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["texts"][0].startswith("abc")
+    with pytest.raises(GpuaccelError, match="no such file"):
+        load_corpus(corpus_file, tokenizer="bpe", tokenizer_file=tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(GpuaccelError, match="is not a HuggingFace tokenizer.json"):
+        load_corpus(corpus_file, tokenizer="bpe", tokenizer_file=tmp_path / "bad.json")
+    with pytest.raises(GpuaccelError, match="goes with (--)?tokenizer bpe, not char"):
+        load_corpus(corpus_file, tokenizer="char", tokenizer_file=file)
+
+
 def test_char_tokens_round_trip_and_unknown_characters_are_named():
     tok = CharTokenizer("hello world")
     assert tok.decode(tok.encode("hello")) == "hello"

@@ -17,6 +17,7 @@ consecutive non-overlapping windows, every one of them, in order.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -213,6 +214,20 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
     raise GpuaccelError(f"unknown tokenizer {kind!r} in the checkpoint")
 
 
+def read_tokenizer_file(path: Path, tokenizer: str) -> BpeTokenizer:
+    """A HuggingFace ``tokenizer.json`` (GPT-2's, or one saved by ``tokenizers``), for ``--tokenizer bpe``."""
+    if tokenizer != "bpe":
+        raise GpuaccelError(f"--tokenizer-file is a BPE vocabulary: it goes with --tokenizer bpe, not {tokenizer}")
+    if not Path(path).is_file():
+        raise GpuaccelError(f"--tokenizer-file {path}: no such file")
+    tokenizers = _require_tokenizers()
+    try:
+        return BpeTokenizer(tokenizers.Tokenizer.from_file(str(path)))
+    except Exception as exc:  # (tokenizers raises its own Exception for a file it cannot parse)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GpuaccelError(f"--tokenizer-file {path} is not a HuggingFace tokenizer.json: {first}") from None
+
+
 # ---------------------------------------------------------------------------------- reading
 
 def text_files(path: Path) -> list[Path]:
@@ -271,16 +286,20 @@ class TextCorpus:
 
 
 def load_corpus(path: Path, *, tokenizer: str = "char", vocab_size: int = 2048, val_split: float | None = None,
-                cache_dir: Path | None = None) -> TextCorpus:
-    """Reads and tokenises a corpus (from the cache when its files have not changed)."""
+                cache_dir: Path | None = None, tokenizer_file: Path | None = None) -> TextCorpus:
+    """Reads and tokenises a corpus (from the cache when its files have not changed).
+    ``tokenizer_file``: a HuggingFace ``tokenizer.json`` (with ``tokenizer`` bpe) used as it
+    is, instead of a vocabulary learned from the training split."""
     if tokenizer not in ("char", "byte", "bpe"):
         raise choice_error("tokenizer for language modelling", tokenizer, ("char", "byte", "bpe"))
     val_split = 0.1 if val_split is None else val_split
     if not 0 < val_split < 1:
         raise GpuaccelError(f"--val-split must be in (0, 1) for text, got {val_split}")
+    given = read_tokenizer_file(tokenizer_file, tokenizer) if tokenizer_file is not None else None
     files = text_files(path)
     options = {"tokenizer": tokenizer, "val_split": val_split,
-               **({"vocab_size": vocab_size} if tokenizer == "bpe" else {})}
+               **({"vocab_size": vocab_size} if tokenizer == "bpe" and given is None else {}),
+               **({"tokenizer_json": hashlib.sha256(given.tokenizer.to_str().encode()).hexdigest()} if given else {})}
     key, digest = cache.file_identity("text", path, files, options)
     name = path.stem if path.is_file() else path.name
     cached = cache.load(cache_dir, key)
@@ -297,8 +316,10 @@ def load_corpus(path: Path, *, tokenizer: str = "char", vocab_size: int = 2048, 
     text = "".join(texts)
     cut = int(len(text) * (1 - val_split))
     train_text, val_text = text[:cut], text[cut:]
-    if tokenizer == "char":
-        tok: Tokenizer = CharTokenizer(text)  # every character of the corpus, as nanoGPT's char level does
+    if given is not None:
+        tok: Tokenizer = given
+    elif tokenizer == "char":
+        tok = CharTokenizer(text)  # every character of the corpus, as nanoGPT's char level does
     elif tokenizer == "byte":
         tok = ByteTokenizer()
     else:

@@ -26,7 +26,7 @@ def _only_text(path: Path) -> bool:
 
 class Corpus(DataKind):
     name = "text"
-    settings = ("tokenizer", "vocab_size", "context")
+    settings = ("tokenizer", "vocab_size", "tokenizer_file", "context")
     detect_order = 10
     description = "a text corpus for language modelling (a .txt file, or a folder of text files)"
     default_model = "gpt"
@@ -39,8 +39,9 @@ class Corpus(DataKind):
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
         corpus = shared_read(dist, lambda: load_corpus(
-            path, tokenizer=config.data.tokenizer or "char", vocab_size=config.data.vocab_size or 2048,
-            val_split=config.data.val_split, cache_dir=cache_dir_of(config)))
+            path, tokenizer=config.data.tokenizer or ("bpe" if config.data.tokenizer_file else "char"),
+            vocab_size=config.data.vocab_size or 2048, val_split=config.data.val_split, cache_dir=cache_dir_of(config),
+            tokenizer_file=Path(config.data.tokenizer_file) if config.data.tokenizer_file else None))
         corpus.check_context(config.data.context)
         identity = {"tokenizer": corpus.tokenizer.kind, "vocab_size": corpus.vocab_size, "context": config.data.context,
                     "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}

@@ -87,6 +87,8 @@ class DataSettings:
         metavar="KIND")
     vocab_size: int | None = setting(None, "text, --tokenizer bpe or word: the vocabulary's size (default: "
                                                    "bpe 2048; word: every word seen twice)", metavar="N")
+    tokenizer_file: str | None = setting(None, "text corpus: a HuggingFace tokenizer.json to tokenise with instead "
+                                               "of learning a vocabulary (e.g. GPT-2's 50,257 tokens)", metavar="FILE")
     context: int = setting(256, "text: tokens per training window of a language model (its context "
                                         "length); the most tokens kept of a sentence to classify", metavar="TOKENS")
     text_column: str | None = setting(None, "labelled sentences: the text's column (default: found by "
