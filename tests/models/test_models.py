@@ -99,6 +99,7 @@ def test_rmsnorm_with_its_gradient_by_hand_is_pytorchs_rmsnorm(shape, normalized
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
         assert torch.equal(ours(x), theirs(x))
+    assert torch._dynamo.explain(ours)(x).graph_break_count == 0  # compiled, it is nn.RMSNorm: no break
     # the formula itself, in float64 against numerical derivatives
     from gpuaccel.models.layers import _RMSNormByHand
 

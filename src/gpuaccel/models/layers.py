@@ -248,8 +248,8 @@ class RMSNorm(nn.RMSNorm):
     ``nn.RMSNorm`` itself. The parameters and their names are ``nn.RMSNorm``'s."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or self.weight is None \
-                or not torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype != torch.float32 \
+                or self.weight is None or not torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
             return super().forward(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         return _RMSNormByHand.apply(x, self.weight, eps, len(self.normalized_shape))
