@@ -241,11 +241,11 @@ class TritonMaxPool2d(nn.MaxPool2d):
 
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm``, with its gradient written out on a CPU. There PyTorch runs RMSNorm's
-    backward pass as the autograd of a dozen elementwise kernels: 4.0-4.4 ms for (4096, 128) on
-    two cores, against LayerNorm's fused 0.85-0.92 ms; the gradient by hand takes 2.5 ms. The
-    forward pass is the same computation (the same results to the bit); on GPUs (where
-    torch.compile fuses it), without gradients (evaluation, export) and under autocast it is
-    ``nn.RMSNorm`` itself. The parameters and their names are ``nn.RMSNorm``'s."""
+    backward pass as the autograd of a dozen elementwise kernels, several times LayerNorm's fused
+    one; the gradient by hand takes fewer passes (benchmarks/cpu_baseline/rotary_swap.py times the
+    model's step with either). The forward pass is the same computation (the same results to the
+    bit); on GPUs (where torch.compile fuses it), compiled, without gradients (evaluation, export)
+    and under autocast it is ``nn.RMSNorm`` itself. The parameters and their names are its own."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype != torch.float32 \
