@@ -31,14 +31,6 @@ from cpu_baseline import NanoGPT  # noqa: E402
 SIZE = dict(vocab_size=65, context_length=64, layers=4, heads=4, width=128, dropout=0.1)
 
 
-def split_rotate(x, cos, sin):
-    """The rotary embedding as gpuaccel wrote it before, from the same full-width tables."""
-    half = x.shape[-1] // 2
-    cos, sin = cos[..., :half], sin[..., half:]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
-
-
 def tokens_per_second(model, steps: int, batch: int = 64) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 65, (batch, 64))
@@ -67,7 +59,7 @@ def main():
     nano, ours = NanoGPT(**SIZE), create_model("gpt", **SIZE)
     q = torch.randn(2, 4, 64, 32)
     cos, sin = gpt_module.rotary_tables(64, 32)
-    assert torch.equal(gpt_module.rotate(q, cos, sin), split_rotate(q, cos, sin))  # (the same function)
+    assert torch.equal(gpt_module.rotate(q, cos, sin), gpt_module.rotate_halves(q, cos, sin))  # (the same function)
     torch_norms = copy.deepcopy(ours)
     for module in torch_norms.modules():
         if isinstance(module, nn.RMSNorm):
@@ -76,7 +68,7 @@ def main():
     runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_nn_rmsnorm": [], "gpt": []}
     for _ in range(args.rounds):
         runs["nanogpt"].append(tokens_per_second(nano, args.steps))
-        gpt_module.rotate = split_rotate
+        gpt_module.rotate = gpt_module.rotate_halves
         runs["gpt_split_rotate"].append(tokens_per_second(ours, args.steps))
         gpt_module.rotate = now_rotate
         runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))

@@ -1,7 +1,7 @@
 """GPT-2 small's shape trained by nanoGPT's own ``train.py`` and by ``gpuaccel train --recipe
 gpt2-small``, side by side on one GPU, on the same token ids, for the same number of steps.
 
-    python benchmarks/gpt2_speed/gpt2_speed.py --data tinyshakespeare.txt --nanogpt NANOGPT \\
+    PYTHONPATH=src python benchmarks/gpt2_speed/gpt2_speed.py --data tinyshakespeare.txt --nanogpt NANOGPT \\
         --tokenizer bpe --steps 300 --out gpt2_speed.json [--variant NAME="--model-args ..."]
 
 ``NANOGPT``: a checkout of github.com/karpathy/nanoGPT (its train.py, model.py and
@@ -48,7 +48,6 @@ def flops_per_token(vocab: int) -> float:
 
 
 def read_tokens(data: str, tokenizer: str, vocab_size: int, cache: Path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from gpuaccel.data.text import load_corpus
 
     return load_corpus(Path(data), tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache)

@@ -2,8 +2,8 @@
 
 Pre-norm blocks (RMSNorm: :class:`layers.RMSNorm`), causal self-attention through
 ``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position
-embeddings, an MLP, and an output layer tied to the token embedding. The model returns logits (batch, time, vocabulary); the
-language-modelling task computes the loss. ``generate`` samples with a key/value cache, so each
+embeddings, an MLP, and an output layer tied to the token embedding. The model returns logits
+(batch, time, vocabulary); the language-modelling task computes the loss. ``generate`` samples with a key/value cache, so each
 new token costs one position's work, not the whole prefix's. ``attention`` picks the attention
 kernel (PyTorch's choice by default); ``pad_vocab`` rounds the embedding's rows up to a multiple
 (a learned vocabulary has any size, and an odd one keeps the output layer's matrix products off

@@ -269,15 +269,16 @@ class CapturedStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), self._learning_rates_as_tensors():
-            outputs = _without_autograd_graph(self._call(args))
+            outputs = self._call(args)
         torch.cuda.current_stream(self.device).wait_stream(side)
         return outputs
 
     def _call(self, args):
         """The step function on ``args``, as a step that is captured runs it (its autocast keeps
-        no cache, in the warm-up as in the recording: ``device.capturable_region``)."""
+        no cache, in the warm-up as in the recording: ``device.capturable_region``), its outputs
+        without their autograd graph (:func:`_without_autograd_graph`)."""
         with capturable_region():
-            return self.fn(*args)
+            return _without_autograd_graph(self.fn(*args))
 
     def _replay(self, recording: _Recording, args):
         recording.copy_in(args)
@@ -326,7 +327,7 @@ class CapturedStep:
         except RuntimeError as exc:
             self._give_up(_cause(exc))
             return False
-        recording.graph, recording.outputs = graph, _without_autograd_graph(outputs)
+        recording.graph, recording.outputs = graph, outputs
         return True
 
     def _give_up(self, cause: str) -> None:
