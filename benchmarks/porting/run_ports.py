@@ -46,7 +46,14 @@ SCRIPTS = {
     "word_language_model": (["main.py", "--accel", "--data", "{text}", "--epochs", "6"], 200),
     "dcgan": (["main.py", "--dataset", "folder", "--dataroot", "{cifar}/train", "--imageSize", "64", "--accel",
                "--niter", "1", "--workers", "4", "--outf", "out", "--manualSeed", "1"], 300),
+    # nanoGPT's train.py with config/train_shakespeare_char.py's settings (evaluated at step 0 only)
+    "nanogpt": (["train.py", "--dataset=shakespeare_char", "--gradient_accumulation_steps=1", "--batch_size=64",
+                 "--block_size=256", "--n_layer=6", "--n_head=6", "--n_embd=384", "--dropout=0.2",
+                 "--learning_rate=1e-3", "--max_iters=5000", "--lr_decay_iters=5000", "--min_lr=1e-4", "--beta2=0.99",
+                 "--warmup_iters=100", "--eval_interval=5000", "--log_interval=10", "--always_save_checkpoint=False",
+                 "--out_dir=out"], 300),
 }
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
 
 
 def changed_lines(diff: Path) -> dict:
@@ -65,7 +72,13 @@ def changed_lines(diff: Path) -> dict:
 def prepare(examples: Path, script: str, variant: str, root: Path, args) -> Path:
     """A copy of the script's folder with the instrumentation (and the variant's diff) applied."""
     work = root / f"{script}-{variant}"
-    shutil.copytree(examples / script, work)
+    if script == "nanogpt":  # its three files, and its character-level data as its prepare.py makes it
+        work.mkdir()
+        for name in NANOGPT_FILES:
+            shutil.copy(Path(args.nanogpt) / name, work / name)
+        write_shakespeare_char(Path(args.shakespeare).read_text(), work / "data" / "shakespeare_char")
+    else:
+        shutil.copytree(examples / script, work)
     diffs = [HERE / script / "instrument.diff"] + ([HERE / script / f"{variant}.diff"] if variant != "original" else [])
     for diff in diffs:
         subprocess.run(["patch", "-s", "-p1", "-d", str(work), "-i", str(diff)], check=True)
@@ -78,6 +91,23 @@ def prepare(examples: Path, script: str, variant: str, root: Path, args) -> Path
         (folder / "train").symlink_to((Path(args.cifar) / "train").resolve())
         (folder / "val").symlink_to((Path(args.cifar) / "test").resolve())
     return work
+
+
+def write_shakespeare_char(text: str, folder: Path) -> None:
+    """nanoGPT's data/shakespeare_char/prepare.py on ``text``: characters as token ids, the first 90%
+    for training, train.bin / val.bin (uint16) and meta.pkl."""
+    import pickle
+
+    import numpy as np
+
+    chars = sorted(set(text))
+    ids = {ch: i for i, ch in enumerate(chars)}
+    folder.mkdir(parents=True)
+    cut = int(len(text) * 0.9)
+    for name, part in (("train.bin", text[:cut]), ("val.bin", text[cut:])):
+        np.array([ids[c] for c in part], dtype=np.uint16).tofile(folder / name)
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": ids}, f)
 
 
 def launch(work: Path, script: str, variant: str, repeat: int, args, **env_extra) -> dict:
@@ -205,7 +235,9 @@ def summary(runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--examples", required=True, help="a checkout of github.com/pytorch/examples")
+    ap.add_argument("--examples", help="a checkout of github.com/pytorch/examples")
+    ap.add_argument("--nanogpt", help="a checkout of github.com/karpathy/nanoGPT (script nanogpt)")
+    ap.add_argument("--shakespeare", help="tiny Shakespeare's input.txt (script nanogpt)")
     ap.add_argument("--cifar", help="CIFAR-10 image folder (train/, test/)")
     ap.add_argument("--mnist", help="folder holding MNIST/raw/")
     ap.add_argument("--text", help="folder with train.txt, valid.txt, test.txt")
@@ -229,11 +261,17 @@ def main() -> None:
                if v != "original" and not (HERE / s / f"{v}.diff").exists()]
     if missing:
         ap.error(f"no such variant here: {', '.join(missing)}")
+    if "nanogpt" in args.scripts and not (args.nanogpt and args.shakespeare):
+        ap.error("the nanogpt script needs --nanogpt and --shakespeare")
+    if set(args.scripts) - {"nanogpt"} and not args.examples:
+        ap.error("the pytorch/examples scripts need --examples")
     if args.paired and len(args.variants) != 2:
         ap.error("--paired compares two --variants, e.g. --variants original port")
-    examples = Path(args.examples)
+    examples = Path(args.examples or ".")
     results = {"gpuaccel_src": str(args.src), "examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
                else None, "changed_lines": {}, "runs": []}
+    if args.nanogpt and (Path(args.nanogpt) / "COMMIT").exists():
+        results["nanogpt_commit"] = (Path(args.nanogpt) / "COMMIT").read_text().strip()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         works = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
 import time
 import warnings
 import weakref
@@ -41,7 +42,7 @@ from .parallel import DataParallel, PipelineParallel, Sharded, Strategy
 from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
-from .runtime.capture import capture_obstacle
+from .runtime.capture import CapturedLoop, active_loop, capture_obstacle
 from .runtime.placement import ScaledOptimizer
 from .runtime.strategy import STRATEGIES
 
@@ -75,6 +76,7 @@ class Accelerator:
         self._scaled: list[ScaledOptimizer] = []  # (fp16: the prepared optimizers, stepped through the scaler)
         # (weakly: a step the script no longer holds, say one defined anew each epoch, is freed with its graphs)
         self._captured_steps: weakref.WeakSet[CapturedStep] = weakref.WeakSet()
+        self._captured_loops: dict[tuple, CapturedLoop] = {}  # by where the loop is written, and its items
         self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
         self._syncing = True  # False inside no_sync(): backward keeps the gradients local
         self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders and timed()
@@ -272,6 +274,51 @@ class Accelerator:
         self._captured_steps.add(step)
         return step
 
+    def captured(self, items, *, warmup: int = 3, strict: bool = False) -> CapturedLoop:
+        """``for item in acc.captured(items):`` runs the loop's body over ``items`` as CUDA graphs,
+        where it is written: a script's micro-step loop (``for micro_step in
+        acc.captured(range(gradient_accumulation_steps)):``) is captured by changing its one line.
+        The first ``warmup`` times the loop runs as it is; the next time it is recorded; from then
+        on it replays the recording and its body is skipped. The code after the loop (clipping, the
+        optimizer's step) runs as it is, and finds the gradients on the parameters.
+
+        The body fetches its batches through a function wrapped by :meth:`timed` (``X, Y =
+        get_batch('train')``, before or after the forward pass): a replay calls it again with the
+        same arguments, between the graphs, and the body's tensors read what it returns. So the
+        function must draw a new batch each call (an index the loop passes would be the
+        recording's for ever), of one shape. Tensors the body returns or binds (``loss``) are
+        overwritten by each replay. A loop is known by where it is written and its items.
+
+        Where it cannot be captured (no GPU, fp16, FSDP, several processes, a body that waits for
+        the GPU or fetches nothing through :meth:`timed`) it runs as it is, after one warning
+        naming the cause (``strict=True``: a GpuaccelError). Several processes: capture a step
+        function with :meth:`capture`, which records the gradient all-reduce."""
+        items = list(items)
+        caller = sys._getframe(1)
+        key = (caller.f_code, caller.f_lineno, tuple(x if isinstance(x, (int, float, str, bool, type(None)))
+                                                     else (type(x), id(x)) for x in items))
+        loop = self._captured_loops.get(key)
+        if loop is None:
+            obstacle = self._capture_obstacle() or \
+                ("with several processes a loop's gradients are not all-reduced inside its graphs (capture a "
+                 "step function with acc.capture)" if self.dist.active else None)
+            if obstacle is not None:
+                if strict:
+                    raise GpuaccelError(f"captured(): {obstacle}")
+                warnings.warn(f"captured(): {obstacle}: the loop runs uncaptured", stacklevel=2)
+            loop = self._captured_loops[key] = CapturedLoop(items, self.device, self._trained_parameters,
+                                                            warmup=warmup, strict=strict, uncaptured=obstacle)
+        return loop
+
+    def _trained_parameters(self) -> list[torch.Tensor]:
+        """The parameters of the prepared models and optimizers, each once."""
+        found = {}
+        for model in list(self._strategies.keys()):
+            found.update((id(p), p) for p in model.parameters())
+        for optimizer in self._optimizers:
+            found.update((id(p), p) for group in optimizer.param_groups for p in group["params"])
+        return list(found.values())
+
     def _shards(self) -> bool:
         """Whether models are sharded (FSDP) here."""
         return self.strategy_name == "fsdp" or isinstance(self._given_strategy, Sharded) or \
@@ -398,9 +445,12 @@ class Accelerator:
         if not callable(get_batch):
             return meter.timed(get_batch)
 
+        call = functools.partial(meter.time_call, get_batch)
+
         @functools.wraps(get_batch)
         def timed_call(*args, **kwargs):
-            return meter.time_call(get_batch, *args, **kwargs)
+            loop = active_loop()  # (inside a captured loop's body: the loop fetches, between its graphs)
+            return call(*args, **kwargs) if loop is None else loop.fetch(get_batch, call, args, kwargs)
         return timed_call
 
     def stats(self) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -386,3 +387,329 @@ def _cause(exc: BaseException) -> str:
     if "not permitted when stream is capturing" in text:
         return f"something in it waits for the GPU ({text})"
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# A loop's body captured where it is written
+
+
+_ACTIVE = threading.local()  # the CapturedLoop whose body is running in this thread, if any
+
+
+def active_loop() -> CapturedLoop | None:
+    """The captured loop whose body is being run (warmed up or recorded) here, or None:
+    ``Accelerator.timed`` functions hand their calls to it."""
+    return getattr(_ACTIVE, "loop", None)
+
+
+@contextlib.contextmanager
+def _running(loop: CapturedLoop):
+    if active_loop() is not None:
+        raise GpuaccelError("acc.captured(): a captured loop inside another one's body (capture the outer one)")
+    _ACTIVE.loop = loop
+    try:
+        yield
+    finally:
+        _ACTIVE.loop = None
+
+
+class CapturedLoop:
+    """``for item in acc.captured(items): body``: the loop's whole body, over all of ``items``,
+    recorded as CUDA graphs and replayed, where it is written (``Accelerator.captured``).
+
+    Python cannot skip a block, but a ``for`` runs its body once per item its iterable yields.
+    This one yields ``items`` for ``warmup`` passes, run eagerly on a side stream, and once more
+    while recording; from then on iterating it replays the recording and yields nothing, so the
+    body is skipped. Code after the loop (clipping, the optimizer's step, zeroing) runs eagerly.
+
+    A batch enters through a function wrapped by ``Accelerator.timed``, called inside the body
+    (nanoGPT's ``X, Y = get_batch('train')``, halfway through a micro-step). The recording ends a
+    graph at each such call, fetches eagerly into a buffer of its own and records on in the next
+    graph; a replay runs graph, fetch, graph, ... The function is called again with the
+    arguments of the recording, so it must draw its batches itself (a sampler, an iterator), and
+    the sequence of calls must be the same every pass (checked over the warm-up). The batch the
+    body reads before its first fetch, the one fetched last in the pass before, is a buffer too:
+    the last fetch of the warm-up is returned in it, and each replay copies its last fetch in.
+
+    Before recording, the last warm-up pass checks that the body never waits for the GPU
+    (``.item()``, ``.cpu()``, a condition on a tensor): such a body, one that fetches no batch,
+    or one whose fetches differ from pass to pass, runs eagerly from then on, after one warning
+    naming the cause (``strict=True``: a :class:`GpuaccelError` instead).
+
+    Gradients stay where the recording put them: after each replay they are put back on the
+    parameters (a ``zero_grad(set_to_none=True)`` after the loop dropped them), and gradients
+    the recording accumulated into are refilled from the parameters' before it."""
+
+    def __init__(self, items: list, device: torch.device, parameters: Callable[[], list[torch.Tensor]], *,
+                 warmup: int = 3, strict: bool = False, uncaptured: str | None = None):
+        """``parameters``: returns the parameters whose gradients the body computes."""
+        self.items, self.device, self.parameters = items, device, parameters
+        self.warmup, self.strict, self.uncaptured = max(2, warmup), strict, uncaptured
+        self.on_gpu = device.type == "cuda"
+        self.passes = 0
+        self.fetches: list[tuple] | None = None  # what the body fetched in its previous pass (keys)
+        self.feed = None  # the batch the body reads before its first fetch (a buffer, from the last warm-up on)
+        self.graphs: list[torch.cuda.CUDAGraph] = []  # one more than the fetches
+        self.calls: list[tuple] = []  # (call, args, kwargs) of each fetch, as recorded
+        self.buffers: list = []  # each fetch's batch, as the graphs read it
+        self._seen: list[tuple] = []
+        self._mode: str | None = None  # "warm", "probe" (the last warm-up pass), "record"
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._pool = None
+        self._stream: torch.cuda.Stream | None = None
+        self._grads_before: list[tuple] = []  # (parameter, its gradient when the recording began, or None)
+        self._grads_after: list[tuple] = []  # (parameter, the gradient the graphs write)
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def __iter__(self):
+        if not self.on_gpu or (self.uncaptured is not None and self._stream is None):
+            yield from self.items
+            return
+        if self.uncaptured is not None:  # (given up after warming up: on the stream the warm-up ran on, whose
+            yield from self._on_side_stream()  # gradient-accumulation nodes a loss kept alive may still hold)
+            return
+        if self.graphs:
+            self._replay()
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        self.passes += 1
+        if self.passes <= self.warmup:
+            yield from self._warm(last=self.passes == self.warmup)
+        else:
+            yield from self._record()
+
+    # ------------------------------------------------------------------ fetching
+
+    def fetch(self, fn, call: Callable, args: tuple, kwargs: dict):
+        """A ``timed`` function's call inside the body: ``call(*args, **kwargs)`` fetches the batch."""
+        index = len(self._seen)
+        key = _fetch_key(fn, args, kwargs)
+        self._seen.append(key)
+        if self._mode != "record":
+            with _syncs_allowed():
+                batch = call(*args, **kwargs)
+            if self._mode == "probe" and self.fetches is not None and index == len(self.fetches) - 1:
+                self.feed = tree_map(_same_layout_copy, batch)  # (what the next pass, the recording, reads first)
+                return self.feed
+            return batch
+        if self.fetches is None or index >= len(self.fetches) or key != self.fetches[index]:
+            raise GpuaccelError(f"acc.captured(): the body's fetch number {index + 1} ({_name(fn)}) differs from "
+                                f"the warm-up's while it was being recorded")
+        self._end_graph()
+        batch = call(*args, **kwargs)
+        self.calls.append((call, args, kwargs))
+        self.buffers.append(tree_map(_same_layout_copy, batch))
+        self._begin_graph()
+        return self.buffers[-1]
+
+    # ------------------------------------------------------------------ warming up, recording, replaying
+
+    def _warm(self, last: bool):
+        self._seen, self._mode = [], "probe" if last else "warm"
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        completed = False
+        try:
+            with torch.cuda.stream(self._stream), capturable_region(), _running(self), \
+                    _host_syncs_noted(last) as syncs:
+                yield from self.items
+            completed = True
+        finally:
+            self._mode = None
+            current.wait_stream(self._stream)
+        if not completed:
+            return
+        if self.fetches is not None and self._seen != self.fetches:
+            self._give_up(f"the body fetched other batches than in the pass before ({len(self.fetches)} calls, "
+                          f"then {len(self._seen)}; or other arguments)")
+        self.fetches = self._seen
+        if last and syncs:
+            self._give_up(f"something in it waits for the GPU ({syncs[0]})")
+        elif last and not self.fetches:
+            self._give_up("its body fetches no batch through a function wrapped by acc.timed(), so every replay "
+                          "would read the recording's batch")
+
+    def _on_side_stream(self):
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self._stream):
+                yield from self.items
+        finally:
+            current.wait_stream(self._stream)
+
+    def _record(self):
+        parameters = self.parameters()
+        self._grads_before = [(p, p.grad) for p in parameters]
+        self._seen, self.calls, self.buffers, self.graphs = [], [], [], []
+        current = torch.cuda.current_stream(self.device)
+        torch.cuda.synchronize(self.device)
+        generator = torch.cuda.default_generators[self.device.index if self.device.index is not None
+                                                   else torch.cuda.current_device()]
+        before = generator.clone_state()
+        self._pool = torch.cuda.graph_pool_handle()
+        self._stream.wait_stream(current)
+        self._mode = "record"
+        try:
+            with torch.cuda.stream(self._stream), capturable_region(), _running(self):
+                self._begin_graph()
+                yield from self.items
+                self._end_graph()
+        except GeneratorExit:  # the body left the loop (a break, an exception): the recording is incomplete
+            self._abandon(generator, before)
+            self.uncaptured = "the body left the loop while it was being recorded (a break or an exception)"
+            raise
+        except RuntimeError as exc:  # (ending a graph failed: the pass ran nothing, so it cannot go unnoticed)
+            self._abandon(generator, before)
+            self.uncaptured = _cause(exc)
+            raise GpuaccelError(f"acc.captured(): recording the loop failed: {self.uncaptured}") from None
+        finally:
+            self._mode = None
+            current.wait_stream(self._stream)
+        same = _same_structure(self.feed, self.buffers[-1]) if self.buffers else False
+        self._run(fetching=False, feeding=same)  # (recording ran nothing; its fetches are in their buffers)
+        self._grads_after = [(p, p.grad) for p in parameters if p.grad is not None]
+        self._put_grads_back()
+        if not same:
+            self._give_up("its last fetch returns another structure or shape than the one its body reads first")
+
+    def _begin_graph(self) -> None:
+        self._graph = torch.cuda.CUDAGraph()
+        self._graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+
+    def _end_graph(self) -> None:
+        with warnings.catch_warnings():  # (a body that fetches first begins with an empty graph: harmless)
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            self._graph.capture_end()
+        self.graphs.append(self._graph)
+        self._graph = None
+
+    def _replay(self) -> None:
+        stale = []
+        for p, before in self._grads_before:
+            if before is None or p.grad is before:
+                continue
+            if p.grad is None:
+                stale.append(before)  # (set to None since: the recording accumulates into zeros)
+            else:
+                before.copy_(p.grad)
+        if stale:
+            torch._foreach_zero_(stale)
+        self._run(fetching=True, feeding=True)
+        self._put_grads_back()
+
+    def _run(self, fetching: bool, feeding: bool) -> None:
+        for i, graph in enumerate(self.graphs):
+            graph.replay()
+            if fetching and i < len(self.calls):
+                call, args, kwargs = self.calls[i]
+                _copy_batch(self.buffers[i], call(*args, **kwargs))
+        if feeding and self.buffers:
+            _copy_batch(self.feed, self.buffers[-1])
+
+    def _put_grads_back(self) -> None:
+        for p, grad in self._grads_after:
+            if p.grad is not grad:
+                p.grad = grad
+
+    def _abandon(self, generator, state) -> None:
+        """Ends a recording that cannot be completed, leaving the random number generator usable."""
+        if self._graph is not None:
+            with contextlib.suppress(RuntimeError):
+                self._graph.capture_end()
+            self._graph = None
+        generator.graphsafe_set_state(state)
+        self.release()
+
+    def _give_up(self, cause: str) -> None:
+        message = f"acc.captured(): the loop cannot be captured: {cause}"
+        if self.strict:
+            raise GpuaccelError(message)
+        warnings.warn(message + "; it runs uncaptured", stacklevel=4)
+        self.release()
+        self.uncaptured = cause
+
+    def release(self) -> None:
+        """Frees the recording (the loop then warms up and records again, unless it gave up)."""
+        if self.graphs:
+            torch.cuda.synchronize(self.device)
+        for graph in self.graphs:
+            graph.reset()
+        self.graphs, self.calls, self.buffers = [], [], []
+        self.passes, self.fetches = 0, None
+
+
+def _fetch_key(fn, args, kwargs) -> tuple:
+    """Which call a fetch is: the function and its arguments (plain values by value, others by identity)."""
+    leaves, spec = tree_flatten((args, kwargs))
+    return (id(fn), spec) + tuple(x if isinstance(x, _PLAIN) else (type(x), id(x)) for x in leaves)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _same_structure(a, b) -> bool:
+    (xs, a_spec), (ys, b_spec) = tree_flatten(a), tree_flatten(b)
+    return a_spec == b_spec and all(
+        (x.shape, x.dtype, x.device) == (y.shape, y.dtype, y.device) if isinstance(x, torch.Tensor) else
+        not isinstance(y, torch.Tensor) for x, y in zip(xs, ys))
+
+
+def _copy_batch(buffer, batch) -> None:
+    """Copies a fetched batch into the buffer the graphs read (a batch of another shape is refused:
+    the graphs were recorded for the buffer's)."""
+    if not _same_structure(buffer, batch):
+        raise GpuaccelError("acc.captured(): a fetch returned a batch of another structure or shape than the "
+                            "recorded one; a captured loop needs batches of one shape (capture a step function "
+                            "instead: acc.capture records each shape)")
+    for static, value in zip(tree_flatten(buffer)[0], tree_flatten(batch)[0]):
+        if isinstance(static, torch.Tensor):
+            static.copy_(value, non_blocking=True)
+
+
+@contextlib.contextmanager
+def _host_syncs_noted(on: bool):
+    """While inside (when ``on``), notes each operation that waits for the GPU (PyTorch's sync debug
+    mode), in the list it yields; other warnings are passed on."""
+    if not on:
+        yield []
+        return
+    found: list[str] = []
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            _set_sync_debug_mode(previous)
+    for w in caught:
+        if "called a synchronizing CUDA operation" in str(w.message):
+            found.append(str(w.message).strip().splitlines()[0])
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _set_sync_debug_mode(mode) -> None:
+    with warnings.catch_warnings():  # ("a prototype feature": said once per process, not news to the user)
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode(mode)
+
+
+@contextlib.contextmanager
+def _syncs_allowed():
+    """A fetch may wait for the GPU (a copy from pageable memory): not what the probe looks for."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    _set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        _set_sync_debug_mode(previous)
