@@ -61,7 +61,7 @@ def _train(device: str, captured: bool, accumulate: int = 1, fetch_first: bool =
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach().clone())
     params = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return [x.item() for x in losses], params, loop, (X, Y)
+    return [x.item() for x in losses], params, loop, (X, Y), acc.stats()
 
 
 def _assert_same_training(a, b, tolerance: float) -> None:
@@ -96,6 +96,9 @@ def test_a_captured_loop_trains_like_the_loop_as_it_is(accumulate, fetch_first):
     # what the script holds after the loop is the batch fetched last, as in the loop as it is
     for held, plain_held in zip(captured[3], plain[3]):
         assert torch.equal(held.cpu(), plain_held.cpu())
+    # the fetches a replay makes are timed like the body's own: stats() counts the loop's seconds
+    stats = captured[4]
+    assert stats["seconds"] > 0 and 0 < stats["data_wait_share"] < 1, stats
 
 
 @pytest.mark.gpu

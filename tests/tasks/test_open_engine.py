@@ -255,3 +255,30 @@ def test_a_bad_label_anywhere_in_a_users_data_is_one_line_before_training(tmp_pa
         with pytest.raises(GpuaccelError, match=re.escape(message)):
             Trainer(TrainConfig(**config, run_dir=str(tmp_path / f"r{n}")), model=torch.nn.Linear(4, 3),
                     train_data=train, eval_data=held, task="classification", quiet=True).fit()
+
+
+class _FreshEachRead(torch.utils.data.Dataset):
+    """Noise added at each read (as random augmentation would): not held on the device, so its
+    batches are read as training goes; one sample's label is out of range."""
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        return torch.randn(4) + i % 3, torch.tensor(4 if i == self.bad else i % 3)
+
+
+@pytest.mark.parametrize("bad", [0, 95])
+def test_a_bad_label_in_data_read_batch_by_batch_is_one_line_naming_its_batch(tmp_path, bad):
+    """A Dataset that is not held on the device cannot be checked whole before training: each host
+    batch is checked as it arrives, the first ones read ahead of the check included (raw
+    IndexError: Target 4 is out of bounds, before)."""
+    data = _FreshEachRead(bad)
+    config = TrainConfig(epochs=1, batch_size=16, device="cpu", monitor=False, val_split=0.0,
+                         run_dir=str(tmp_path / "run"), workers=0)
+    with pytest.raises(GpuaccelError, match=r"the training data, batch \d+ of epoch 1: a target label is 4, but "):
+        Trainer(config, model=torch.nn.Linear(4, 3), train_data=data, eval_data=_FreshEachRead(-1),
+                task="classification", quiet=True).fit()

@@ -19,7 +19,7 @@ trainer's Python data.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch.utils._pytree import tree_map
@@ -197,6 +197,10 @@ class PrefetchLoader(_LikeDataLoader):
         self._passes = _DataLoaderPasses(passes) if isinstance(passes, DataLoader) else passes
         self.device, self.layout, self.meter = device, layout, meter
         self._copies = DeviceCopies(device)
+        # check(batch, where) of each host batch before it is copied (the Trainer's check of a user's
+        # targets, which a loader that never holds the whole data set cannot have checked before)
+        self._host_check: Callable | None = None
+        self._unchecked: list[tuple] = []  # the first pass's batches read before a check was set
 
     def __len__(self) -> int:
         return len(self._passes)
@@ -212,7 +216,29 @@ class PrefetchLoader(_LikeDataLoader):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         if start >= len(self):
             return iter(())
-        return self._copies(self._passes.read(epoch, start))
+        self._unchecked = []
+        return self._copies(self._checked(self._passes.read(epoch, start), epoch, start))
+
+    @property
+    def host_check(self) -> Callable | None:
+        return self._host_check
+
+    @host_check.setter
+    def host_check(self, check: Callable | None) -> None:
+        """Sets the check; the batches already read ahead (the first and the one copied ahead of
+        its use) are checked at once."""
+        self._host_check, unchecked, self._unchecked = check, self._unchecked, []
+        for batch, where in unchecked if check is not None else ():
+            check(batch, where)
+
+    def _checked(self, batches: Iterable, epoch: int, start: int) -> Iterator:
+        for index, batch in enumerate(batches, start):
+            where = f"batch {index + 1} of epoch {epoch + 1}"
+            if self._host_check is not None:
+                self._host_check(batch, where)
+            elif len(self._unchecked) < 2:
+                self._unchecked.append((batch, where))
+            yield batch
 
 
 def dataset_loader(dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,

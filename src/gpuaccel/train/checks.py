@@ -5,6 +5,8 @@ why), not as a traceback later."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -57,15 +59,25 @@ def check_task(trainer, batch) -> None:
     trainer.task.check_batch(outputs, targets)
     if trainer.config.data.source == USER_DATA:  # (gpuaccel's readers check their labels as they read them)
         # a user's data held on the device is checked whole, so that a bad label in a later batch,
-        # or only in the evaluation data, is this one line too and not a failure mid-run
+        # or only in the evaluation data, is this one line too and not a failure mid-run; data read
+        # batch by batch is checked batch by batch on the host, as each arrives (one line naming it)
         for which, loader in (("training", trainer.train_loader), ("evaluation", trainer.eval_loader)):
             whole = getattr(loader, "tensors", None)
             if whole is None:
+                if hasattr(loader, "host_check"):
+                    loader.host_check = functools.partial(_check_host_batch, trainer.task, outputs, which)
                 continue
             try:
                 trainer.task.check_batch(outputs, trainer.task.split(whole)[1])
             except GpuaccelError as exc:
                 raise GpuaccelError(f"the {which} data: {exc}") from None
+
+
+def _check_host_batch(task, outputs, which: str, batch, where: str) -> None:
+    try:
+        task.check_batch(outputs, task.split(batch)[1])
+    except GpuaccelError as exc:
+        raise GpuaccelError(f"the {which} data, {where}: {exc}") from None
 
 
 def whole_step_obstacle(config: TrainConfig, device: torch.device, precision) -> str | None:
