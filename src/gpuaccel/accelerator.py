@@ -35,7 +35,6 @@ from torch.utils.data import DataLoader
 from .compiling import COMPILE_MODES, compile_module
 from .device import precision_name
 from .errors import GpuaccelError, choice_error
-from .files import atomic_write
 from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
 from .parallel import DataParallel, PipelineParallel, Sharded, Strategy
@@ -43,6 +42,7 @@ from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
 from .runtime.capture import CapturedLoop, active_loop, capture_obstacle
+from .runtime.state import RNG, read_state, rng_state, set_rng_state, write_state
 from .runtime.placement import ScaledOptimizer
 from .runtime.strategy import STRATEGIES
 
@@ -500,26 +500,34 @@ class Accelerator:
     def save(self, path, **objects) -> None:
         """Writes the named objects' state to ``path`` atomically, from the main process: models (a
         prepared model's plain weights), optimizers, schedulers, anything with ``state_dict``, and
-        plain values (``step=5``, ``best=0.91``, lists and dicts of them, tensors). With
-        ``strategy="fsdp"``, ``path`` becomes a folder of torch.distributed.checkpoint shards
-        instead: each process writes its own part of the model and optimizer, nothing is
-        gathered, and every process calls it."""
+        plain values (``step=5``, ``best=0.91``, lists and dicts of them, tensors), with the loss
+        scaler's and every process's random number generators' states (a collective: every
+        process calls it). The file is the form ``Trainer``'s
+        checkpoints take (``runtime/state.py``). With ``strategy="fsdp"``, ``path`` becomes a
+        folder of torch.distributed.checkpoint shards instead: each process writes its own part
+        of the model and optimizer, nothing is gathered, and every process calls it."""
+        reserved = sorted({"format", "version", "_scaler", RNG} & set(objects))
+        if reserved:
+            raise GpuaccelError(f"save(): {', '.join(reserved)} is a name the file keeps for itself; name the "
+                                f"object otherwise")
         sharded = self._sharded(objects)
         if sharded is not None:
             model, optimizer, rest = sharded
-            save_sharded(path, model, optimizer,
-                         {**{n: self._state_of(o) for n, o in rest.items()}, "_scaler": self.scaler.state_dict()})
+            save_sharded(path, model, optimizer, {**{n: self._state_of(o) for n, o in rest.items()},
+                                                  "_scaler": self.scaler.state_dict(), RNG: self.dist.gather(rng_state())})
             return
         state = {name: self._state_of(obj) for name, obj in objects.items()}
-        state["_scaler"] = self.scaler.state_dict()
+        state.update({"_scaler": self.scaler.state_dict(), RNG: self.dist.gather(rng_state())})  # (each process's)
         if self.is_main:
-            atomic_write(Path(path), lambda f: torch.save(state, f))
+            write_state(Path(path), state)
         self.dist.barrier()
 
     def load(self, path, **objects) -> dict:
-        """Restores what :meth:`save` wrote into the named objects (every process reads the file);
-        returns everything the file holds by name, the plain values among it (``acc.load(path,
-        model=model)["step"]``)."""
+        """Restores what :meth:`save` wrote into the named objects (every process reads the file),
+        and each process's random number generators (where as many processes saved it); returns everything the file holds by name, the plain
+        values among it (``acc.load(path, model=model)["step"]``). A ``Trainer`` run's
+        checkpoint.pt or model.pt loads alike: ``acc.load("run/checkpoint.pt", model=model,
+        optimizer=optimizer)``."""
         path = Path(path)
         if path.is_dir():
             sharded = self._sharded(objects)
@@ -532,15 +540,15 @@ class Accelerator:
             return state
         if not path.is_file():
             raise GpuaccelError(f"{path} does not exist")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_state(path, unversioned=lambda s: "_scaler" in s)  # (and save()'s files before the header)
         self._restore(path, objects, state)
         return state
 
     def _restore(self, path: Path, objects: dict, state: dict) -> None:
         missing = sorted(set(objects) - set(state))
         if missing:
-            raise GpuaccelError(f"{path} holds no state for {', '.join(missing)} (it has: "
-                                f"{', '.join(k for k in state if not k.startswith('_'))})")
+            held = [k for k in state if not k.startswith("_") and k not in ("format", "version")]
+            raise GpuaccelError(f"{path} holds no state for {', '.join(missing)} (it has: {', '.join(held)})")
         for name, obj in objects.items():
             strategy = self._strategy_of(obj) if isinstance(obj, nn.Module) else None
             if isinstance(strategy, Sharded):  # a whole state dict into a sharded model: each takes its shards
@@ -554,7 +562,12 @@ class Accelerator:
             else:
                 raise GpuaccelError(f"load() restores into objects with load_state_dict; {name}= is a "
                                     f"{type(obj).__name__} (read plain values from what load() returns)")
-        self.scaler.load_state_dict(state["_scaler"])
+        scaler = state.get("_scaler", state.get("scaler"))  # (a Trainer's checkpoint names it 'scaler')
+        if scaler is not None:
+            self.scaler.load_state_dict(scaler)
+        by_process = state.get(RNG) or ([state["rng"]] if isinstance(state.get("rng"), dict) else [])
+        if len(by_process) == self.world_size:  # (each process its own; a Trainer's: the one process's)
+            set_rng_state(by_process[self.rank])
 
 
 _latest: dict = {}  # the Accelerator made last in this process (a weak reference): what gpuaccel.capture uses

@@ -138,6 +138,43 @@ def test_save_and_load_take_plain_values_beside_objects(tmp_path):
         acc.load(tmp_path / "state.pt", step=0)
 
 
+def test_both_doors_write_one_file_format_and_read_each_others(tmp_path):
+    """acc.save writes the form of a Trainer's checkpoint (header, named states, the random
+    number generators): the Trainer's reader takes it; acc.load takes a Trainer run's
+    checkpoint.pt into a model and optimizer; a file acc.save wrote before the header still loads;
+    a draw after load repeats the draw after save (exact resume of a user's loop)."""
+    from gpuaccel.train import checkpoint
+
+    torch.manual_seed(3)
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    net = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.AdamW(net.parameters(), lr=1e-3))
+    acc.save(tmp_path / "state.pt", model=net, optimizer=optimizer, step=5)
+    after_save = torch.rand(3)
+    state = checkpoint.load(tmp_path / "state.pt")
+    assert state["format"] == checkpoint.FORMAT and state["step"] == 5 and "_rng" in state
+    torch.rand(7)  # (the stream moves on)
+    acc.load(tmp_path / "state.pt", model=net)
+    assert torch.equal(torch.rand(3), after_save)
+    with pytest.raises(GpuaccelError, match="_rng is a name the file keeps for itself"):
+        acc.save(tmp_path / "bad.pt", _rng=1)
+
+    legacy = {"model": {k: v.clone() for k, v in net.state_dict().items()}, "_scaler": acc.scaler.state_dict()}
+    torch.save(legacy, tmp_path / "legacy.pt")
+    acc.load(tmp_path / "legacy.pt", model=net)
+
+    x, y = torch.randn(64, 6), torch.randint(0, 3, (64,))
+    config = gpuaccel.TrainConfig(epochs=1, batch_size=32, device="cpu", monitor=False, val_split=0.25,
+                                  run_dir=str(tmp_path / "run"))
+    gpuaccel.Trainer(config, model=_net(), train_data=(x, y), task="classification", quiet=True).fit()
+    fresh = acc.prepare(_net())
+    held = acc.load(tmp_path / "run" / "checkpoint.pt", model=fresh)
+    trained = checkpoint.load(tmp_path / "run" / "checkpoint.pt")["model"]
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, trained[key])
+    assert held["optimizer"]["state"] and held["position"]["global_step"] >= 1  # (for an optimizer of its groups)
+
+
 @pytest.mark.parametrize("order", ["compile-then-prepare", "prepare-then-compile"])
 def test_compiling_before_or_after_prepare_trains_and_saves_plain_keys(tmp_path, order):
     acc = gpuaccel.Accelerator(device="cpu", monitor=False)

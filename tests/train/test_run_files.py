@@ -200,8 +200,6 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_last_checkpoi
     write's ENOSPC."""
     import errno
 
-    from gpuaccel.train import checkpoint
-
     run = tmp_path / "r"
     Trainer(TrainConfig(epochs=1, run_dir=str(run), monitor=False), quiet=True).fit()
     before = (run / "checkpoint.pt").read_bytes()
@@ -214,7 +212,7 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_last_checkpoi
         except OSError:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from None
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)  # (what every checkpoint is written through)
     trainer = Trainer.resume(run, overrides={"epochs": 2}, quiet=True)
     with pytest.raises(GpuaccelError, match=r"no space left on device while writing .*checkpoint.pt"):
         trainer.fit()

@@ -1,46 +1,26 @@
 """Checkpoints: what they hold (:func:`training_state`) and how a trainer takes it back
 (:func:`restore_training_state`); resuming a run is resume.py's.
 
-Crash-safe: a checkpoint on disk is always either the old one or the new one, written through
-:func:`gpuaccel.files.atomic_write` (a temporary file in the same directory, fsynced, renamed
-over the old one, and the directory fsynced).
+The file's form is the one both doors write (``runtime/state.py``): a header and named states,
+written atomically (the old file or the new one, never half of one).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ..errors import GpuaccelError
-from ..files import atomic_write, write_json  # noqa: F401  (checkpoints are written through these)
-
-FORMAT = "gpuaccel-checkpoint"
-VERSION = 1
+from ..files import atomic_write, write_json  # noqa: F401  (run files are written through these)
+from ..runtime.state import FORMAT, VERSION, read_state, rng_state, set_rng_state, write_state  # noqa: F401
 
 
 def save(path: Path, state: dict) -> None:
-    atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state}, f))
+    write_state(path, state)
 
 
 def load(path: Path, map_location="cpu") -> dict:
     """Reads a gpuaccel checkpoint; anything else is a user error, not a traceback."""
-    path = Path(path)
-    if not path.is_file():
-        raise GpuaccelError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises many types for a file that is not a checkpoint
-        raise GpuaccelError(f"{path} is not a readable gpuaccel checkpoint ({type(exc).__name__})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise GpuaccelError(f"{path} is not a gpuaccel checkpoint")
-    version = state.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise GpuaccelError(f"{path}: its format version {version!r} is not a whole number; it is not a checkpoint "
-                            f"gpuaccel wrote (or it was edited)")
-    if version > VERSION:
-        raise GpuaccelError(f"{path} was written by a newer gpuaccel (format {state['version']}); upgrade gpuaccel")
-    return state
+    return read_state(path, map_location)
 
 
 # ---------------------------------------------------------------------- what a checkpoint holds
@@ -65,8 +45,7 @@ def training_state(trainer, full: bool) -> dict:
         state.update(
             optimizer=optimizer_state, scheduler=trainer.scheduler.state_dict(), scaler=trainer.scaler.state_dict(),
             ema=trainer.ema.state_dict() if trainer.ema else None,
-            rng={"torch": torch.get_rng_state(),
-                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            rng=rng_state(),
             position=trainer.state.position(),
             progress=trainer.state.progress())
     return state
@@ -86,7 +65,5 @@ def restore_training_state(trainer, state: dict) -> None:
     trainer.scaler.load_state_dict(state["scaler"])
     if trainer.ema is not None and state.get("ema"):
         trainer.ema.load_state_dict(state["ema"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if state["rng"]["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"][:torch.cuda.device_count()])
+    set_rng_state(state["rng"])
     trainer.state.load(state["position"], state["progress"])

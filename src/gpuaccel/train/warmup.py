@@ -5,18 +5,16 @@ state is put back as it was, and the step is recorded where the restored state l
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import NamedTuple
 
-import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ..data import ImageDataset
 from ..data.augment import parse_size_schedule, resize
 from ..device import synchronize
 from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
+from ..runtime.state import rng_state, set_rng_state, snapshot
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
 FIRST_STEP = "the first training step per shape (compiling or loading compiled kernels, autotuning, first collectives)"
@@ -81,12 +79,11 @@ def training_shapes(trainer, inputs, targets) -> list[tuple]:
 
 
 def _saved_state(trainer) -> dict:
-    return {"model": _snapshot(trainer.model.state_dict(), trainer.device),
-            "optimizer": _snapshot(trainer.optimizer.state_dict(), trainer.device),
+    return {"model": snapshot(trainer.model.state_dict(), trainer.device),
+            "optimizer": snapshot(trainer.optimizer.state_dict(), trainer.device),
             "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
-            "ema": _snapshot(trainer.ema.state_dict(), trainer.device) if trainer.ema else None,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if trainer.device.type == "cuda" else None}
+            "ema": snapshot(trainer.ema.state_dict(), trainer.device) if trainer.ema else None,
+            "rng": rng_state()}
 
 
 def _restore(trainer, saved: dict) -> None:
@@ -96,18 +93,4 @@ def _restore(trainer, saved: dict) -> None:
     trainer.scaler.load_state_dict(saved["scaler"])
     if trainer.ema:
         trainer.ema.load_state_dict(saved["ema"])
-    torch.set_rng_state(saved["rng"])
-    if saved["cuda_rng"] is not None:
-        torch.cuda.set_rng_state_all(saved["cuda_rng"])
-
-
-def _snapshot(state: dict, device: torch.device) -> dict:
-    """A copy of ``state`` to restore after the warm-up: beside the original while the GPU has
-    twice its size free, else in host memory (a model of tens of gigabytes, e.g. DLRM's tables,
-    would otherwise need its size again on the GPU)."""
-    on_gpu = sum(t.numel() * t.element_size() for t in tree_flatten(state)[0]
-                 if isinstance(t, torch.Tensor) and t.is_cuda)
-    if on_gpu and torch.cuda.mem_get_info(device)[0] < 2 * on_gpu:
-        return tree_map(lambda t: t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor)
-                        else copy.deepcopy(t), state)
-    return copy.deepcopy(state)
+    set_rng_state(saved["rng"])
