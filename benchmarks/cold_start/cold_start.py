@@ -11,8 +11,9 @@ operating system's file cache is not emptied. Warm: the same command again with 
 as the cold run left them (``--warm`` times). ``--run NAME=DATA:OPTIONS`` adds options to a
 recipe's command (after a colon, shell-quoted).
 
-Reported per command: the whole command's seconds, and from the summary the set-up (imports,
-data, model), the warm-up (compiling and recording the step, phase by phase), training and
+Reported per command: the whole command's seconds, and from the summary the start-up (the
+interpreter, imports, the command line), the set-up (the device, data, model, importing
+torch.compile), the warm-up (compiling and recording the step, phase by phase), training and
 the rest (evaluations, checkpoints, the summary, the exit); and the issue's aim for a cold
 command, at most twice the training time plus 10 s.
 """
@@ -43,9 +44,12 @@ def whole_command(recipe: str, data: str, options: list[str], cache: Path, run_d
     if done.returncode:
         return {"error": (done.stdout + done.stderr)[-3000:], "command_seconds": round(seconds, 2)}
     s = json.loads(done.stdout[done.stdout.index("{"):])
+    # start-up: the interpreter, imports and the command line, before the Trainer's set-up begins
+    startup = next((v for k, v in (s.get("phases") or {}).items() if k.startswith("start-up")), 0.0)
     setup, warmup, train = s["setup_seconds"], s["warmup_seconds"], s["train_seconds"]
-    return {"command_seconds": round(seconds, 2), "setup_seconds": setup, "warmup_seconds": warmup,
-            "train_seconds": train, "rest_seconds": round(seconds - setup - warmup - train, 2),
+    return {"command_seconds": round(seconds, 2), "startup_seconds": startup, "setup_seconds": setup,
+            "warmup_seconds": warmup, "train_seconds": train,
+            "rest_seconds": round(seconds - startup - setup - warmup - train, 2),
             "warmup_phases": s["warmup_phases"], "phases": s.get("phases"), "steps": s["steps"],
             "metrics": s["metrics"],
             "aim_seconds": round(2 * train + 10, 2), "within_aim": seconds <= 2 * train + 10}
