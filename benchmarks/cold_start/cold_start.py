@@ -79,7 +79,7 @@ def main() -> None:
         for _ in range(args.warm):
             rows["warm"].append(whole_command(recipe, data, rows["options"], cache, work / "run"))
             print(recipe, "warm", json.dumps(rows["warm"][-1])[:2000], flush=True)
-        result["recipes"][recipe] = rows
+        result["recipes"][f"{recipe} {options}".strip()] = rows  # (a recipe with other options: a row of its own)
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 

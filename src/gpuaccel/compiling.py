@@ -66,6 +66,29 @@ def compile_module(module, mode: str, tune_kernels: bool = False, *, split_bytes
     return torch.compile(module, dynamic=False, backend=split.compile_fn)
 
 
+def compile_regions(module, mode: str, tune_kernels: bool = False) -> int:
+    """Compiles, in place, each copy of ``module``'s repeated block (the modules of an
+    ``nn.ModuleList`` whose items are all of one class: a transformer's layers), as
+    ``compile_module`` would; returns how many repeated blocks ``module`` has (0: none, nothing
+    was compiled). Blocks compiled before are left as they are (evaluation asks again).
+
+    Why: a whole model's graph is traced and compiled as one, its layers one after another; the
+    copies of one block run the same code, which Dynamo compiles once and reuses for every copy
+    (their parameters are its inputs). The first compile is then about one layer's, not the
+    model's; the few operations between the blocks (embeddings, the last norm and the head) run
+    eagerly, which a captured step graph makes as cheap to launch as compiled code."""
+    import torch.nn as nn
+
+    import_compiler()
+    arguments = compile_arguments(mode, tune_kernels)
+    blocks = [block for child in module.modules() if isinstance(child, nn.ModuleList) and len(child) > 1
+              and len({type(item) for item in child}) == 1 for block in child]
+    for block in blocks:
+        if getattr(block, "_compiled_call_impl", None) is None:
+            block.compile(dynamic=False, **arguments)
+    return len(blocks)
+
+
 def import_compiler() -> None:
     """Imports what ``torch.compile`` imports on its first call, Dynamo and Inductor, with their
     kernel cache set up first. It is most of what setting a compiled run up costs besides the

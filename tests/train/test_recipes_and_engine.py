@@ -177,3 +177,21 @@ def test_a_recipe_that_compiles_for_gpus_runs_uncompiled_on_a_cpu_unless_asked(c
     assert main(["train", "--recipe", "cifar10-fast", "--compile", "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert "compile: true" in out and "note" not in err
+
+
+def test_compile_regions_compiles_each_copy_of_the_repeated_block_and_nothing_else(tmp_path):
+    """--compile-regions: the gpt's layers (one nn.ModuleList of one class) are compiled in place,
+    the model around them is not; a model without repeated blocks is compiled whole."""
+    from gpuaccel.compiling import compile_regions
+
+    config = TrainConfig(data=str(tmp_path / "t.txt"), model="gpt", model_args={"layers": 3, "heads": 2, "width": 16},
+                         context=8, batch_size=4, device="cpu", compile=True, compile_regions=True,
+                         run_dir=str(tmp_path / "run"), monitor=False)
+    (tmp_path / "t.txt").write_text("to be or not to be, that is the question " * 40)
+    trainer = Trainer(config, quiet=True)
+    blocks = [m for m in trainer.model.modules() if isinstance(m, torch.nn.ModuleList)][0]
+    assert trainer.forward is trainer.model and len(blocks) == 3
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    assert trainer.model._compiled_call_impl is None
+    flat = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    assert compile_regions(flat, "default") == 0 and flat._compiled_call_impl is None

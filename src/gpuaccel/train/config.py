@@ -208,6 +208,10 @@ class RuntimeSettings:
         "default", "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, "
         "max-autotune-no-cudagraphs, or tuned (default with inductor's kernels tuned: minutes more compiling "
         "once per machine, for faster steps; docs/training.md)", choices=COMPILE_MODES, metavar="MODE")
+    compile_regions: bool = setting(
+        False, "with --compile: compile a model's repeated block (a transformer's layer) once for all its "
+        "copies instead of the whole model: a first compile several times shorter; what lies between the blocks "
+        "runs eagerly (inside the step's CUDA graph where the step is captured)")
     compile_eval: bool = setting(
         True, "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
         "tracing and loading a second graph: worth it for runs that evaluate once)")

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..accelerator import Accelerator
-from ..compiling import compile_module, compile_workers_unless_cached, import_compiler
+from ..compiling import compile_module, compile_regions, compile_workers_unless_cached, import_compiler
 from ..data import resolved_spec
 from ..device import device_name, synchronize
 from ..errors import GpuaccelError
@@ -307,7 +307,11 @@ class Trainer:
         ``compile_module``); as it is without ``compile``."""
         if self._compile_mode is None:
             return module
-        return compile_module(module, self._compile_mode, self.config.runtime.tune_kernels, split_bytes=split_bytes,
+        runtime = self.config.runtime
+        if runtime.compile_regions and isinstance(module, nn.Module) and split_bytes is None and \
+                compile_regions(module, self._compile_mode, runtime.tune_kernels):
+            return module
+        return compile_module(module, self._compile_mode, runtime.tune_kernels, split_bytes=split_bytes,
                               dynamic=self.inputs.shapes_vary)
 
     @property
