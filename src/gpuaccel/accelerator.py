@@ -550,6 +550,9 @@ class Accelerator:
             held = [k for k in state if not k.startswith("_") and k not in ("format", "version")]
             raise GpuaccelError(f"{path} holds no state for {', '.join(missing)} (it has: {', '.join(held)})")
         for name, obj in objects.items():
+            if state[name] is None and state.get("shards"):
+                raise GpuaccelError(f"{path} is a sharded Trainer run's checkpoint: its {name} state is in the shards "
+                                    f"folder {state['shards']} beside it (load the run's model.pt for its weights)")
             strategy = self._strategy_of(obj) if isinstance(obj, nn.Module) else None
             if isinstance(strategy, Sharded):  # a whole state dict into a sharded model: each takes its shards
                 load_full_state(strategy.model, None, state[name], None)

@@ -362,7 +362,7 @@ def test_activation_checkpointing_from_the_cli_and_without_blocks(capsys, tmp_pa
 
 # --- fully sharded data parallel -------------------------------------------------------------------------
 
-def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(tmp_path):
+def test_a_sharded_run_resumes_to_the_same_weights_from_its_shards_and_saves_a_whole_model(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # a constant learning rate: a schedule stretched to the new length on resume would differ
     # 359 test images in batches of 179: one rank evaluates 180 images in 2 batches, the other 1 batch
@@ -372,12 +372,15 @@ def test_a_sharded_run_resumes_to_the_same_weights_and_saves_whole_checkpoints(t
     torchrun(*common, "--epochs", "1", "--run-dir", str(resumed))
     torchrun("--resume", str(resumed), "--epochs", "3", "--quiet", "--no-monitor")
     assert_same_training(straight, resumed, processes=2, global_batch=32, atol=1e-6)
-    # the checkpoint is whole: it loads into the plain model, optimizer state included
+    # the checkpoint keeps each process's shards (DCP) in a folder it names, the last one only;
+    # model.pt is whole: it loads into the plain model
     state = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    assert state["model"] is None and state["optimizer"] is None
+    assert sorted(p.name for p in resumed.glob("checkpoint.shards-*")) == [state["shards"]]
+    assert (resumed / state["shards"] / ".metadata").exists()
     with plain_models_importable():
         plain = create_model(MODEL, num_classes=10, in_channels=1, image_size=8)
-    plain.load_state_dict(state["model"])
-    assert len(state["optimizer"]["state"]) == len(list(plain.parameters()))
+    plain.load_state_dict(torch.load(resumed / "model.pt", weights_only=False)["model"])
 
 
 def test_fsdp_units_group_consecutive_blocks_until_each_holds_the_size():

@@ -282,3 +282,22 @@ def test_a_bad_label_in_data_read_batch_by_batch_is_one_line_naming_its_batch(tm
     with pytest.raises(GpuaccelError, match=r"the training data, batch \d+ of epoch 1: a target label is 4, but "):
         Trainer(config, model=torch.nn.Linear(4, 3), train_data=data, eval_data=_FreshEachRead(-1),
                 task="classification", quiet=True).fit()
+
+
+def test_a_check_that_fails_on_the_first_batch_leaves_no_reader_process_behind(tmp_path):
+    """The first batch is read (by worker processes, for a Dataset read batch by batch) before
+    the task is checked on it; a failing check must stop them with the error, not leave them to
+    the collector or the interpreter's exit."""
+    import multiprocessing
+
+    class AllBad(_FreshEachRead):
+        def __getitem__(self, i):
+            return torch.randn(4), torch.tensor(9)
+
+    config = TrainConfig(epochs=1, batch_size=16, device="cpu", monitor=False, val_split=0.0,
+                         run_dir=str(tmp_path / "run"), workers=2)
+    trainer = Trainer(config, model=torch.nn.Linear(4, 3), train_data=AllBad(0), eval_data=_FreshEachRead(-1),
+                      task="classification", quiet=True)
+    with pytest.raises(GpuaccelError, match="a target label is 9"):
+        trainer.fit()
+    assert multiprocessing.active_children() == []

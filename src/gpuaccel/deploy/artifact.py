@@ -77,6 +77,9 @@ def load_run_state(path) -> tuple[dict, Path]:
     if not path.exists():
         raise GpuaccelError(f"{path} does not exist; give a run directory or its model.pt")
     state = checkpoint.load(path)
+    if state.get("model") is None and state.get("shards"):
+        raise GpuaccelError(f"{path} is a sharded run's checkpoint: its weights are shards of each process "
+                            f"({state['shards']}); use the model.pt the run writes when it ends")
     name = state["model_name"]
     if name.startswith("object:"):
         raise GpuaccelError(f"{path} holds the weights of a model passed to the trainer as an object "

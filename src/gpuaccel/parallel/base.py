@@ -103,6 +103,8 @@ class Strategy:
     def clip_gradients(self, max_norm: float) -> None:
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
+    shards_state = False  # whether checkpoints keep each process's shards (DCP) instead of gathering
+
     def gather_state(self, optimizer: torch.optim.Optimizer | None):
         """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0."""
         model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}

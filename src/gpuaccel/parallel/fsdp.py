@@ -168,10 +168,12 @@ def load_sharded(path, model: nn.Module, optimizer: torch.optim.Optimizer | None
 
 class Sharded(Strategy):
     """FSDP2 over all processes (one also works): parameters, gradients and optimizer state
-    split; checkpoints gathered whole to rank 0."""
+    split; a run's checkpoint keeps them as each process's shards (torch.distributed.checkpoint,
+    as ``Accelerator.save`` writes them), its final model.pt and best.pt gathered whole to rank 0."""
 
     name = "fully sharded data parallel (FSDP)"
     collective_state = True
+    shards_state = True
     local_forward = False  # (a collective across the processes)
 
     def __init__(self, device: torch.device, rank: int, world_size: int, *, offload: bool = False,
@@ -198,6 +200,10 @@ class Sharded(Strategy):
 
     def gather_state(self, optimizer):
         return full_state(self.model, optimizer)
+
+    def save_shards(self, path, optimizer) -> None:
+        """Each process writes its shards of the model and ``optimizer`` into the folder ``path``."""
+        save_sharded(path, self.model, optimizer, {})
 
     def load_state(self, optimizer, model_state, optimizer_state):
         load_full_state(self.model, optimizer, model_state, optimizer_state)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import GpuaccelError
 from ..files import atomic_write, write_json  # noqa: F401  (run files are written through these)
+from ..parallel.fsdp import load_sharded
 from ..runtime.state import FORMAT, VERSION, read_state, rng_state, set_rng_state, write_state  # noqa: F401
 
 
@@ -29,7 +30,9 @@ def training_state(trainer, full: bool) -> dict:
     """What checkpoint.pt (``full``: everything to continue) and model.pt (the model and what
     rebuilding, exporting and inferring with it needs) hold. Sharded, this gathers the full
     state to rank 0: a collective."""
-    model_state, optimizer_state = trainer.strategy.gather_state(trainer.optimizer if full else None)
+    shards = full and trainer.strategy.shards_state  # (the model and optimizer: each process's part, beside)
+    model_state, optimizer_state = (None, None) if shards else \
+        trainer.strategy.gather_state(trainer.optimizer if full else None)
     inputs, config = trainer.inputs, trainer.config
     state = {"model_name": config.model.name, "model_args": trainer.model_args, "model_path": config.model.model_path,
              "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
@@ -47,17 +50,32 @@ def training_state(trainer, full: bool) -> dict:
             ema=trainer.ema.state_dict() if trainer.ema else None,
             rng=rng_state(),
             position=trainer.state.position(),
-            progress=trainer.state.progress())
+            progress=trainer.state.progress(),
+            shards=shards_folder(trainer.state.global_step) if shards else None)
     return state
 
 
-def restore_training_state(trainer, state: dict) -> None:
-    """Puts back everything :func:`training_state` saved, so that training continues where it stopped."""
+def shards_folder(step: int) -> str:
+    """The folder, beside checkpoint.pt, of a sharded run's model and optimizer shards at ``step``:
+    one per checkpoint, so that checkpoint.pt never names shards of another step (the older
+    ones go once the newer checkpoint.pt is written)."""
+    return f"checkpoint.shards-{step}"
+
+
+def restore_training_state(trainer, state: dict, folder: Path | None = None) -> None:
+    """Puts back everything :func:`training_state` saved, so that training continues where it
+    stopped (``folder``: where the checkpoint lies, for a sharded one's shards)."""
     config = trainer.config
     if state["model_name"] != config.model.name:
         raise GpuaccelError(f"the checkpoint was made for model {state['model_name']!r}, not {config.model.name!r}")
     try:
-        trainer.strategy.load_state(trainer.optimizer, state["model"], state["optimizer"])
+        if state.get("shards"):  # each process reads its part (resharded if the processes changed)
+            shards = Path(folder or ".") / state["shards"]
+            if not shards.is_dir():
+                raise GpuaccelError(f"the checkpoint's shards ({shards}) are missing; the run cannot resume")
+            load_sharded(shards, trainer.strategy.model, trainer.optimizer)
+        else:
+            trainer.strategy.load_state(trainer.optimizer, state["model"], state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise GpuaccelError(f"the checkpoint does not fit model {config.model.name!r}: {first}") from None

@@ -103,7 +103,7 @@ def resume(trainer_class, run_dir, *, overrides: dict | None = None, quiet: bool
                                 loss_fn=loss_fn, metrics=metrics, structure=state.get("structure"), data_init=False,
                                 quiet=quiet)
         trainer.inputs.check_same(state.get("data_identity"), run_dir)
-        trainer.load_state(state)
+        trainer.load_state(state, run_dir)
     except BaseException:
         run.unlock()
         raise

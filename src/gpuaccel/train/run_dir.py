@@ -15,6 +15,8 @@ process left half-written is removed when the next one takes it.
 
 from __future__ import annotations
 
+import shutil
+
 from datetime import datetime
 from pathlib import Path
 
@@ -79,6 +81,9 @@ class RunDirectory:
         if self.writer:
             checkpoint.save(self.path / CHECKPOINT, state)
             self.write_position(position)
+            for older in self.path.glob("checkpoint.shards-*"):  # (a sharded run's: those of earlier checkpoints)
+                if older.name != state.get("shards") and older.is_dir():
+                    shutil.rmtree(older, ignore_errors=True)
 
     def write_position(self, position: dict) -> None:
         if self.writer:

@@ -49,7 +49,7 @@ from .progress import Progress
 from .resume import resume
 from .run_dir import CHECKPOINT, RunDirectory
 from .run_state import RunState
-from .fit_context import TrainingClock, fit_context, signals_held
+from .fit_context import TrainingClock, fit_context, signals_held, stop_readers
 from . import evaluation
 from .checks import check_processes_agree, check_task, create_for_data, whole_step_obstacle
 from .summary import start_lines, summarise
@@ -343,7 +343,12 @@ class Trainer:
                             self.quiet or not main)
         for line in start_lines(self):
             progress.log(line)
-        next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
+        try:
+            next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
+        except BaseException:  # (a check failed, Ctrl-C: the readers it started must not outlive it)
+            stop_readers(self)
+            self.run.unlock()
+            raise
         cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
         clock = TrainingClock(self.state.train_seconds)
         stopped_by = None
@@ -526,6 +531,8 @@ class Trainer:
         and best.pt where a better evaluation came since the last one."""
         with signals_held():
             state = checkpoint.training_state(self, full=True)
+            if state["shards"]:  # (every process writes its part, before checkpoint.pt names them)
+                self.strategy.save_shards(self.run.path / state["shards"], self.optimizer)
             self.run.save_checkpoint(state, self.state.position())
             self._save_best()
         return self.run.path / CHECKPOINT
@@ -544,9 +551,10 @@ class Trainer:
             self.run.save_best(self.state.best_weights)
             self.state.best_weights = None
 
-    def load_state(self, state: dict) -> None:
-        """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped."""
-        checkpoint.restore_training_state(self, state)
+    def load_state(self, state: dict, folder: Path | None = None) -> None:
+        """Restores everything ``save_checkpoint`` wrote, so training continues where it stopped
+        (``folder``: the run directory the checkpoint is in, which holds a sharded run's shards)."""
+        checkpoint.restore_training_state(self, state, folder)
 
     @classmethod
     def resume(cls, run_dir, *, overrides: dict | None = None, quiet: bool = False, model: nn.Module | None = None,
