@@ -96,9 +96,10 @@ def test_a_captured_loop_trains_like_the_loop_as_it_is(accumulate, fetch_first):
     # what the script holds after the loop is the batch fetched last, as in the loop as it is
     for held, plain_held in zip(captured[3], plain[3]):
         assert torch.equal(held.cpu(), plain_held.cpu())
-    # the fetches a replay makes are timed like the body's own: stats() counts the loop's seconds
-    stats = captured[4]
-    assert stats["seconds"] > 0 and 0 < stats["data_wait_share"] < 1, stats
+    # a loop that fetches through acc.timed and prepares no loader (nanoGPT's) has its seconds and
+    # data wait counted by stats(), the fetches a replay makes as the body's own
+    for stats in (plain[4], captured[4]):
+        assert stats["seconds"] > 0 and 0 < stats["data_wait_share"] < 1, stats
 
 
 @pytest.mark.gpu
