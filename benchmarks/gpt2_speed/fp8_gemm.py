@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from gpuaccel.bench.timing import cuda_times_ms
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
@@ -38,18 +40,8 @@ def fp8_product(a: torch.Tensor, b_t: torch.Tensor, a_dtype=E4M3, b_dtype=E4M3) 
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def timed(fn, repeats: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def timed(fn) -> float:
+    return statistics.median(cuda_times_ms(fn, repeats=50, warmup=5))
 
 
 def main() -> None:
