@@ -401,13 +401,17 @@ class Accelerator:
         return torch.cat(parts)
 
     def end(self) -> None:
-        """Ends a run: stops the GPU sampler; with several processes, waits for every process,
-        releases the captured steps and the parallel wrappers this accelerator made, then leaves
-        the process group. Call it last (the prepared models no longer synchronise afterwards).
-        Destroying the group while a DDP wrapper still held it left one process of two hanging in
-        the wrapper's destructor about one run in four (torch 2.13, gloo, two CPU processes)."""
+        """Ends a run: stops the GPU sampler and frees the captured loops; with several processes,
+        waits for every process, releases the captured steps and the parallel wrappers this
+        accelerator made, then leaves the process group. Call it last (the prepared models no
+        longer synchronise afterwards). Destroying the group while a DDP wrapper still held it left
+        one process of two hanging in the wrapper's destructor about one run in four (torch 2.13,
+        gloo, two CPU processes)."""
         if self._sampler is not None:
             self._sampler.stop()
+        for loop in self._captured_loops.values():  # (their graphs and the gradients and batches they hold)
+            loop.release()
+        self._captured_loops.clear()
         if not self.dist.active or not torch.distributed.is_initialized():
             return
         self.dist.barrier()
@@ -502,8 +506,8 @@ class Accelerator:
         prepared model's plain weights), optimizers, schedulers, anything with ``state_dict``, and
         plain values (``step=5``, ``best=0.91``, lists and dicts of them, tensors), with the loss
         scaler's and every process's random number generators' states (a collective: every
-        process calls it). The file is the form ``Trainer``'s
-        checkpoints take (``runtime/state.py``). With ``strategy="fsdp"``, ``path`` becomes a
+        process calls it). The file is the form ``Trainer``'s checkpoints take
+        (``runtime/state.py``). With ``strategy="fsdp"``, ``path`` becomes a
         folder of torch.distributed.checkpoint shards instead: each process writes its own part
         of the model and optimizer, nothing is gathered, and every process calls it."""
         reserved = sorted({"format", "version", "_scaler", RNG} & set(objects))
@@ -513,8 +517,9 @@ class Accelerator:
         sharded = self._sharded(objects)
         if sharded is not None:
             model, optimizer, rest = sharded
-            save_sharded(path, model, optimizer, {**{n: self._state_of(o) for n, o in rest.items()},
-                                                  "_scaler": self.scaler.state_dict(), RNG: self.dist.gather(rng_state())})
+            rest = {n: self._state_of(o) for n, o in rest.items()}
+            save_sharded(path, model, optimizer,
+                         {**rest, "_scaler": self.scaler.state_dict(), RNG: self.dist.gather(rng_state())})
             return
         state = {name: self._state_of(obj) for name, obj in objects.items()}
         state.update({"_scaler": self.scaler.state_dict(), RNG: self.dist.gather(rng_state())})  # (each process's)
@@ -524,10 +529,10 @@ class Accelerator:
 
     def load(self, path, **objects) -> dict:
         """Restores what :meth:`save` wrote into the named objects (every process reads the file),
-        and each process's random number generators (where as many processes saved it); returns everything the file holds by name, the plain
-        values among it (``acc.load(path, model=model)["step"]``). A ``Trainer`` run's
-        checkpoint.pt or model.pt loads alike: ``acc.load("run/checkpoint.pt", model=model,
-        optimizer=optimizer)``."""
+        and each process's random number generators (where as many processes saved them); returns
+        everything the file holds by name, the plain values among it (``acc.load(path,
+        model=model)["step"]``). A ``Trainer`` run's checkpoint.pt or model.pt loads alike:
+        ``acc.load("run/checkpoint.pt", model=model, optimizer=optimizer)``."""
         path = Path(path)
         if path.is_dir():
             sharded = self._sharded(objects)

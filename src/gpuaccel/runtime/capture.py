@@ -640,6 +640,7 @@ class CapturedLoop:
         for graph in self.graphs:
             graph.reset()
         self.graphs, self.calls, self.buffers = [], [], []
+        self._grads_before, self._grads_after, self.feed = [], [], None
         self.passes, self.fetches = 0, None
 
 
