@@ -287,7 +287,8 @@ class Accelerator:
         same arguments, between the graphs, and the body's tensors read what it returns. So the
         function must draw a new batch each call (an index the loop passes would be the
         recording's for ever), of one shape. Tensors the body returns or binds (``loss``) are
-        overwritten by each replay. A loop is known by where it is written and its items.
+        overwritten by each replay. A loop is known by where it is written, its items, and the
+        models and optimizers (and ``self``) among the variables of the code around it.
 
         Where it cannot be captured (no GPU, fp16, FSDP, several processes, a body that waits for
         the GPU or fetches nothing through :meth:`timed`) it runs as it is, after one warning
@@ -295,8 +296,12 @@ class Accelerator:
         function with :meth:`capture`, which records the gradient all-reduce."""
         items = list(items)
         caller = sys._getframe(1)
-        key = (caller.f_code, caller.f_lineno, tuple(x if isinstance(x, (int, float, str, bool, type(None)))
-                                                     else (type(x), id(x)) for x in items))
+        # which loop: where it is written, its items, and the models and optimizers the code around it
+        # holds (and its ``self``): a helper called with another model must not replay the first one's
+        held = sorted(id(value) for name, value in caller.f_locals.items()
+                      if name == "self" or isinstance(value, (nn.Module, torch.optim.Optimizer)))
+        key = (caller.f_code, caller.f_lineno, tuple(held), tuple(
+            x if isinstance(x, (int, float, str, bool, type(None))) else (type(x), id(x)) for x in items))
         loop = self._captured_loops.get(key)
         if loop is None:
             obstacle = self._capture_obstacle() or \

@@ -120,3 +120,19 @@ def test_a_body_that_waits_for_the_gpu_or_fetches_nothing_runs_as_it_is_after_on
     # the warm-up left the device's random number generator and the sync debug mode as they were
     assert torch.cuda.get_sync_debug_mode() == 0
     torch.rand(4, device="cuda")
+
+
+def test_a_loop_written_once_is_one_loop_per_model_it_trains():
+    """A helper holding the loop, called for two models, must not replay the first model's graphs for
+    the second: the models and optimizers around a loop are part of which loop it is."""
+    acc = gpuaccel.Accelerator(device="cpu", precision="fp32", monitor=False)
+
+    def steps(model, optimizer):
+        return acc.captured(range(2))
+
+    one, two = nn.Linear(2, 2), nn.Linear(2, 2)
+    sgd_one, sgd_two = torch.optim.SGD(one.parameters(), lr=0.1), torch.optim.SGD(two.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="CUDA graphs need a GPU"):
+        first = steps(one, sgd_one)
+        assert steps(one, sgd_one) is first  # (the same loop, called again: warmed up and recorded once)
+        assert steps(two, sgd_two) is not first
