@@ -326,6 +326,9 @@ def test_launcher_errors_and_arguments(capsys):
     assert worker_arguments(["--gpus", "2", "--epochs", "3", "--max-restarts=1"], "runs/x") == \
         ["--epochs", "3", "--run-dir", "runs/x"]
     assert worker_arguments(["--gpus=2", "--run-dir", "mine"], "runs/x") == ["--run-dir", "mine"]
+    # a resume continues in its run's directory (adding one was refused: "--run-dir cannot change")
+    assert worker_arguments(["--resume", "runs/a", "--gpus", "2", "--epochs", "4"], "runs/x") == \
+        ["--resume", "runs/a", "--epochs", "4"]
     model = create_model("lenet5", num_classes=10, in_channels=1, image_size=8)
     with pytest.raises(GpuaccelError, match="sync_bn needs GPUs"):
         apply_ddp(model, torch.device("cpu"), sync_batchnorm=True)

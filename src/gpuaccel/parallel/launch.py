@@ -19,7 +19,8 @@ _LAUNCHER_OPTIONS = ("--gpus", "--max-restarts")
 
 def worker_arguments(argv: list[str], run_dir: str) -> list[str]:
     """The ``gpuaccel train`` arguments for each process: the launcher's own options removed,
-    a fixed run directory added (a restarted group must find its checkpoint)."""
+    a fixed run directory added (a restarted group must find its checkpoint), except for a
+    resume, which continues in the run's own directory."""
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -30,7 +31,7 @@ def worker_arguments(argv: list[str], run_dir: str) -> list[str]:
             skip = "=" not in arg
             continue
         out.append(arg)
-    if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in out):
+    if not any(a.split("=", 1)[0] in ("--run-dir", "--resume") for a in out):
         out += ["--run-dir", run_dir]
     return out
 
