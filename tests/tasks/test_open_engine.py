@@ -274,8 +274,8 @@ class _FreshEachRead(torch.utils.data.Dataset):
 @pytest.mark.parametrize("bad", [0, 95])
 def test_a_bad_label_in_data_read_batch_by_batch_is_one_line_naming_its_batch(tmp_path, bad):
     """A Dataset that is not held on the device cannot be checked whole before training: each host
-    batch is checked as it arrives, the first ones read ahead of the check included (raw
-    IndexError: Target 4 is out of bounds, before)."""
+    batch is checked as it arrives, the first ones read ahead of the check included, and a bad
+    label is one line naming its batch, not PyTorch's IndexError from inside the loss."""
     data = _FreshEachRead(bad)
     config = TrainConfig(epochs=1, batch_size=16, device="cpu", monitor=False, val_split=0.0,
                          run_dir=str(tmp_path / "run"), workers=0)
