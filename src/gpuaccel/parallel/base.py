@@ -47,6 +47,7 @@ def consecutive_groups(items: list, cap: float, size) -> list[list]:
 class Strategy:
     name = "one device"
     collective_state = False  # every process takes part in gathering a checkpoint
+    shards_state = False  # a checkpoint keeps each process's shards (DCP) instead of gathering them
     counts_metrics = True  # this process computes the loss and metrics
     needs_warm_up = False  # its first steps must run before the clock starts, even on a CPU
     places_parameters = False  # it moves the parameters to where they belong itself (from the host)
@@ -102,8 +103,6 @@ class Strategy:
 
     def clip_gradients(self, max_norm: float) -> None:
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-
-    shards_state = False  # whether checkpoints keep each process's shards (DCP) instead of gathering
 
     def gather_state(self, optimizer: torch.optim.Optimizer | None):
         """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0."""

@@ -205,6 +205,11 @@ class Sharded(Strategy):
         """Each process writes its shards of the model and ``optimizer`` into the folder ``path``."""
         save_sharded(path, self.model, optimizer, {})
 
+    def load_shards(self, path, optimizer) -> None:
+        """Each process reads its shards from what :meth:`save_shards` wrote (resharded if the
+        number of processes changed)."""
+        load_sharded(path, self.model, optimizer)
+
     def load_state(self, optimizer, model_state, optimizer_state):
         load_full_state(self.model, optimizer, model_state, optimizer_state)
 

@@ -197,10 +197,12 @@ class PrefetchLoader(_LikeDataLoader):
         self._passes = _DataLoaderPasses(passes) if isinstance(passes, DataLoader) else passes
         self.device, self.layout, self.meter = device, layout, meter
         self._copies = DeviceCopies(device)
-        # check(batch, where) of each host batch before it is copied (the Trainer's check of a user's
-        # targets, which a loader that never holds the whole data set cannot have checked before)
+        # check(batch, where) of each host batch before it is copied, for loaders made with
+        # checks_batches (the Trainer's check of a user's targets, which a loader that never holds the
+        # whole data set cannot have checked before)
+        self.checks_batches = False
         self._host_check: Callable | None = None
-        self._unchecked: list[tuple] = []  # the first pass's batches read before a check was set
+        self._unchecked: list[tuple] = []  # (batch, epoch, index) read before the check was set
 
     def __len__(self) -> int:
         return len(self._passes)
@@ -216,8 +218,11 @@ class PrefetchLoader(_LikeDataLoader):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         if start >= len(self):
             return iter(())
-        self._unchecked = []
-        return self._copies(self._checked(self._passes.read(epoch, start), epoch, start))
+        host = self._passes.read(epoch, start)
+        if self.checks_batches:
+            self._unchecked = []
+            host = self._checked(host, epoch, start)
+        return self._copies(host)
 
     @property
     def host_check(self) -> Callable | None:
@@ -228,17 +233,20 @@ class PrefetchLoader(_LikeDataLoader):
         """Sets the check; the batches already read ahead (the first and the one copied ahead of
         its use) are checked at once."""
         self._host_check, unchecked, self._unchecked = check, self._unchecked, []
-        for batch, where in unchecked if check is not None else ():
-            check(batch, where)
+        for batch, epoch, index in unchecked if check is not None else ():
+            check(batch, _batch_name(epoch, index))
 
     def _checked(self, batches: Iterable, epoch: int, start: int) -> Iterator:
         for index, batch in enumerate(batches, start):
-            where = f"batch {index + 1} of epoch {epoch + 1}"
             if self._host_check is not None:
-                self._host_check(batch, where)
+                self._host_check(batch, _batch_name(epoch, index))
             elif len(self._unchecked) < 2:
-                self._unchecked.append((batch, where))
+                self._unchecked.append((batch, epoch, index))
             yield batch
+
+
+def _batch_name(epoch: int, index: int) -> str:
+    return f"batch {index + 1} of epoch {epoch + 1}"
 
 
 def dataset_loader(dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
@@ -256,6 +264,15 @@ def user_loader(data, *, batch_size: int, device: torch.device, train: bool, pla
     """The trainer's loader for one split of a user's data: tensors, or a Dataset whose samples fit
     and do not change between reads, live on the device (``placement`` 'cpu' keeps them on the
     host); other Datasets are read by worker processes; a DataLoader is iterated as it is."""
+    loader = _user_loader(data, batch_size=batch_size, device=device, train=train, placement=placement,
+                          workers=workers, seed=seed, rank=rank, world_size=world_size)
+    if isinstance(loader, PrefetchLoader):
+        loader.checks_batches = True  # (read batch by batch: the trainer checks each one as it arrives)
+    return loader
+
+
+def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str, workers: int | None,
+                 seed: int, rank: int, world_size: int):
     order = dict(batch_size=batch_size, device=device, train=train, seed=seed, rank=rank, world_size=world_size)
     if isinstance(data, DataLoader):
         return PrefetchLoader(data, device)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ..errors import GpuaccelError
 from ..files import atomic_write, write_json  # noqa: F401  (run files are written through these)
-from ..parallel.fsdp import load_sharded
 from ..runtime.state import FORMAT, VERSION, read_state, rng_state, set_rng_state, write_state  # noqa: F401
 
 
@@ -28,8 +27,9 @@ def load(path: Path, map_location="cpu") -> dict:
 
 def training_state(trainer, full: bool) -> dict:
     """What checkpoint.pt (``full``: everything to continue) and model.pt (the model and what
-    rebuilding, exporting and inferring with it needs) hold. Sharded, this gathers the full
-    state to rank 0: a collective."""
+    rebuilding, exporting and inferring with it needs) hold. Where the strategy gathers its state
+    (pipelines, and FSDP for model.pt) this is a collective; FSDP's checkpoint.pt names its
+    shards folder instead of holding the model and optimizer (``Trainer.save_checkpoint`` writes it)."""
     shards = full and trainer.strategy.shards_state  # (the model and optimizer: each process's part, beside)
     model_state, optimizer_state = (None, None) if shards else \
         trainer.strategy.gather_state(trainer.optimizer if full else None)
@@ -73,7 +73,7 @@ def restore_training_state(trainer, state: dict, folder: Path | None = None) -> 
             shards = Path(folder or ".") / state["shards"]
             if not shards.is_dir():
                 raise GpuaccelError(f"the checkpoint's shards ({shards}) are missing; the run cannot resume")
-            load_sharded(shards, trainer.strategy.model, trainer.optimizer)
+            trainer.strategy.load_shards(shards, trainer.optimizer)
         else:
             trainer.strategy.load_state(trainer.optimizer, state["model"], state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as exc:

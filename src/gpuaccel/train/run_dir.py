@@ -16,7 +16,6 @@ process left half-written is removed when the next one takes it.
 from __future__ import annotations
 
 import shutil
-
 from datetime import datetime
 from pathlib import Path
 
