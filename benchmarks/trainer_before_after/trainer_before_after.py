@@ -8,6 +8,9 @@ Parts:
   cifar10   ``gpuaccel train --recipe cifar10-fast`` for ``--seeds`` seeds, old and new
             alternating per seed: training time (first step to last, evaluations excluded) and
             test accuracy from each run's summary
+  cifar10-host
+            the same with ``--loader cpu``: the images augmented by worker processes on the host,
+            copied ahead and normalised on the GPU
   shakespeare
             ``gpuaccel train --recipe shakespeare-char`` (the whole step as one CUDA graph) for
             ``--seeds`` seeds: training time, tokens per second, time to validation loss 1.47
@@ -70,16 +73,17 @@ def run_gpuaccel(src: str, args: list[str], env_extra: dict | None = None, timeo
     return summary
 
 
-def recipe_runs(trees: dict, recipe: str, data: str, seeds: int, work: Path, fields, summarised) -> dict:
-    """``gpuaccel train --recipe RECIPE`` for seeds 1..``seeds``, the trees alternating who goes first;
-    ``fields(summary)`` picks each run's row, ``summarised`` the keys whose medians are compared."""
+def recipe_runs(trees: dict, recipe: str, data: str, seeds: int, work: Path, fields, summarised,
+                extra: tuple = ()) -> dict:
+    """``gpuaccel train --recipe RECIPE [EXTRA]`` for seeds 1..``seeds``, the trees alternating who goes
+    first; ``fields(summary)`` picks each run's row, ``summarised`` the keys whose medians are compared."""
     rows = {name: [] for name in trees}
     for seed in range(1, seeds + 1):
         for name in (list(trees) if seed % 2 else list(trees)[::-1]):
             run_dir = work / f"{recipe}-{name}-{seed}"
             subprocess.run(["rm", "-rf", str(run_dir)], check=False)
             s = run_gpuaccel(trees[name], ["train", "--recipe", recipe, "--data", data, "--seed", str(seed),
-                                           "--run-dir", str(run_dir), "--quiet"], timeout=500)
+                                           "--run-dir", str(run_dir), "--quiet", *extra], timeout=500)
             row = {"seed": seed, **({"error": s["error"]} if "error" in s else
                                     {**fields(s), "warmup_seconds": s["warmup_seconds"], "step_graph": s.get("step_graph")})}
             rows[name].append(row)
@@ -87,11 +91,11 @@ def recipe_runs(trees: dict, recipe: str, data: str, seeds: int, work: Path, fie
     return {"runs": rows, "summary": {name: _stats(rows[name], summarised) for name in rows}}
 
 
-def cifar10(trees: dict, data: str, seeds: int, work: Path) -> dict:
+def cifar10(trees: dict, data: str, seeds: int, work: Path, extra: tuple = ()) -> dict:
     return recipe_runs(trees, "cifar10-fast", data, seeds, work, lambda s: {
         "train_seconds": s["train_seconds"], "test_accuracy": accuracy(s), "setup_seconds": s["setup_seconds"],
         "wall_seconds": s["wall_seconds"], "command_seconds": s["command_seconds"]},
-        ("train_seconds", "test_accuracy"))
+        ("train_seconds", "test_accuracy"), extra)
 
 
 def shakespeare(trees: dict, text: str, seeds: int, work: Path) -> dict:
@@ -227,7 +231,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="the src/ directory of the code before")
     ap.add_argument("--new", required=True, help="the src/ directory of the code after")
-    ap.add_argument("--parts", nargs="+", default=["cifar10", "resnet50", "stream"])
+    ap.add_argument("--parts", nargs="+", default=["cifar10", "resnet50", "stream"],
+                    choices=["cifar10", "cifar10-host", "shakespeare", "resnet50", "resnet50-graph", "resnet50-eager",
+                             "scenes-detect", "ports", "stream"])
     ap.add_argument("--cifar10", help="the CIFAR-10 JPEG folder (cifar10/train, cifar10/test)")
     ap.add_argument("--text", help="tiny Shakespeare's .txt (shakespeare)")
     ap.add_argument("--scenes", help="a digit-scenes folder (scenes-detect)")
@@ -253,6 +259,8 @@ def main():
     for part in args.parts:
         if part == "cifar10":
             results["cifar10"] = cifar10(trees, args.cifar10, args.seeds, work)
+        elif part == "cifar10-host":
+            results["cifar10-host"] = cifar10(trees, args.cifar10, args.seeds, work, ("--loader", "cpu"))
         elif part == "shakespeare":
             results["shakespeare"] = shakespeare(trees, args.text, args.seeds, work)
         elif part == "resnet50":
@@ -276,7 +284,8 @@ def main():
                 if old and new:
                     print(f"ports {key}: samples/s median old {old:.5g}, new {new:.5g}, new/old {new / old:.4f}")
             continue
-        key = "train_seconds" if part in ("cifar10", "shakespeare", "scenes-detect") else "images_per_second"
+        key = "train_seconds" if part in ("cifar10", "cifar10-host", "shakespeare", "scenes-detect") \
+            else "images_per_second"
         old, new = (summary.get(n, {}).get(key, {}).get("median") for n in ("old", "new"))
         if old and new:
             print(f"{part}: {key} median old {old:.4g}, new {new:.4g}, new/old {new / old:.4f}")

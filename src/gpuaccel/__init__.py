@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 
 # what the package offers, and the module each comes from (imported on first use)
 _EXPORTS = {
-    "Accelerator": ".accelerator", "capture": ".accelerator", "GpuaccelError": ".errors", "ImageDataset": ".data", "StreamingDataset": ".data",
+    "Accelerator": ".accelerator", "capture": ".accelerator", "BatchSource": ".data.source",
+    "GpuaccelError": ".errors", "ImageDataset": ".data", "StreamingDataset": ".data",
     "load_dataset": ".data", "open_dataset": ".data", "create_model": ".models", "list_models": ".models",
     "register_model": ".models", "TrainConfig": ".train", "Trainer": ".train",
 }

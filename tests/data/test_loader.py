@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from gpuaccel.data import augment as aug
 from gpuaccel.data.augment import AugmentConfig
-from gpuaccel.data.loader import READER_NICENESS, DeviceLoader, PassReader, WorkerLoader, build_loader
+from gpuaccel.data.loader import READER_NICENESS, DeviceLoader, PassReader
+from gpuaccel.runtime.loaders import PrefetchLoader, image_loader
 
 CPU = torch.device("cpu")
 
@@ -163,12 +164,12 @@ def test_channels_last_and_dtype():
 
 
 def make_pair(n=103, batch=10, augment=None, workers=2, **kw):
-    """A device loader and a worker loader over the same random RGB images."""
+    """A device loader and a loader of worker processes over the same random RGB images."""
     images = torch.randint(0, 256, (n, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     common = dict(batch_size=batch, device=CPU, mean=[0.4, 0.5, 0.6], std=[0.2, 0.25, 0.3], train=True,
                   augment=augment, **kw)
     return (DeviceLoader(images, torch.arange(n), **common),
-            WorkerLoader(images, torch.arange(n), workers=workers, **common))
+            image_loader(images, torch.arange(n), placement="cpu", workers=workers, **common))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -327,11 +328,11 @@ def test_reader_processes_run_at_a_lower_priority_than_the_training_process():
     reader.close()
 
 
-def test_build_loader_keeps_cpu_data_in_process_unless_told():
+def test_image_loader_keeps_cpu_data_in_process_unless_told():
     images, labels = torch.zeros(8, 1, 2, 2, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
     common = dict(device=CPU, batch_size=4, mean=[0.0], std=[1.0], train=False)
-    assert isinstance(build_loader(images, labels, **common), DeviceLoader)
-    assert isinstance(build_loader(images, labels, placement="cpu", workers=0, **common), WorkerLoader)
+    assert isinstance(image_loader(images, labels, **common), DeviceLoader)
+    assert isinstance(image_loader(images, labels, placement="cpu", workers=0, **common), PrefetchLoader)
 
 
 @pytest.mark.parametrize("start", [0, 5])

@@ -149,6 +149,49 @@ def test_a_run_of_a_model_object_resumes_only_with_that_model(tmp_path):
     assert resumed.state.global_step == run.state.global_step and resumed.fit()["epochs"] == 2
 
 
+class LinearBatches:
+    """A user's own batch source: each batch a function of (seed, epoch, step), as the protocol asks."""
+
+    def __init__(self, steps: int, seed: int):
+        self.steps, self.seed, self.asked = steps, seed, []
+
+    def __len__(self):
+        return self.steps
+
+    def batches(self, epoch=0, start=0):
+        self.asked.append((epoch, start))
+        for step in range(start, self.steps):
+            yield linear_data(16, self.seed * 10_000 + epoch * 100 + step)
+
+
+def test_a_users_own_batch_source_trains_through_the_protocol(tmp_path):
+    train, held_out = LinearBatches(16, 0), LinearBatches(4, 1)
+    assert isinstance(train, gpuaccel.BatchSource)
+    summary = Trainer(config(tmp_path, epochs=10, optimizer="adamw", lr=0.1, weight_decay=0.0, schedule="constant"),
+                      model=nn.Linear(5, 1), train_data=train, eval_data=held_out, task=Regression(),
+                      quiet=True).fit()
+    assert summary["metrics"]["rmse"] < 0.5  # (the targets' spread is about 3.7)
+    assert [a for a in train.asked if a[0] > 0] == [(epoch, 0) for epoch in range(1, 10)]
+    assert held_out.asked and all(a == (0, 0) for a in held_out.asked)
+    with pytest.raises(GpuaccelError, match="LinearBatches cannot be split for evaluation; pass eval_data="):
+        Trainer(config(tmp_path, "b"), model=nn.Linear(5, 1), train_data=LinearBatches(8, 0), task=Regression())
+
+
+def test_every_loader_gpuaccel_makes_serves_the_batch_source_protocol():
+    from gpuaccel.data.loader import DeviceLoader
+    from gpuaccel.data.parallel import TranslationLoader
+    from gpuaccel.data.ratings import NegativeSamplingLoader
+    from gpuaccel.data.scene_loader import SceneLoader
+    from gpuaccel.data.sentences import SentenceLoader
+    from gpuaccel.data.stream import StreamLoader
+    from gpuaccel.data.text import WindowLoader
+
+    for cls in (ResidentLoader, PrefetchLoader, DeviceLoader, StreamLoader, WindowLoader, SentenceLoader, SceneLoader,
+                NegativeSamplingLoader, TranslationLoader):
+        assert issubclass(cls, gpuaccel.BatchSource), cls
+    assert not issubclass(torch.utils.data.DataLoader, gpuaccel.BatchSource)
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(task=Classification(), loss_fn=F.cross_entropy), "not both"),
     (dict(), "say what to minimise"),

@@ -1,18 +1,18 @@
-"""Batch loaders that keep the data set where the compute is.
+"""What gpuaccel's loaders are made of, and the image loader that keeps the data set on the device.
 
-:class:`DeviceLoader` holds a whole split as one uint8 tensor on the compute device.
+:class:`ShardedOrder` is the order every loader serves samples in: batches are a pure function
+of (seed, epoch) and each batch's augmentation of (seed, epoch, step), so training can stop at
+any step and resume at the next one with the same data; with ``world_size`` > 1 each rank
+takes a disjoint shard of every epoch's permutation.
+
+:class:`DeviceLoader` holds a whole split of images as one uint8 tensor on the compute device.
 On a GPU a gather, a few augmentation ops and a normalisation, all on the GPU, make
 several batches at once: no host work, no host-device copy, no synchronisation.
 
-:class:`WorkerLoader` is for data that does not fit in GPU memory (``--loader cpu``
-forces it): worker processes gather and augment uint8 batches on the CPU, the
-batches are pinned and copied to the GPU on a side stream one step ahead of use, and
-only the normalisation runs on the GPU (uint8 crosses the bus, a quarter of fp32).
-
-Both serve the same order: batches are a pure function of (seed, epoch) and each
-batch's augmentation of (seed, epoch, step), so training can stop at any step and
-resume at the next one with the same data. With ``world_size`` > 1 each rank takes a
-disjoint shard of every epoch's permutation. ``build_loader`` picks one of the two.
+For images that do not fit in GPU memory (``--loader cpu`` forces it), :class:`ImageBatches`
+is what worker processes make (:class:`PassReader`): the same batches gathered and augmented
+on the CPU as uint8; ``runtime.loaders`` copies them to the GPU one step ahead
+(:class:`DeviceCopies`) and normalises them there (uint8 crosses the bus, a quarter of fp32).
 """
 
 from __future__ import annotations
@@ -146,6 +146,12 @@ class Normaliser:
         x = x.to(self.dtype)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
+    def batch(self, batch: tuple) -> tuple:
+        """(uint8 images, labels) on the device -> (normalised images, labels): the transform of
+        image batches made on the host."""
+        x, *rest = batch
+        return (self.finish(self.scale(x)), *rest)
+
 
 class DeviceLoader(ShardedOrder):
     """Shuffled (training) or ordered (evaluation) batches of normalised images, from a uint8
@@ -167,10 +173,12 @@ class DeviceLoader(ShardedOrder):
         image_bytes = 4 * self.images[0].numel()
         self.batches_together = max(1, _BYTES_TOGETHER // (image_bytes * batch_size)) if device.type == "cuda" else 1
 
-    def normalised_sample(self, count: int) -> torch.Tensor:
-        """The first ``count`` images of a fixed random order, normalised, on the compute device
-        (for data-dependent initialisation such as patch whitening)."""
-        return self.normaliser.scale(self.images[self.sample_indices(count).to(self.device)])
+    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``count`` images of a fixed random order and their labels, normalised (in
+        float32) but not augmented, on the compute device (for data-dependent initialisation
+        such as patch whitening)."""
+        idx = self.sample_indices(count).to(self.device)
+        return self.normaliser.scale(self.images[idx]), self.labels[idx]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``.
@@ -205,23 +213,44 @@ class DeviceLoader(ShardedOrder):
                 yield images, labels[k * size:(k + 1) * size]
 
 
-class _HostBatches(torch.utils.data.Dataset):
-    """What a worker process computes: item (epoch, step) is that batch, gathered and augmented
-    on the CPU as uint8."""
+class OrderedBatches(torch.utils.data.Dataset):
+    """What a worker process computes: item (epoch, step) is that step's batch in ``order``.
+    Subclasses say what the batch of some sample indices is (:meth:`at`)."""
 
-    def __init__(self, order: ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
-                 augment: AugmentConfig | None, fill: torch.Tensor):
-        self.order, self.images, self.labels, self.augment, self.fill = order, images, labels, augment, fill
-        self.mean_pixel = fill.float()  # colour jitter's centre, on the uint8 scale
+    def __init__(self, order: ShardedOrder):
+        self.order = order
         self._epoch, self._indices = None, None
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, step = key
         if epoch != self._epoch:
             self._epoch, self._indices = epoch, self.order.epoch_indices(epoch)
-        idx = self._indices[step * self.order.batch_size:(step + 1) * self.order.batch_size]
+        return self.at(self._indices[step * self.order.batch_size:(step + 1) * self.order.batch_size], epoch, step)
+
+    def at(self, idx: torch.Tensor, epoch: int | None = None, step: int = 0):
+        """The batch of samples ``idx``: as step ``step`` of ``epoch`` makes it, or unaugmented
+        (``epoch`` None: a sample for data-dependent initialisation)."""
+        raise NotImplementedError
+
+
+class ImageBatches(OrderedBatches):
+    """Batches of uint8 image arrays, gathered and augmented on the CPU: the batches of
+    :class:`DeviceLoader` before normalisation. Cutout fills with the mean pixel (what a zero
+    after normalisation is), so they equal the device loader's up to uint8 rounding inside
+    cutout squares, and (brightness, contrast, resizing, which work on uint8 here) up to
+    rounding and clipping to 0..255."""
+
+    def __init__(self, order: ShardedOrder, images: torch.Tensor, labels: torch.Tensor,
+                 augment: AugmentConfig | None, mean):
+        super().__init__(order)
+        self.images, self.labels = images, labels
+        self.augment = augment if (order.train and augment is not None and augment.active) else None
+        self.fill = torch.tensor(mean).view(1, -1, 1, 1).mul(255).round().to(torch.uint8)
+        self.mean_pixel = self.fill.float()  # colour jitter's centre, on the uint8 scale
+
+    def at(self, idx: torch.Tensor, epoch: int | None = None, step: int = 0):
         x = self.images[idx]
-        if self.augment is not None:
+        if self.augment is not None and epoch is not None:
             generator = torch.Generator().manual_seed(self.order.batch_seed(epoch, step))
             x = augment_batch(x, idx, epoch, self.augment, self.order.seed, generator, self.fill,
                               size=self.augment.size_at(epoch + step / len(self.order)),
@@ -359,51 +388,6 @@ class DeviceCopies:
             yield ready
 
 
-class WorkerLoader(ShardedOrder):
-    """The same batches as :class:`DeviceLoader`, prepared by ``workers`` processes on the host.
-
-    Cutout fills with the mean pixel (what a zero after normalisation is), so the batches
-    equal the device loader's up to uint8 rounding inside cutout squares, and (brightness,
-    contrast, resizing, which work on uint8 here) up to rounding and clipping to 0..255.
-    """
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
-                 mean, std, train: bool, dtype: torch.dtype = torch.float32, augment: AugmentConfig | None = None,
-                 channels_last: bool = False, seed: int = 0, drop_last: bool | None = None,
-                 rank: int = 0, world_size: int = 1, workers: int | None = None):
-        super().__init__(int(labels.shape[0]), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=drop_last)
-        self.device = device
-        self.workers = default_workers() if workers is None else workers
-        augment = augment if (train and augment is not None and augment.active) else None
-        fill = torch.tensor(mean).view(1, -1, 1, 1).mul(255).round().to(torch.uint8)
-        # shared memory: workers started by fork or spawn read the images without a copy
-        self.host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
-        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
-        on_gpu = device.type == "cuda"
-        # the workers get a plain copy of the ordering, not this object with its stream and loader
-        order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                             world_size=world_size, drop_last=self.drop_last)
-        steps = len(self)
-        self._reader = PassReader(_HostBatches(order, self.host_images, host_labels, augment, fill),
-                                  lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),
-                                  workers=self.workers, pin_memory=on_gpu, prefetch_factor=4)
-        self._copies = DeviceCopies(device)
-
-    def normalised_sample(self, count: int) -> torch.Tensor:
-        return self.normaliser.scale(self.host_images[self.sample_indices(count)].to(self.device))
-
-    def stop_workers(self) -> None:
-        """Stops the worker processes now; the next pass starts them."""
-        self._reader.close()
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if start >= len(self):
-            return
-        for x, y in self._copies(self._reader.read(epoch, start)):
-            yield self.normaliser.finish(self.normaliser.scale(x)), y
-
-
 def next_epoch(train: bool) -> Callable[[int], int | None]:
     """What a :class:`PassReader` reads after a pass: the next epoch in training; nothing
     after an evaluation pass (its processes would hold the next one's batches until then)."""
@@ -428,17 +412,3 @@ def resident_budget(device: torch.device, share: float = 0.5) -> float:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4
     except (ValueError, OSError, AttributeError):
         return 2 * 2**30
-
-
-def fits_on_device(images: torch.Tensor, device: torch.device, max_share: float = 0.5) -> bool:
-    """True when the uint8 images take under ``max_share`` of the free memory of a GPU."""
-    return images.numel() * images.element_size() < resident_budget(device, max_share)
-
-
-def build_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.device, placement: str = "auto",
-                 workers: int | None = None, **options) -> DeviceLoader | WorkerLoader:
-    """A :class:`DeviceLoader` when the images may live on ``device`` (``placement`` 'gpu', or
-    'auto' and they fit; always for the CPU, unless 'cpu' is forced), else a :class:`WorkerLoader`."""
-    if placement == "cpu" or (placement == "auto" and device.type == "cuda" and not fits_on_device(images, device)):
-        return WorkerLoader(images, labels, device=device, workers=workers, **options)
-    return DeviceLoader(images, labels, device=device, **options)

@@ -480,9 +480,12 @@ class StreamLoader:
         route = self.batch_decoder.kind if self.batch_decoder else "torchvision"
         return f"nvjpeg ({route}), {self.cpu_decode:.0%} pillow"
 
-    def normalised_sample(self, count: int) -> torch.Tensor:
+    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``count`` images of a fixed random order (centre crops, normalised in float32)
+        and their labels, on the device."""
         ids = self.order.sample_indices(count).tolist()
-        return self.normaliser.scale(self._images(ids, None, self._reader.loader.dataset[ids]))
+        images = self.normaliser.scale(self._images(ids, None, self._reader.loader.dataset[ids]))
+        return images, torch.from_numpy(self.records.labels[ids]).to(self.device)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches

@@ -11,7 +11,7 @@ import torch
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.formats import READERS, detect_kind
 from ..data.kinds import DataKind, register_kind
-from ..data.loader import build_loader
+from ..runtime.loaders import image_loader
 from ..errors import GpuaccelError
 from ..train.inputs import TrainingInputs, augment_config, shared_read
 
@@ -64,10 +64,10 @@ class Images(DataKind):
                 return (ds.loader(train=True, batch_size=config.loop.batch_size, **common),
                         ds.loader(train=False, batch_size=config.loop.eval_batch_size, **common))
             common.update(placement=config.data.loader, workers=config.data.workers)
-            train = build_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
+            train = image_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
                                  batch_size=config.loop.batch_size, train=True, augment=augment_config(config),
                                  **common)
-            test = build_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
+            test = image_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
                                 batch_size=config.loop.eval_batch_size, train=False, **common)
             return train, test
 
@@ -78,8 +78,7 @@ class Images(DataKind):
             identity=identity, classes=list(ds.classes), mean=mean, std=std, images=ds, task="classification",
             unit="images", build=build, data_kind=self.name,
             # data_init: a sample of normalised images, e.g. for patch whitening
-            init_sample=lambda loader: (loader.normalised_sample(5000),) if hasattr(loader, "normalised_sample")
-            else None)
+            init_sample=lambda loader: (loader.sample(5000)[0],) if hasattr(loader, "sample") else None)
 
     def owned_before_kinds(self, state: dict) -> bool:
         return state.get("mean") is not None and (state.get("task") or {}).get("name") not in ("detection",

@@ -6,14 +6,17 @@
 - :mod:`.strategy`: which parallel strategy (``gpuaccel.parallel``) a process trains with.
 - :mod:`.capture`: a whole training step as CUDA graphs (:class:`CapturedStep`), and the
   optimizers' capturable (fused) updates.
-- :mod:`.loaders`: the two device loaders: the data set resident on the device
-  (:class:`ResidentLoader`), or host batches prefetched onto it (:class:`PrefetchLoader`).
+- :mod:`.loaders`: the two engines of every loader: the data set resident on the device
+  (:class:`ResidentLoader`), or host batches prefetched onto it (:class:`PrefetchLoader`); where
+  data lives (:func:`resident_bytes`), decided once for every loader.
 """
 
 from .capture import CapturedStep, make_capturable
-from .loaders import PrefetchLoader, ResidentLoader, dataset_loader, prepare_loader, user_loader
+from .loaders import (HostPasses, PrefetchLoader, ResidentLoader, dataset_loader, image_loader, prepare_loader,
+                      resident_bytes, user_loader)
 from .placement import Placement
 from .strategy import STRATEGIES, choose_strategy, training_strategy
 
-__all__ = ["CapturedStep", "Placement", "PrefetchLoader", "ResidentLoader", "STRATEGIES", "choose_strategy",
-           "dataset_loader", "make_capturable", "prepare_loader", "training_strategy", "user_loader"]
+__all__ = ["CapturedStep", "HostPasses", "Placement", "PrefetchLoader", "ResidentLoader", "STRATEGIES",
+           "choose_strategy", "dataset_loader", "image_loader", "make_capturable", "prepare_loader", "resident_bytes",
+           "training_strategy", "user_loader"]

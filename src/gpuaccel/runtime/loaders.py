@@ -1,4 +1,8 @@
-"""The two device loaders behind both doors (``Trainer`` and ``Accelerator.prepare``).
+"""The two engines every gpuaccel loader is made of, behind both doors (``Trainer`` and
+``Accelerator.prepare``), and the choosers that pick one.
+
+Every loader is a :class:`~gpuaccel.data.source.BatchSource`: ``len()`` steps a pass,
+``batches(epoch, start)`` on the device. Two engines serve one from what the data is:
 
 :class:`ResidentLoader`: the whole data set lives on the compute device, one tensor per field,
 and a batch is one gather per field: no worker processes, no host work, no copy per step. Its
@@ -7,13 +11,15 @@ user's ``DataLoader`` (its sampler, drawing the same random numbers from the sam
 so a seeded script gets the same batches with or without it).
 
 :class:`PrefetchLoader`: batches made on the host (by a user's ``DataLoader``, or by worker
-processes reading a ``Dataset`` in gpuaccel's seeded order) arrive on the device one step
-ahead, copied from pinned memory on a side stream.
+processes in gpuaccel's seeded order: :class:`HostPasses` over a Dataset's items or over image
+arrays) arrive on the device one step ahead, copied from pinned memory on a side stream.
 
-Both serve ``batches(epoch, start)`` (the trainer's interface) and iterate like the
-``DataLoader`` they stand for, whose attributes (``dataset``, ``batch_size``, ``sampler``, ...)
-they keep. :func:`prepare_loader` picks one for a DataLoader; :func:`user_loader` for the
-trainer's Python data.
+Either takes a ``transform``, run on the device on each batch (image arrays: the normalisation).
+Both iterate like the ``DataLoader`` they stand for, whose attributes (``dataset``,
+``batch_size``, ``sampler``, ...) they keep. Whether data lives on the device is decided once,
+by :func:`stays_on_host`; :func:`prepare_loader` picks a loader for a user's DataLoader,
+:func:`user_loader` for the trainer's Python data, :func:`image_loader` for a data kind's image
+arrays.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, TensorDataset
 from torch.utils.data import default_collate
 
-from ..data.loader import DeviceCopies, PassReader, next_epoch, ShardedOrder, default_workers, resident_budget
+from ..data.augment import AugmentConfig
+from ..data.loader import (DeviceCopies, DeviceLoader, ImageBatches, Normaliser, OrderedBatches, PassReader,
+                           ShardedOrder, default_workers, next_epoch, PLACEMENTS, resident_budget)
 from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
+from ..data.source import BatchSource, is_batch_source
 from ..errors import GpuaccelError
 from ..monitor.steps import DataWaitMeter
 
@@ -48,6 +57,7 @@ class _LikeDataLoader:
     source: DataLoader | None = None
     layout = None
     meter: DataWaitMeter | None = None
+    transform: Callable | None = None  # (run on the device on each batch)
     _epochs_iterated = 0
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
@@ -81,12 +91,14 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
 
     def __init__(self, tensors, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
                  rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
-                 order_of: DataLoader | None = None, layout=None, meter: DataWaitMeter | None = None):
+                 order_of: DataLoader | None = None, layout=None, meter: DataWaitMeter | None = None,
+                 transform: Callable | None = None):
         if order_of is not None:  # (its batch size and drop_last)
             batch_size, drop_last, train = order_of.batch_size, order_of.drop_last, False
         ShardedOrder.__init__(self, rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
                               world_size=world_size, drop_last=drop_last)
         self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
+        self.transform = transform
         self.tensors = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tensors)
 
     def __len__(self) -> int:
@@ -113,8 +125,15 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
         order, sizes = self._epoch_order(epoch)
         ends = list(itertools.accumulate(sizes))
         for step in range(start, len(sizes)):
-            idx = order[ends[step] - sizes[step]:ends[step]]
-            yield tree_map(lambda t: t[idx] if isinstance(t, torch.Tensor) else t, self.tensors)
+            yield self._gathered(order[ends[step] - sizes[step]:ends[step]])
+
+    def sample(self, count: int):
+        """The first ``count`` samples of a fixed random order, as one batch on the device."""
+        return self._gathered(self.sample_indices(count).to(self.device))
+
+    def _gathered(self, idx: torch.Tensor):
+        batch = tree_map(lambda t: t[idx] if isinstance(t, torch.Tensor) else t, self.tensors)
+        return batch if self.transform is None else self.transform(batch)
 
 
 class _DataLoaderPasses:
@@ -146,56 +165,58 @@ class _DataLoaderPasses:
         return host
 
 
-class _DatasetPasses(ShardedOrder):
-    """A map-style Dataset read by ``workers`` persistent processes into pinned memory, in
-    gpuaccel's seeded, sharded order, each batch collated in a worker."""
+class HostPasses(ShardedOrder):
+    """Batches made on the host by ``workers`` persistent processes into pinned memory, in
+    gpuaccel's seeded, sharded order: ``items(order)`` is the Dataset of what a worker makes,
+    item (epoch, step) that step's batch (:class:`DatasetBatches`: a Dataset's samples,
+    collated; ``data.loader.ImageBatches``: image arrays, gathered and augmented)."""
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, train: bool, seed: int, rank: int, world_size: int,
-                 drop_last: bool | None, workers: int | None, pin_memory: bool, collate=default_collate):
-        super().__init__(len(dataset), batch_size=batch_size, train=train, seed=seed, rank=rank,
+    def __init__(self, items: Callable[[ShardedOrder], OrderedBatches], num_samples: int, *, batch_size: int,
+                 train: bool, seed: int, rank: int, world_size: int, drop_last: bool | None, workers: int | None,
+                 pin_memory: bool):
+        super().__init__(num_samples, batch_size=batch_size, train=train, seed=seed, rank=rank,
                          world_size=world_size, drop_last=drop_last)
-        order = ShardedOrder(self.num_images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                             world_size=world_size, drop_last=self.drop_last)
+        # the workers get a plain copy of the order, not this object with its reader
+        self.items = items(ShardedOrder(num_samples, batch_size=batch_size, train=train, seed=seed, rank=rank,
+                                        world_size=world_size, drop_last=self.drop_last))
         steps = len(self)
-        self._reader = PassReader(_DatasetBatches(order, dataset, collate),
-                                  lambda epoch: [(epoch, step) for step in range(steps)], next_epoch(train),
-                                  workers=default_workers() if workers is None else workers, pin_memory=pin_memory,
-                                  prefetch_factor=4)
+        self._reader = PassReader(self.items, lambda epoch: [(epoch, step) for step in range(steps)],
+                                  next_epoch(train), workers=default_workers() if workers is None else workers,
+                                  pin_memory=pin_memory, prefetch_factor=4)
 
     def read(self, epoch: int, start: int) -> Iterator:
         return self._reader.read(epoch, start)
+
+    def sample(self, count: int):
+        return self.items.at(self.sample_indices(count))
 
     def stop_workers(self) -> None:
         self._reader.close()
 
 
-class _DatasetBatches(Dataset):
-    """What a worker process computes: item (epoch, step) is that batch, collated."""
+class DatasetBatches(OrderedBatches):
+    """A map-style Dataset's samples, collated into batches."""
 
-    def __init__(self, order: ShardedOrder, dataset: Dataset, collate):
-        self.order, self.dataset, self.collate = order, dataset, collate
-        self._epoch, self._indices = None, None
+    def __init__(self, order: ShardedOrder, dataset: Dataset, collate=default_collate):
+        super().__init__(order)
+        self.dataset, self.collate = dataset, collate
 
-    def __getitem__(self, key):
-        epoch, step = key
-        if epoch != self._epoch:
-            self._epoch, self._indices = epoch, self.order.epoch_indices(epoch)
-        idx = self._indices[step * self.order.batch_size:(step + 1) * self.order.batch_size]
+    def at(self, idx: torch.Tensor, epoch: int | None = None, step: int = 0):
         return self.collate([self.dataset[int(i)] for i in idx])
 
 
 class PrefetchLoader(_LikeDataLoader):
     """Batches made on the host arriving on ``device``: from pinned memory, copied one step ahead
     of their use on a side stream (the consuming stream waits for each copy). ``passes``: a user's
-    DataLoader, or :func:`dataset_loader`'s worker processes."""
+    DataLoader, or worker processes in gpuaccel's order (:class:`HostPasses`)."""
 
     resident = False
 
-    def __init__(self, passes: DataLoader | _DatasetPasses, device: torch.device, *, layout=None,
-                 meter: DataWaitMeter | None = None):
+    def __init__(self, passes: DataLoader | HostPasses, device: torch.device, *, layout=None,
+                 meter: DataWaitMeter | None = None, transform: Callable | None = None):
         self.source = passes if isinstance(passes, DataLoader) else None
         self._passes = _DataLoaderPasses(passes) if isinstance(passes, DataLoader) else passes
-        self.device, self.layout, self.meter = device, layout, meter
+        self.device, self.layout, self.meter, self.transform = device, layout, meter, transform
         self._copies = DeviceCopies(device)
         # check(batch, where) of each host batch before it is copied, for loaders made with
         # checks_batches (the Trainer's check of a user's targets, which a loader that never holds the
@@ -222,7 +243,17 @@ class PrefetchLoader(_LikeDataLoader):
         if self.checks_batches:
             self._unchecked = []
             host = self._checked(host, epoch, start)
-        return self._copies(host)
+        batches = self._copies(host)
+        return batches if self.transform is None else map(self.transform, batches)
+
+    def sample(self, count: int):
+        """The first ``count`` samples of a fixed random order, as one batch on the device (not
+        augmented); for batches gpuaccel's worker processes make, not a user's DataLoader's."""
+        if not hasattr(self._passes, "sample"):
+            raise GpuaccelError("a user's DataLoader has no fixed sample of its data set to give")
+        batch = tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t,
+                         self._passes.sample(count))
+        return batch if self.transform is None else self.transform(batch)
 
     @property
     def host_check(self) -> Callable | None:
@@ -249,26 +280,82 @@ def _batch_name(epoch: int, index: int) -> str:
     return f"batch {index + 1} of epoch {epoch + 1}"
 
 
+def resident_bytes(device: torch.device, placement: str = "auto") -> float:
+    """How many bytes of a data set may live on ``device``: the one decision of where data lives,
+    for every loader. ``placement`` 'gpu': any (the data set must fit); 'cpu': none (worker
+    processes read it on the host); 'auto': half of a GPU's free memory, or a quarter of the
+    host's memory for the CPU."""
+    if placement not in PLACEMENTS:
+        raise GpuaccelError(f"the loader placement is one of {', '.join(PLACEMENTS)}, not {placement!r}")
+    if placement != "auto":
+        return float("inf") if placement == "gpu" else 0.0
+    return resident_budget(device)
+
+
+def image_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.device, mean, std, batch_size: int,
+                 train: bool, placement: str = "auto", workers: int | None = None, dtype: torch.dtype = torch.float32,
+                 augment: AugmentConfig | None = None, channels_last: bool = False, seed: int = 0,
+                 drop_last: bool | None = None, rank: int = 0, world_size: int = 1) -> DeviceLoader | PrefetchLoader:
+    """A data kind's uint8 (N, C, H, W) images and int64 labels as batches of normalised images:
+    resident with augmentation on the device (``data.loader.DeviceLoader``) where
+    :func:`resident_bytes` allows; otherwise gathered and augmented as uint8 by ``workers``
+    processes on the host, copied ahead and normalised on the device (the same batches, up to
+    uint8 rounding: ``data.loader.ImageBatches``)."""
+    order = dict(batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
+    if images.numel() * images.element_size() < resident_bytes(device, placement):
+        return DeviceLoader(images, labels, device=device, mean=mean, std=std, dtype=dtype, augment=augment,
+                            channels_last=channels_last, **order)
+    # shared memory: workers started by fork or spawn read the images without a copy
+    host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
+    passes = HostPasses(lambda o: ImageBatches(o, host_images, host_labels, augment, mean), len(labels),
+                        workers=workers, pin_memory=device.type == "cuda", **order)
+    return PrefetchLoader(passes, device, transform=Normaliser(mean, std, device, dtype, channels_last).batch)
+
+
 def dataset_loader(dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
                    rank: int = 0, world_size: int = 1, drop_last: bool | None = None, workers: int | None = None,
                    collate=default_collate) -> PrefetchLoader:
     """A map-style Dataset's batches made by worker processes in gpuaccel's seeded, sharded order
     (resumable at any step), prefetched onto ``device``."""
-    passes = _DatasetPasses(dataset, batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
-                            drop_last=drop_last, workers=workers, pin_memory=device.type == "cuda", collate=collate)
+    passes = HostPasses(lambda order: DatasetBatches(order, dataset, collate), len(dataset), batch_size=batch_size,
+                        train=train, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
+                        workers=workers, pin_memory=device.type == "cuda")
     return PrefetchLoader(passes, device)
 
 
 def user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str = "auto",
                 workers: int | None = None, seed: int = 0, rank: int = 0, world_size: int = 1):
-    """The trainer's loader for one split of a user's data: tensors, or a Dataset whose samples fit
-    and do not change between reads, live on the device (``placement`` 'cpu' keeps them on the
-    host); other Datasets are read by worker processes; a DataLoader is iterated as it is."""
+    """The trainer's loader for one split of a user's data: a :class:`BatchSource` of the user's
+    own is used as it is; tensors, and a Dataset whose samples fit (:func:`resident_bytes`) and
+    do not change between reads, live on the device; other Datasets are read by worker
+    processes; a DataLoader is iterated as it is."""
+    if is_batch_source(data):
+        return _UserSource(data, device)
     loader = _user_loader(data, batch_size=batch_size, device=device, train=train, placement=placement,
                           workers=workers, seed=seed, rank=rank, world_size=world_size)
     if isinstance(loader, PrefetchLoader):
         loader.checks_batches = True  # (read batch by batch: the trainer checks each one as it arrives)
     return loader
+
+
+class _UserSource:
+    """A user's :class:`BatchSource` as the trainer reads it: its batches on ``device`` (moved
+    there where they are not yet); its other attributes its own."""
+
+    def __init__(self, source: BatchSource, device: torch.device):
+        self.source, self.device = source, device
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
+        for batch in self.source.batches(epoch, start):
+            yield tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, batch)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or "source" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.source, name)
 
 
 def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str, workers: int | None,
@@ -278,18 +365,19 @@ def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, pl
         return PrefetchLoader(data, device)
     if isinstance(data, IterableDataset):
         return PrefetchLoader(DataLoader(data, batch_size=batch_size), device)
+    budget = resident_bytes(device, placement)
     if is_tensors(data):
-        if placement == "cpu" and device.type == "cuda":
+        if budget <= sum(t.numel() * t.element_size() for t in tree_flatten(data)[0] if isinstance(t, torch.Tensor)):
             rows_of = TensorDataset(*data) if isinstance(data, (tuple, list)) else _DictRows(data)
             return dataset_loader(rows_of, workers=workers, **order)
         return ResidentLoader(data, **order)
     if isinstance(data, Dataset):
-        tensors = None if placement == "cpu" else gather_tensors(data, resident_budget(device))
+        tensors = gather_tensors(data, budget) if budget > 0 else None
         if tensors is not None:
             return ResidentLoader(tensors, **order)
         return dataset_loader(data, workers=workers, **order)
-    raise GpuaccelError(f"training data is a gpuaccel data spec, a torch Dataset, a DataLoader or a tuple/dict "
-                        f"of tensors, not {type(data).__name__}")
+    raise GpuaccelError(f"training data is a gpuaccel data spec, a torch Dataset, a DataLoader, a tuple/dict of "
+                        f"tensors or a BatchSource, not {type(data).__name__}")
 
 
 def prepare_loader(loader: DataLoader, device: torch.device, *, resident: bool | None, layout=None,
@@ -310,7 +398,7 @@ def prepare_loader(loader: DataLoader, device: torch.device, *, resident: bool |
         (loader.collate_fn is default_collate or resident)
     tensors = None
     if resident is not False and gatherable:
-        tensors = gather_tensors(dataset, resident_budget(device),
+        tensors = gather_tensors(dataset, resident_bytes(device),
                                  workers=max(loader.num_workers, default_workers() if len(dataset) > 4096 else 0))
         if tensors is None and resident:
             raise GpuaccelError("device_resident=True: the data set's items do not stack into tensors that fit on "

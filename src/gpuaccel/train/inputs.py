@@ -1,6 +1,6 @@
 """What the trainer trains on, opened into one :class:`TrainingInputs`: data of a registered
 kind (``config.data.source``: its kind, ``gpuaccel/kinds/``, reads it), a data set a gpuaccel reader
-made, or a user's own data (a torch Dataset, a DataLoader, or tensors).
+made, or a user's own data (a torch Dataset, a DataLoader, tensors, or a ``BatchSource``).
 
 ``TrainingInputs`` says what the model factory may be offered (image data: classes, channels,
 size; text: the vocabulary and context length), what a checkpoint records to recognise the
@@ -22,6 +22,7 @@ import torch
 from ..data import ImageDataset, StreamingDataset, cache, parse_spec
 from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.kinds import kind_named, setting_kinds
+from ..data.source import is_batch_source
 from ..data.tensors import is_tensors, split_off
 from ..errors import GpuaccelError
 from ..runtime.loaders import user_loader
@@ -162,6 +163,8 @@ def _count(data) -> int | None:
 
     if is_tensors(data):
         return rows(data)
+    if is_batch_source(data):
+        return getattr(data, "num_images", None)
     if isinstance(data, torch.utils.data.DataLoader):
         data = data.dataset
     return len(data) if hasattr(data, "__len__") else None
@@ -169,8 +172,9 @@ def _count(data) -> int | None:
 
 def _user_inputs(train_data, eval_data, config: TrainConfig) -> TrainingInputs:
     if eval_data is None:
-        if isinstance(train_data, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)):
-            raise GpuaccelError("a DataLoader or IterableDataset cannot be split for evaluation; pass eval_data=")
+        if isinstance(train_data, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)) or \
+                is_batch_source(train_data):
+            raise GpuaccelError(f"a {type(train_data).__name__} cannot be split for evaluation; pass eval_data=")
         train_data, eval_data = split_off(train_data, config.data.val_split or 0.1, config.loop.seed)
     kind = type(train_data).__name__
     train_n, test_n = _count(train_data), _count(eval_data)
