@@ -183,6 +183,15 @@ def test_worker_loader_serves_the_device_loaders_batches(workers):
             torch.testing.assert_close(xa, xb)
 
 
+def test_both_image_loaders_give_one_float32_sample_for_data_dependent_initialisation():
+    device, host = make_pair(augment=AugmentConfig(crop_padding=2, flip="random", cutout=2), workers=0,
+                             dtype=torch.bfloat16, channels_last=True)
+    (xa, ya), (xb, yb) = device.sample(20), host.sample(20)
+    assert xa.dtype == xb.dtype == torch.float32 and xa.shape == (20, 3, 6, 6)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)  # (unaugmented: the same images)
+    assert torch.equal(ya, device.sample(20)[1])  # (a fixed sample)
+
+
 def test_worker_loader_cutout_fills_with_the_mean():
     device, host = make_pair(augment=AugmentConfig(cutout=3), workers=0)
     for (xa, _), (xb, _) in zip(device.batches(0), host.batches(0)):

@@ -152,6 +152,11 @@ class Normaliser:
         x, *rest = batch
         return (self.finish(self.scale(x)), *rest)
 
+    def scaled_batch(self, batch: tuple) -> tuple:
+        """(uint8 images, labels) -> (normalised float32 images, labels), not cast or laid out."""
+        x, *rest = batch
+        return (self.scale(x), *rest)
+
 
 class DeviceLoader(ShardedOrder):
     """Shuffled (training) or ordered (evaluation) batches of normalised images, from a uint8

@@ -213,10 +213,12 @@ class PrefetchLoader(_LikeDataLoader):
     resident = False
 
     def __init__(self, passes: DataLoader | HostPasses, device: torch.device, *, layout=None,
-                 meter: DataWaitMeter | None = None, transform: Callable | None = None):
+                 meter: DataWaitMeter | None = None, transform: Callable | None = None,
+                 sample_transform: Callable | None = None):
         self.source = passes if isinstance(passes, DataLoader) else None
         self._passes = _DataLoaderPasses(passes) if isinstance(passes, DataLoader) else passes
         self.device, self.layout, self.meter, self.transform = device, layout, meter, transform
+        self.sample_transform = sample_transform or transform  # (:meth:`sample`'s, where it differs)
         self._copies = DeviceCopies(device)
         # check(batch, where) of each host batch before it is copied, for loaders made with
         # checks_batches (the Trainer's check of a user's targets, which a loader that never holds the
@@ -253,7 +255,7 @@ class PrefetchLoader(_LikeDataLoader):
             raise GpuaccelError("a user's DataLoader has no fixed sample of its data set to give")
         batch = tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t,
                          self._passes.sample(count))
-        return batch if self.transform is None else self.transform(batch)
+        return batch if self.sample_transform is None else self.sample_transform(batch)
 
     @property
     def host_check(self) -> Callable | None:
@@ -309,7 +311,9 @@ def image_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.de
     host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
     passes = HostPasses(lambda o: ImageBatches(o, host_images, host_labels, augment, mean), len(labels),
                         workers=workers, pin_memory=device.type == "cuda", **order)
-    return PrefetchLoader(passes, device, transform=Normaliser(mean, std, device, dtype, channels_last).batch)
+    normaliser = Normaliser(mean, std, device, dtype, channels_last)
+    # (a sample for data-dependent initialisation stays float32, as DeviceLoader.sample gives it)
+    return PrefetchLoader(passes, device, transform=normaliser.batch, sample_transform=normaliser.scaled_batch)
 
 
 def dataset_loader(dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
