@@ -282,6 +282,28 @@ def test_nms_and_iou():
     assert kept.tolist() == [0, 2, 3]  # the second overlaps the first, of its class; the third is another class
 
 
+def test_detections_of_many_images_suppressed_at_once_are_each_images_own():
+    from gpuaccel.deploy.vision import kept_detections
+
+    g = torch.Generator().manual_seed(0)
+    n, k = 300, 40
+    centres = torch.rand(n, 4, 2, generator=g) * 100  # a few clusters per image: many overlaps
+    xy = centres[torch.arange(n)[:, None], torch.randint(0, 4, (n, k), generator=g)] + torch.randn(n, k, 2, generator=g)
+    size = 8 + 4 * torch.rand(n, k, 2, generator=g)
+    scores = torch.rand(n, k, generator=g).sort(1, descending=True).values  # (decode's order: best first)
+    classes = torch.randint(0, 3, (n, k), generator=g).float()
+    decoded = torch.cat([xy, xy + size, scores[..., None], classes[..., None]], -1).numpy()
+    decoded[7, :, 4] = 0.0  # an image with nothing above the score
+    kept = kept_detections(decoded, score=0.3, iou=0.5, images_at_once=64)
+    assert len(kept) == n and kept[7].shape == (0, 6)
+    for rows, got in zip(decoded, kept):
+        rows = rows[rows[:, 4] >= 0.3]
+        t = torch.from_numpy(rows)
+        expected = rows[nms_reference(t[:, :4], t[:, 4], t[:, 5].long(), 0.5).numpy()]
+        np.testing.assert_array_equal(got, expected)
+    assert sum(map(len, kept)) < (decoded[..., 4] >= 0.3).sum()  # (something was suppressed)
+
+
 def test_miou_and_pixel_accuracy_on_a_known_case():
     truth = torch.tensor([[[0, 0, 1, 1], [0, 0, 2, 255]]])
     predicted = torch.tensor([[[0, 1, 1, 1], [0, 0, 0, 2]]])

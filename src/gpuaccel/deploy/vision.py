@@ -98,17 +98,21 @@ def run_batches(runner: Runner, images: np.ndarray, batch_size: int, latency=Non
     return predict(runner, images, batch_size, images_for_model, raw=True, latency=latency)
 
 
-def kept_detections(decoded: np.ndarray, score: float, iou: float) -> list[np.ndarray]:
-    """Per image, its detections (D, 6) above ``score`` after class-wise NMS, best first."""
-    from ..tasks.detection import nms
+def kept_detections(decoded: np.ndarray, score: float, iou: float, images_at_once: int = 1024) -> list[np.ndarray]:
+    """Per image, its detections (D, 6) above ``score`` after class-wise NMS, best first; the
+    images of ``decoded`` (N, top_k, 6) ``images_at_once`` at a time (:func:`nms_mask`)."""
+    from ..tasks.detection import nms_mask
 
     kept = []
-    for rows in decoded:
-        rows = rows[rows[:, 4] >= score]
-        if len(rows):
-            t = torch.from_numpy(rows)
-            rows = rows[nms(t[:, :4], t[:, 4], t[:, 5].long(), iou).numpy()]
-        kept.append(rows)
+    for start in range(0, len(decoded), images_at_once):
+        rows = torch.from_numpy(np.ascontiguousarray(decoded[start:start + images_at_once]))
+        order = rows[..., 4].argsort(dim=1, descending=True, stable=True)  # (best first: those above score lead)
+        rows = rows.gather(1, order[..., None].expand_as(rows))
+        valid = rows[..., 4] >= score
+        width = int(valid.sum(1).max())
+        rows, valid = rows[:, :width], valid[:, :width]
+        keep = nms_mask(rows[..., :4], rows[..., 5].long(), valid, iou)
+        kept += [r[k].numpy() for r, k in zip(rows, keep)]
     return kept
 
 

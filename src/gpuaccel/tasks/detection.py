@@ -67,6 +67,18 @@ def nms_reference(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tens
     return order[keep]
 
 
+def nms_mask(boxes: torch.Tensor, classes: torch.Tensor, valid: torch.Tensor, iou: float = 0.5) -> torch.Tensor:
+    """Class-wise NMS of many images at once: boxes (N, K, 4) best first, classes (N, K), which
+    rows take part ``valid`` (N, K) -> the kept rows (N, K), by :func:`nms_reference`'s rule in each
+    image. One pass over the K columns for all N images, where a call per image spent a few
+    hundred microseconds on the host for each (inference on many frames)."""
+    over = (box_iou(boxes.float(), boxes.float()) > iou) & (classes[..., :, None] == classes[..., None, :])
+    keep = valid.clone()
+    for k in range(boxes.shape[1] - 1):  # a kept box drops the later boxes of its class that it overlaps
+        keep[:, k + 1:] &= ~(over[:, k, k + 1:] & keep[:, k, None])
+    return keep
+
+
 # --- targets and decoding -------------------------------------------------------------------------
 
 def centre_targets(boxes: torch.Tensor, labels: torch.Tensor, num_classes: int, grid: tuple[int, int],
