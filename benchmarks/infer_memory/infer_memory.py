@@ -79,7 +79,7 @@ def main():
         frames = make_frames(work / f"frames_{args.size}", count, args.size) if sources is None else None
         subset = work / f"frames_{args.size if sources is None else 'source'}_{count}"
         if not subset.exists():  # (a folder of exactly N frames: links to the first N, or to --source's in turn)
-            subset.mkdir()
+            subset.mkdir(parents=True)
             for i in range(count):
                 os.symlink(frames / f"{i:07d}.jpg" if sources is None else sources[i % len(sources)].resolve(),
                            subset / f"{i:07d}.jpg")
