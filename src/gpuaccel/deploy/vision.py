@@ -126,16 +126,24 @@ def scaled_to_images(kept: list[np.ndarray], sizes, model_hw: tuple[int, int]) -
     return out
 
 
-def detections_table(names, kept: list[np.ndarray], classes: list[str]) -> list[dict]:
-    """One row per box: image, class, score, x, y, w, h (pixels of the image itself)."""
-    return [{"image": name, "class": classes[int(r[5])], "score": round(float(r[4]), 5),
-             "x": round(float(r[0]), 2), "y": round(float(r[1]), 2),
-             "w": round(float(r[2] - r[0]), 2), "h": round(float(r[3] - r[1]), 2)}
-            for name, rows in zip(names, kept) for r in rows]
+def detections_table(names, kept: list[np.ndarray], classes: list[str]) -> list[tuple]:
+    """One row per box, in :attr:`DetectionsWriter.FIELDS`' order: image, class, score, x, y, w, h
+    (pixels of the image itself); column by column (a chunk of frames holds some 10^5 boxes)."""
+    counts = [len(rows) for rows in kept]
+    if not sum(counts):
+        return []
+    rows = np.concatenate([r for r in kept if len(r)])
+
+    def rounded(values: np.ndarray, digits: int) -> list[float]:
+        return [round(v, digits) for v in values.tolist()]  # (Python's rounding of each value, as written)
+    image = [name for name, n in zip(names, counts) for _ in range(n)]
+    names_of = [classes[i] for i in rows[:, 5].astype(np.int64).tolist()]
+    return list(zip(image, names_of, rounded(rows[:, 4], 5), rounded(rows[:, 0], 2), rounded(rows[:, 1], 2),
+                    rounded(rows[:, 2] - rows[:, 0], 2), rounded(rows[:, 3] - rows[:, 1], 2)))
 
 
-def detections_text(rows: list[dict], fmt: str) -> str:
-    """``rows`` as CSV or as a JSON array, whole."""
+def detections_text(rows: list[tuple], fmt: str) -> str:
+    """``rows`` (:func:`detections_table`) as CSV or as a JSON array, whole."""
     out = io.StringIO()
     writer = DetectionsWriter(out.write, fmt)
     writer.add(rows)
@@ -144,36 +152,34 @@ def detections_text(rows: list[dict], fmt: str) -> str:
 
 
 class DetectionsWriter:
-    """Detections written as they come, chunk by chunk (``add``), through ``write(text)``: CSV
-    with one header, or one JSON array (``close`` ends it)."""
+    """Detections written as they come, chunk by chunk (``add`` of :func:`detections_table`'s
+    rows), through ``write(text)``, one call a chunk: CSV with one header, or one JSON array
+    (``close`` ends it)."""
 
-    FIELDS = ["image", "class", "score", "x", "y", "w", "h"]
+    FIELDS = ("image", "class", "score", "x", "y", "w", "h")
 
     def __init__(self, write, fmt: str):
         self.write, self.json, self.rows = write, fmt == "json", 0
         if self.json:
             write("[")
         else:
-            self.csv = csv.DictWriter(_Sink(write), fieldnames=self.FIELDS)
-            self.csv.writeheader()
+            self.add([self.FIELDS])
+            self.rows = 0
 
-    def add(self, rows: list[dict]) -> None:
+    def add(self, rows: list[tuple]) -> None:
+        out = io.StringIO()
         if self.json:
-            for row in rows:
-                self.write(("," if self.rows else "") + "\n " + json.dumps(row))
-                self.rows += 1
+            for k, row in enumerate(rows, self.rows):
+                out.write(("," if k else "") + "\n " + json.dumps(dict(zip(self.FIELDS, row))))
         else:
-            self.csv.writerows(rows)
-            self.rows += len(rows)
+            csv.writer(out).writerows(rows)
+        self.rows += len(rows)
+        if out.tell():
+            self.write(out.getvalue())
 
     def close(self) -> None:
         if self.json:
             self.write("\n]\n" if self.rows else "]\n")
-
-
-class _Sink:
-    def __init__(self, write):
-        self.write = write
 
 
 def class_maps(logits: np.ndarray, sizes) -> list[np.ndarray]:
