@@ -418,6 +418,11 @@ def test_exif_orientation_is_read_from_the_header_and_decoded_images_are_upright
                                        ImageSource("upright.jpg", data=jpeg_bytes(0, 1, size=(10, 6)))])
     assert images.shape == (2, 3, 10, 6) and not bad
     assert np.array_equal(images[0].transpose(1, 2, 0), upright)
+    # resized to a model's size, each image's own size is still known, upright (its boxes are scaled back to it)
+    images, kept, bad, sizes = decode_images([ImageSource("sideways.jpg", data=blob), ImageSource("bad.jpg", data=b"x"),
+                                              ImageSource("wide.jpg", data=jpeg_bytes(0, 1, size=(12, 4)))],
+                                             image_size=8, skip_bad=True, sizes=True)
+    assert images.shape == (2, 3, 8, 8) and kept == [0, 2] and bad == ["bad.jpg"] and sizes == [(6, 10), (4, 12)]
 
 
 @pytest.mark.gpu

@@ -53,8 +53,9 @@ def not_a_regular_file(path) -> str | None:
     return f"{kind}, not a regular file"
 
 
-def _decode_one(source: ImageSource, size: int | None):
-    """Returns (HWC uint8 array, None) or (None, reason); never raises for a bad file."""
+def _decode_one(source: ImageSource, size: int | None, upright: list | None = None):
+    """Returns (HWC uint8 array, None) or (None, reason); never raises for a bad file. ``upright``:
+    a list the image's own (width, height), turned upright, is appended to (before any resizing)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     if source.data is None:
@@ -72,6 +73,8 @@ def _decode_one(source: ImageSource, size: int | None):
                 img = img.convert("L")
             else:
                 img = img.convert("RGB")
+            if upright is not None:
+                upright.append(img.size)
             if size is not None and img.size != (size, size):
                 img = img.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
             array = np.asarray(img, dtype=np.uint8)
@@ -99,8 +102,14 @@ def why_unreadable(path: str) -> str:
 
 
 def _decode_chunk(args):
+    """(array, reason, the image's own upright (width, height) or None) of each source."""
     sources, size = args
-    return [_decode_one(s, size) for s in sources]
+    results = []
+    for source in sources:
+        upright = []
+        array, reason = _decode_one(source, size, upright)
+        results.append((array, reason, upright[0] if array is not None else None))
+    return results
 
 
 def gpu_jpeg_decoder_available(device) -> bool:
@@ -170,13 +179,14 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
 
 
 def decode_images(sources: list[ImageSource], *, image_size: int | None = None, skip_bad: bool = False,
-                  workers: int | None = None, device=None, pool=None):
+                  workers: int | None = None, device=None, pool=None, sizes: bool = False):
     """Decodes ``sources`` into one (N, C, H, W) uint8 array: JPEGs on the GPU in batches when
     ``device`` is a CUDA device and torchvision is installed, otherwise on every CPU core.
 
-    Returns (images, kept_indices, bad_names). A file that cannot be decoded raises a
-    GpuaccelError naming it, unless ``skip_bad``, which drops and reports it. ``pool``: a process
-    pool to decode on (a caller decoding chunk after chunk keeps one), instead of a new one.
+    Returns (images, kept_indices, bad_names), and with ``sizes`` the kept images' own (width,
+    height), upright, before any resizing. A file that cannot be decoded raises a GpuaccelError
+    naming it, unless ``skip_bad``, which drops and reports it. ``pool``: a process pool to decode
+    on (a caller decoding chunk after chunk keeps one), instead of a new one.
     """
     if not sources:
         raise GpuaccelError("no images to decode")
@@ -185,8 +195,8 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
     else:
         results = _decode_on_cpu(sources, image_size, workers, pool)
 
-    arrays, kept, bad = [], [], []
-    for index, (source, (array, reason)) in enumerate(zip(sources, results)):
+    arrays, kept, bad, own_sizes = [], [], [], []
+    for index, (source, (array, reason, *upright)) in enumerate(zip(sources, results)):
         if array is None:
             if not skip_bad:
                 raise GpuaccelError(f"cannot decode image {source.name} ({reason}); "
@@ -195,14 +205,15 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
             continue
         arrays.append(array)
         kept.append(index)
+        own_sizes.append(upright[0] if upright else (array.shape[1], array.shape[0]))  # (the GPU's: not resized)
     if not arrays:
         raise GpuaccelError(f"none of the {len(sources)} images could be decoded")
 
     channels = 3 if any(a.shape[2] == 3 for a in arrays) else 1
-    sizes = Counter(a.shape[:2] for a in arrays)
-    target = sizes.most_common(1)[0][0]
-    if len(sizes) > 1:
-        odd = sum(n for s, n in sizes.items() if s != target)
+    shapes = Counter(a.shape[:2] for a in arrays)
+    target = shapes.most_common(1)[0][0]
+    if len(shapes) > 1:
+        odd = sum(n for s, n in shapes.items() if s != target)
         warnings.warn(f"{odd} of {len(arrays)} images are not {target[1]}x{target[0]}; resized to it "
                       f"(pass --image-size N to choose the size)", stacklevel=2)
     out = np.empty((len(arrays), channels, target[0], target[1]), dtype=np.uint8)
@@ -210,7 +221,7 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
         if array.shape[:2] != target:
             array = _resize(array, target)
         out[i] = array.transpose(2, 0, 1)  # a grayscale image broadcasts over RGB
-    return out, kept, bad
+    return (out, kept, bad, own_sizes) if sizes else (out, kept, bad)
 
 
 def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: int | None, pool=None):

@@ -39,6 +39,7 @@ class Chunk:
     names: list[str]
     samples: np.ndarray
     labels: np.ndarray | None = None
+    sizes: list[tuple[int, int]] | None = None  # (decoded files: each one's own (width, height), upright)
 
 
 def in_chunks(names: list[str], samples: np.ndarray, labels: np.ndarray | None = None,
@@ -108,8 +109,8 @@ def _decoded(files, skip_bad, image_size, size, pool) -> Iterator[Chunk]:
     for start in range(0, len(files), size):
         part = files[start:start + size]
         try:
-            images, kept, bad = decode_images([ImageSource(f, f) for f in part], image_size=image_size,
-                                              skip_bad=skip_bad, pool=pool)
+            images, kept, bad, sizes = decode_images([ImageSource(f, f) for f in part], image_size=image_size,
+                                                     skip_bad=skip_bad, pool=pool, sizes=True)
         except GpuaccelError as exc:
             if skip_bad and "none of the" in str(exc):  # (a chunk of bad files only: each named, none kept)
                 warn_skipped(part)
@@ -117,7 +118,7 @@ def _decoded(files, skip_bad, image_size, size, pool) -> Iterator[Chunk]:
             raise GpuaccelError(str(exc).replace("pass --skip-bad to skip bad images", "pass --skip-bad to leave "
                                                                                        "such files out")) from None
         warn_skipped(bad)
-        yield Chunk([part[i] for i in kept], images)
+        yield Chunk([part[i] for i in kept], images, sizes=sizes)
 
 
 def gather_inputs(inputs: list[str], skip_bad: bool = False) -> tuple[Callable[[], Iterator[Chunk]], str | None]:

@@ -76,13 +76,8 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
         raise GpuaccelError(f"no image files in {', '.join(inputs)}")
 
     def sized():
-        from PIL import Image
-
         for chunk in decoded(files, skip_bad=skip_bad, image_size=runner.image_size):
-            sizes = []
-            for f in chunk.names:
-                with Image.open(f) as img:
-                    sizes.append(img.size)
+            sizes = chunk.sizes  # (each image's own, upright: its boxes are scaled back to it)
             images = chunk.samples
             if images.shape[1] != runner.in_channels:
                 images = np.repeat(images[:, :1], runner.in_channels, 1) if runner.in_channels == 3 else \
