@@ -33,6 +33,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader
 
 from .compiling import COMPILE_MODES, compile_module
+from .data.source import is_batch_source
 from .device import precision_name
 from .errors import GpuaccelError, choice_error
 from .monitor.gpu import GpuSampler
@@ -42,6 +43,7 @@ from .parallel.data_parallel import average_gradients
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
 from .runtime.capture import CapturedLoop, active_loop, capture_obstacle
+from .runtime.loaders import SourceOnDevice
 from .runtime.state import RNG, read_state, rng_state, set_rng_state, write_state
 from .runtime.placement import ScaledOptimizer
 from .runtime.strategy import STRATEGIES
@@ -119,6 +121,9 @@ class Accelerator:
         - a DataLoader: batches on the device, this process's shard, its attributes kept. Its
           data set lives on the device when that is safe (``device_resident``: True forces it,
           False never; see ``runtime.loaders.prepare_loader``), else batches are prefetched;
+        - a :class:`~gpuaccel.BatchSource` of the script's own (``len()`` and ``batches(epoch,
+          start)``): iterated like a DataLoader, each ``iter`` its next pass, its batches on the
+          device and its waits timed (:meth:`stats`);
         - a learning-rate scheduler: as it is."""
         prepared = []
         for obj in objects:
@@ -129,11 +134,13 @@ class Accelerator:
                 prepared.append(self.prepare_optimizer(obj))
             elif isinstance(obj, DataLoader):
                 prepared.append(self._prepare_loader(obj, device_resident))
+            elif is_batch_source(obj):
+                prepared.append(SourceOnDevice(obj, self.device, layout=self._layout, meter=self._data_wait))
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
                 prepared.append(obj)
             else:
-                raise GpuaccelError(f"prepare() takes models, optimizers, DataLoaders and schedulers, not "
-                                    f"{type(obj).__name__}")
+                raise GpuaccelError(f"prepare() takes models, optimizers, DataLoaders, batch sources and "
+                                    f"schedulers, not {type(obj).__name__}")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, *, strategy: Strategy | None = None, **wrap_options) -> nn.Module:

@@ -225,6 +225,36 @@ def test_timed_counts_a_scripts_own_batch_function_in_the_data_wait():
     assert get_batch.__name__ == "get_batch" and 0.5 < stats["data_wait_share"] <= 1.0
 
 
+class SlowPasses:
+    """A script's own batch source: each pass three batches, each made in 20 ms."""
+
+    def __init__(self):
+        self.asked = []
+
+    def __len__(self):
+        return 3
+
+    def batches(self, epoch=0, start=0):
+        import time
+
+        self.asked.append((epoch, start))
+        for step in range(start, 3):
+            time.sleep(0.02)
+            yield torch.full((4, 6), float(10 * epoch + step)), torch.zeros(4, dtype=torch.long)
+
+
+def test_a_prepared_batch_source_iterates_pass_after_pass_with_its_waits_timed():
+    acc = gpuaccel.Accelerator(device="cpu", monitor=False)
+    source = SlowPasses()
+    loader = acc.prepare(source)
+    assert len(loader) == 3
+    firsts = [[float(x[0, 0]) for x, _ in loader] for _ in range(2)]
+    assert firsts == [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]] and source.asked == [(0, 0), (1, 0)]
+    assert acc.stats()["data_wait_share"] > 0.5  # (nothing else happened between the batches)
+    with pytest.raises(GpuaccelError, match="prepare\\(\\) takes models, optimizers, DataLoaders, batch sources"):
+        acc.prepare(object())
+
+
 def test_capture_as_a_decorator_runs_the_step_uncaptured_off_a_gpu():
     acc = gpuaccel.Accelerator(device="cpu", monitor=False)
     net = acc.prepare(_net())

@@ -334,7 +334,7 @@ def user_loader(data, *, batch_size: int, device: torch.device, train: bool, pla
     do not change between reads, live on the device; other Datasets are read by worker
     processes; a DataLoader is iterated as it is."""
     if is_batch_source(data):
-        return _UserSource(data, device)
+        return SourceOnDevice(data, device)
     loader = _user_loader(data, batch_size=batch_size, device=device, train=train, placement=placement,
                           workers=workers, seed=seed, rank=rank, world_size=world_size)
     if isinstance(loader, PrefetchLoader):
@@ -342,12 +342,15 @@ def user_loader(data, *, batch_size: int, device: torch.device, train: bool, pla
     return loader
 
 
-class _UserSource:
-    """A user's :class:`BatchSource` as the trainer reads it: its batches on ``device`` (moved
-    there where they are not yet); its other attributes its own."""
+class SourceOnDevice(_LikeDataLoader):
+    """A user's own :class:`BatchSource`, its batches on ``device`` (moved there where they are
+    not yet); its other attributes its own. The trainer reads it through ``batches``; prepared
+    by ``Accelerator.prepare`` it iterates like a DataLoader (each ``iter`` the next pass), its
+    waits timed by ``meter``."""
 
-    def __init__(self, source: BatchSource, device: torch.device):
-        self.source, self.device = source, device
+    def __init__(self, source: BatchSource, device: torch.device, *, layout=None,
+                 meter: DataWaitMeter | None = None):
+        self.source, self.device, self.layout, self.meter = source, device, layout, meter
 
     def __len__(self) -> int:
         return len(self.source)
@@ -355,11 +358,6 @@ class _UserSource:
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         for batch in self.source.batches(epoch, start):
             yield tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, batch)
-
-    def __getattr__(self, name):
-        if name.startswith("__") or "source" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.source, name)
 
 
 def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str, workers: int | None,
