@@ -47,10 +47,11 @@ _EPOCH_SALT = 1_000_003
 
 # ---------------------------------------------------------------------------------- finding the files
 
-def _language_files(path: Path) -> dict[str, dict[str, Path]]:
-    """{split: {language: file}} of a folder of ``<split>.<language>[.gz]`` files."""
+def _language_files(path: Path, pattern: str = "*") -> dict[str, dict[str, Path]]:
+    """{split: {language: file}} of a folder of ``<split>.<language>[.gz]`` files (those whose names
+    match ``pattern``)."""
     found: dict[str, dict[str, Path]] = {}
-    for f in sorted(path.iterdir()):
+    for f in sorted(path.glob(pattern)):
         if not f.is_file() or f.name.startswith("."):
             continue
         name = f.name[:-3] if f.name.endswith(".gz") else f.name
@@ -66,7 +67,9 @@ def is_parallel_source(path: Path) -> bool:
     ``translation:PATH``: such files are labelled sentences otherwise.)"""
     if not path.is_dir():
         return False
-    return len(_language_files(path).get("train", {})) == 2
+    # (only the train files: a folder of 50,000 frames to infer on is asked too, and each entry's
+    # stat and sort took seconds)
+    return len(_language_files(path, "train.*").get("train", {})) == 2
 
 
 def _table_files(path: Path) -> dict[str, Path]:
