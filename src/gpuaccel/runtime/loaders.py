@@ -342,6 +342,11 @@ def user_loader(data, *, batch_size: int, device: torch.device, train: bool, pla
     return loader
 
 
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` is on ``device`` (``cuda`` meaning the current GPU)."""
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
 class SourceOnDevice(_LikeDataLoader):
     """A user's own :class:`BatchSource`, its batches on ``device`` (moved there where they are
     not yet); its other attributes its own. The trainer reads it through ``batches``; prepared
@@ -369,7 +374,10 @@ def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, pl
         return PrefetchLoader(DataLoader(data, batch_size=batch_size), device)
     budget = resident_bytes(device, placement)
     if is_tensors(data):
-        if budget <= sum(t.numel() * t.element_size() for t in tree_flatten(data)[0] if isinstance(t, torch.Tensor)):
+        # (tensors already on the device stay there; the others count against what may join them)
+        moved = sum(t.numel() * t.element_size() for t in tree_flatten(data)[0]
+                    if isinstance(t, torch.Tensor) and not _on(t, device))
+        if moved and budget <= moved:
             rows_of = TensorDataset(*data) if isinstance(data, (tuple, list)) else _DictRows(data)
             return dataset_loader(rows_of, workers=workers, **order)
         return ResidentLoader(data, **order)
