@@ -98,7 +98,7 @@ def kept_detections(decoded: np.ndarray, score: float, iou: float, images_at_onc
     images of ``decoded`` (N, top_k, 6) ``images_at_once`` at a time (:func:`nms_mask`)."""
     from ..tasks.detection import nms_mask
 
-    kept = []
+    kept, counts = [], []
     for start in range(0, len(decoded), images_at_once):
         rows = torch.from_numpy(np.ascontiguousarray(decoded[start:start + images_at_once]))
         order = rows[..., 4].argsort(dim=1, descending=True, stable=True)  # (best first: those above score lead)
@@ -107,18 +107,26 @@ def kept_detections(decoded: np.ndarray, score: float, iou: float, images_at_onc
         width = int(valid.sum(1).max())
         rows, valid = rows[:, :width], valid[:, :width]
         keep = nms_mask(rows[..., :4], rows[..., 5].long(), valid, iou)
-        kept += [r[k].numpy() for r, k in zip(rows, keep)]
-    return kept
+        kept.append(rows[keep].numpy())  # (every image's kept rows, image after image)
+        counts.append(keep.sum(1).numpy())
+    return _per_image(np.concatenate(kept), np.concatenate(counts)) if kept else []
 
 
 def scaled_to_images(kept: list[np.ndarray], sizes, model_hw: tuple[int, int]) -> list[np.ndarray]:
-    out = []
-    for rows, (w, h) in zip(kept, sizes):
-        rows = rows.copy()
-        rows[:, [0, 2]] *= w / model_hw[1]
-        rows[:, [1, 3]] *= h / model_hw[0]
-        out.append(rows)
-    return out
+    """Each image's detections with their boxes scaled from the model's input to the image's own
+    size (``sizes``: (width, height) each); all images' rows at once."""
+    if not kept:
+        return []
+    rows = np.concatenate(kept)  # (a copy: the given rows stay as they are)
+    counts = np.array([len(r) for r in kept])
+    for columns, scale in (([0, 2], [w / model_hw[1] for w, _ in sizes]), ([1, 3], [h / model_hw[0] for _, h in sizes])):
+        rows[:, columns] *= np.repeat(np.asarray(scale, dtype=rows.dtype), counts)[:, None]
+    return _per_image(rows, counts)
+
+
+def _per_image(rows: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """``rows`` of consecutive images, ``counts[i]`` of them image i's, as one array per image."""
+    return np.split(rows, np.cumsum(counts)[:-1])
 
 
 def detections_table(names, kept: list[np.ndarray], classes: list[str]) -> list[tuple]:
