@@ -362,6 +362,11 @@ def _close(reader: "weakref.ref[PassReader]") -> None:
         alive.close()
 
 
+def on_device(batch, device: torch.device, non_blocking: bool = False):
+    """``batch`` (a tensor, or a tuple, list or dict of them) with its tensors on ``device``."""
+    return tree_map(lambda t: t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t, batch)
+
+
 class DeviceCopies:
     """Moves host batches to the device one step ahead of their use: on a GPU, from pinned
     memory on a side stream, the consuming stream waiting for each copy; elsewhere in place."""
@@ -372,10 +377,9 @@ class DeviceCopies:
 
     def _to_device(self, batch):
         if self.stream is None:
-            return tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, batch)
+            return on_device(batch, self.device)
         with torch.cuda.stream(self.stream):
-            return tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t,
-                            batch)
+            return on_device(batch, self.device, non_blocking=True)
 
     def __call__(self, host_batches: Iterator) -> Iterator:
         pending = next(host_batches, None)

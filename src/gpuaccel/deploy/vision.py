@@ -166,23 +166,27 @@ class DetectionsWriter:
         if self.json:
             write("[")
         else:
-            self.add([self.FIELDS])
-            self.rows = 0
+            write(_csv_text([self.FIELDS]))
 
     def add(self, rows: list[tuple]) -> None:
-        out = io.StringIO()
         if self.json:
-            for k, row in enumerate(rows, self.rows):
-                out.write(("," if k else "") + "\n " + json.dumps(dict(zip(self.FIELDS, row))))
+            text = "".join(("," if k else "") + "\n " + json.dumps(dict(zip(self.FIELDS, row)))
+                           for k, row in enumerate(rows, self.rows))
         else:
-            csv.writer(out).writerows(rows)
+            text = _csv_text(rows)
         self.rows += len(rows)
-        if out.tell():
-            self.write(out.getvalue())
+        if text:
+            self.write(text)
 
     def close(self) -> None:
         if self.json:
             self.write("\n]\n" if self.rows else "]\n")
+
+
+def _csv_text(rows) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue()
 
 
 def class_maps(logits: np.ndarray, sizes) -> list[np.ndarray]:

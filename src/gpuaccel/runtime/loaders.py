@@ -17,7 +17,7 @@ arrays) arrive on the device one step ahead, copied from pinned memory on a side
 Either takes a ``transform``, run on the device on each batch (image arrays: the normalisation).
 Both iterate like the ``DataLoader`` they stand for, whose attributes (``dataset``,
 ``batch_size``, ``sampler``, ...) they keep. Whether data lives on the device is decided once,
-by :func:`stays_on_host`; :func:`prepare_loader` picks a loader for a user's DataLoader,
+by :func:`resident_bytes`; :func:`prepare_loader` picks a loader for a user's DataLoader,
 :func:`user_loader` for the trainer's Python data, :func:`image_loader` for a data kind's image
 arrays.
 """
@@ -34,9 +34,9 @@ from torch.utils.data import default_collate
 
 from ..data.augment import AugmentConfig
 from ..data.loader import (DeviceCopies, DeviceLoader, ImageBatches, Normaliser, OrderedBatches, PassReader,
-                           ShardedOrder, default_workers, next_epoch, PLACEMENTS, resident_budget)
-from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
+                           ShardedOrder, default_workers, next_epoch, on_device, PLACEMENTS, resident_budget)
 from ..data.source import BatchSource, is_batch_source
+from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
 from ..errors import GpuaccelError
 from ..monitor.steps import DataWaitMeter
 
@@ -99,7 +99,7 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
                               world_size=world_size, drop_last=drop_last)
         self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
         self.transform = transform
-        self.tensors = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tensors)
+        self.tensors = on_device(tensors, device)
 
     def __len__(self) -> int:
         return len(self.source) if self.source is not None else ShardedOrder.__len__(self)
@@ -253,8 +253,7 @@ class PrefetchLoader(_LikeDataLoader):
         augmented); for batches gpuaccel's worker processes make, not a user's DataLoader's."""
         if not hasattr(self._passes, "sample"):
             raise GpuaccelError("a user's DataLoader has no fixed sample of its data set to give")
-        batch = tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t,
-                         self._passes.sample(count))
+        batch = on_device(self._passes.sample(count), self.device)
         return batch if self.sample_transform is None else self.sample_transform(batch)
 
     @property
@@ -362,7 +361,7 @@ class SourceOnDevice(_LikeDataLoader):
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         for batch in self.source.batches(epoch, start):
-            yield tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, batch)
+            yield on_device(batch, self.device)
 
 
 def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str, workers: int | None,
