@@ -1,11 +1,15 @@
 """A plain PyTorch training loop, with or without gpuaccel.Accelerator (the lines marked ACC are
 the changes), run by tests/test_accelerator.py in one process or under torchrun.
 
-    python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate|acc-capture} GLOBAL_BATCH STEPS [--no-resident]
+    python tests/accelerator_loop.py OUT.pt {plain|acc|acc-accumulate|acc-capture|acc-captured} GLOBAL_BATCH STEPS
+        [--no-resident]
     python tests/accelerator_loop.py OUT.pt fsdp-resume
 
 acc-capture runs the step through ``acc.capture`` (one CUDA graph on a GPU; on the CPU the
-step runs as it is). GPUACCEL_LOOP_DEVICE picks the device (default cpu).
+step runs as it is); acc-captured accumulates two micro-batches in nanoGPT's shape, through
+``acc.captured``, its batches fetched halfway through each micro-step and DDP's all-reduce
+kept for the last one by ``require_backward_grad_sync``. GPUACCEL_LOOP_DEVICE picks the device
+(default cpu).
 """
 import contextlib
 import os
@@ -52,16 +56,32 @@ def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = Tr
     if acc is None:
         net.to(device)
     world = acc.world_size if acc else 1
-    micro = 2 if mode == "acc-accumulate" else 1
+    micro = 2 if mode in ("acc-accumulate", "acc-captured") else 1
     loader = DataLoader(dataset, batch_size=global_batch // world // micro, shuffle=False)
     if acc:
         net, optimizer, loader = acc.prepare(net, optimizer, loader, device_resident=resident)  # ACC
-    losses, batches = [], iter(loader)
+    losses, batches, captured = [], iter(loader), False
     if mode == "acc-capture":
         step = acc.capture(training_step(acc, net, optimizer), warmup=2)  # ACC
         for _ in range(steps):
             losses.append(step(*next(batches)).item())
-        steps = 0
+        steps, captured = 0, step.captured
+    if mode == "acc-captured":
+        passes = (batch for _ in iter(int, 1) for batch in loader)  # (pass after pass: one fetch more than steps)
+        get_batch = acc.timed(lambda: next(passes))  # ACC
+        x, y = get_batch()
+        for _ in range(steps):
+            for k in (loop := acc.captured(range(micro), warmup=2)):  # ACC
+                if acc.world_size > 1:
+                    net.require_backward_grad_sync = k == micro - 1
+                with acc.autocast():  # ACC
+                    loss = F.cross_entropy(net(x), y) / micro
+                x, y = get_batch()
+                acc.backward(loss)  # ACC
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item() * micro)
+        steps, captured = 0, loop.captured
     for _ in range(steps):
         for k in range(micro):
             x, y = (t.to(device) for t in next(batches))
@@ -76,7 +96,8 @@ def main(out: str, mode: str, global_batch: int, steps: int, resident: bool = Tr
         losses.append(loss.item() * micro)
     if acc is None or acc.is_main:
         plain = net.module if hasattr(net, "module") else net
-        torch.save({"losses": losses, "params": {k: v.detach().clone() for k, v in plain.state_dict().items()}}, out)
+        torch.save({"losses": losses, "params": {k: v.detach().clone() for k, v in plain.state_dict().items()},
+                    "captured": captured}, out)
     if acc:
         acc.end()  # ACC: the process group goes after what uses it
 
@@ -112,7 +133,7 @@ def fsdp_resume(out: str) -> None:
 
 
 if __name__ == "__main__":
-    warnings.filterwarnings("ignore", message="capture\\(\\): CUDA graphs need a GPU")
+    warnings.filterwarnings("ignore", message="captured?\\(\\): CUDA graphs need a GPU")
     if sys.argv[2] == "fsdp-resume":
         fsdp_resume(sys.argv[1])
     else:

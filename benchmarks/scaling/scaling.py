@@ -238,22 +238,29 @@ def weak_part(args, work: Path, out: Path) -> dict:
 
 
 def exit_part(args, work: Path) -> dict:
-    """Every run of a captured 2-GPU Accelerator loop exits 0 after acc.end(), within its bound."""
+    """Every run of a captured 2-GPU Accelerator loop exits 0 after acc.end(), within its bound:
+    ``--exit-modes`` of tests/accelerator_loop.py (acc-capture: a step function; acc-captured:
+    nanoGPT's micro-step loop), ``--exit-runs`` each, alternated."""
     runs = []
     for i in range(args.exit_runs):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(ROOT / "tests" / "accelerator_loop.py"), str(work / f"exit-{i}.pt"), "acc-capture", "64", "4"]
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.exit_bound,
-                                  env={**os.environ, "GPUACCEL_LOOP_DEVICE": "cuda"})
-            code, tail = done.returncode, (done.stdout + done.stderr)[-600:]
-        except subprocess.TimeoutExpired:
-            code, tail = "timeout", ""
-        runs.append({"exit_status": code, "seconds": round(time.perf_counter() - start, 1), "output_tail": tail})
-        print("exit", runs[-1]["exit_status"], runs[-1]["seconds"], flush=True)
-    return {"command": " ".join(cmd[1:-4] + ["OUT.pt", "acc-capture", "64", "4"]), "bound_seconds": args.exit_bound,
-            "runs": runs, "all_exited_cleanly": all(r["exit_status"] == 0 for r in runs)}
+        for mode in args.exit_modes:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   str(ROOT / "tests" / "accelerator_loop.py"), str(work / f"exit-{i}.pt"), mode, "64", "4"]
+            start = time.perf_counter()
+            try:
+                done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.exit_bound,
+                                      env={**os.environ, "GPUACCEL_LOOP_DEVICE": "cuda"})
+                code, tail = done.returncode, (done.stdout + done.stderr)[-600:]
+            except subprocess.TimeoutExpired:
+                code, tail = "timeout", ""
+            captured = code == 0 and torch.load(work / f"exit-{i}.pt", weights_only=True).get("captured")
+            runs.append({"mode": mode, "exit_status": code, "captured": captured,
+                         "seconds": round(time.perf_counter() - start, 1), "output_tail": tail})
+            print("exit", mode, code, captured, runs[-1]["seconds"], flush=True)
+    return {"command": "torch.distributed.run --standalone --nproc-per-node=2 tests/accelerator_loop.py OUT.pt "
+                       "MODE 64 4", "bound_seconds": args.exit_bound, "runs": runs,
+            "all_exited_cleanly": all(r["exit_status"] == 0 for r in runs),
+            "all_captured": all(r["captured"] for r in runs)}
 
 
 def restart_part(args, work: Path) -> dict:
@@ -322,6 +329,8 @@ def main():
     ap.add_argument("--epochs-scale", type=float, default=1.0,
                     help="weak: each workload's epochs times this (a shorter check: 0.25)")
     ap.add_argument("--exit-runs", type=int, default=10)
+    ap.add_argument("--exit-modes", nargs="+", default=["acc-capture", "acc-captured"],
+                    choices=["acc-capture", "acc-captured"])
     ap.add_argument("--exit-bound", type=float, default=120, help="seconds a run of the exit part may take")
     ap.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT,
                     help="seconds one training command may take; then its stacks go to a log beside its run directory")

@@ -38,8 +38,8 @@ from .device import precision_name
 from .errors import GpuaccelError, choice_error
 from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
-from .parallel import DataParallel, PipelineParallel, Sharded, Strategy
-from .parallel.data_parallel import average_gradients
+from .parallel import DataParallel, GraphDataParallel, PipelineParallel, Sharded, Strategy
+from .parallel.gradient_buckets import trainable_parameters
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
 from .runtime.capture import CapturedLoop, active_loop, capture_obstacle
@@ -79,7 +79,6 @@ class Accelerator:
         # (weakly: a step the script no longer holds, say one defined anew each epoch, is freed with its graphs)
         self._captured_steps: weakref.WeakSet[CapturedStep] = weakref.WeakSet()
         self._captured_loops: dict[tuple, CapturedLoop] = {}  # by where the loop is written, and its items
-        self._reduce_in_backward = False  # after capture() with several processes: no DDP hooks
         self._syncing = True  # False inside no_sync(): backward keeps the gradients local
         self._data_wait = DataWaitMeter(self.device)  # fed by the prepared loaders and timed()
         self._sampler: GpuSampler | None = None
@@ -248,10 +247,14 @@ class Accelerator:
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled where fp16 needs it (and, in a captured step with several
-        processes, the gradients averaged over them unless inside :meth:`no_sync`)."""
+        processes, the gradients averaged over them, unless inside :meth:`no_sync` or with the
+        DDP wrapper's ``require_backward_grad_sync`` False)."""
         self.scaler.scale(loss).backward()
-        if self._reduce_in_backward and self._syncing:
-            average_gradients([p for model in self._strategies for p in model.parameters()])
+        if not self._syncing:
+            return
+        for strategy in self._strategies.values():
+            if isinstance(strategy, GraphDataParallel) and strategy.averages_now():
+                strategy.reduce_gradients(trainable_parameters(strategy.model))
 
     def capture(self, step_fn=None, *, warmup: int = 3, strict: bool = False):
         """``step_fn`` (forward, backward, optimizer step, all on the arguments it is given) as one
@@ -260,7 +263,8 @@ class Accelerator:
         the whole step). Each new shape of the arguments is warmed up and recorded too (up to
         four; more run eagerly). Several micro-batches may be accumulated inside one step. With
         several processes the gradient all-reduce is recorded inside it (``acc.backward`` does
-        it, in place of DDP's hooks). What the step returns is overwritten by the next call.
+        it, in place of DDP's hooks: ``GraphDataParallel.from_ddp``). What the step returns is
+        overwritten by the next call.
 
         Where a step cannot be captured (no GPU, fp16 loss scaling, FSDP, a host synchronisation
         such as ``.item()`` inside it, ...), it runs as it is, after one warning naming the cause
@@ -276,8 +280,7 @@ class Accelerator:
             warnings.warn(f"capture(): {obstacle}: the step runs uncaptured", stacklevel=2)
             step.uncaptured = obstacle
             return step
-        if self.dist.active:
-            self._without_ddp_hooks()
+        self._average_in_graphs()
         self._captured_steps.add(step)
         return step
 
@@ -297,10 +300,13 @@ class Accelerator:
         overwritten by each replay. A loop is known by where it is written, its items, and the
         models and optimizers (and ``self``) among the variables of the code around it.
 
-        Where it cannot be captured (no GPU, fp16, FSDP, several processes, a body that waits for
-        the GPU or fetches nothing through :meth:`timed`) it runs as it is, after one warning
-        naming the cause (``strict=True``: a GpuaccelError). Several processes: capture a step
-        function with :meth:`capture`, which records the gradient all-reduce."""
+        With several processes the gradient all-reduce is recorded inside the graphs, as in
+        :meth:`capture`; a micro-step that keeps its gradients local (``with acc.no_sync(model)``,
+        or nanoGPT's ``model.require_backward_grad_sync = False``) records none.
+
+        Where it cannot be captured (no GPU, fp16, FSDP, a body that waits for the GPU or fetches
+        nothing through :meth:`timed`) it runs as it is, after one warning naming the cause
+        (``strict=True``: a GpuaccelError)."""
         items = list(items)
         caller = sys._getframe(1)
         # which loop: where it is written, its items, and the models and optimizers the code around it
@@ -311,13 +317,13 @@ class Accelerator:
             x if isinstance(x, (int, float, str, bool, type(None))) else (type(x), id(x)) for x in items))
         loop = self._captured_loops.get(key)
         if loop is None:
-            obstacle = self._capture_obstacle() or \
-                ("with several processes a loop's gradients are not all-reduced inside its graphs (capture a "
-                 "step function with acc.capture)" if self.dist.active else None)
+            obstacle = self._capture_obstacle()
             if obstacle is not None:
                 if strict:
                     raise GpuaccelError(f"captured(): {obstacle}")
                 warnings.warn(f"captured(): {obstacle}: the loop runs uncaptured", stacklevel=2)
+            else:
+                self._average_in_graphs()
             loop = self._captured_loops[key] = CapturedLoop(items, self.device, self._trained_parameters,
                                                             warmup=warmup, strict=strict, uncaptured=obstacle)
         return loop
@@ -349,19 +355,16 @@ class Accelerator:
             checkpointed=any(isinstance(m, CheckpointWrapper) for m in modules),
             compiled_graphs=self.compile and self.compile_mode == "reduce-overhead")
 
-    def _without_ddp_hooks(self) -> None:
-        """Data parallel as the trainer's captured step does it (parallel/graph_data_parallel.py):
-        DDP's reducer runs hooks on the host during the backward pass, which a replay skips, and
-        it keeps each parameter's gradient accumulator from the stream it was made on, which a
-        capture may not wait for. So each prepared DDP model calls its module directly from now
-        on, without the reducer, and ``backward`` averages the gradients in one all-reduce,
-        recorded inside the graph. (Replicas start equal: DDP broadcast rank 0's at prepare.)"""
-        for strategy in self._strategies.values():
-            if isinstance(strategy, DataParallel) and strategy.ddp is not None and strategy.ddp.reducer is not None:
-                strategy.ddp.forward = strategy.ddp.module.forward
-                strategy.ddp.reducer = strategy.ddp.logger = None  # (the logger holds the reducer too)
-        gc.collect()  # (the accumulators the reducer held)
-        self._reduce_in_backward = True
+    def _average_in_graphs(self) -> None:
+        """With several processes, each prepared DDP model from now on averages its gradients in
+        ``backward``, recorded inside the graph, as the trainer's captured step does
+        (``GraphDataParallel.from_ddp``)."""
+        if not self.dist.active:
+            return
+        for model, strategy in list(self._strategies.items()):
+            if isinstance(strategy, DataParallel):
+                self._strategies[model] = GraphDataParallel.from_ddp(strategy)
+        gc.collect()  # (the gradient accumulators the reducer held)
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """Clips the gradients' norm (unscaled first, under fp16); returns the norm before.
@@ -430,8 +433,8 @@ class Accelerator:
         for step in list(self._captured_steps):  # a graph holding an NCCL all-reduce must go before its group
             step.release()
         for strategy in list(self._strategies.values()):
-            if isinstance(strategy, DataParallel) and strategy.ddp is not None:
-                strategy.ddp.reducer = None  # (the reducer holds the process group)
+            if isinstance(strategy, DataParallel):
+                strategy.drop_reducer()  # (the reducer holds the process group)
         self._strategies.clear()
         gc.collect()
         self.dist.close()

@@ -90,11 +90,15 @@ def _torchrun(out, mode="fsdp-resume", *args):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("mode", ["acc", "acc-accumulate", "acc-capture"])
+@pytest.mark.parametrize("mode", ["acc", "acc-accumulate", "acc-capture", "acc-captured"])
 def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_path, mode):
+    """On two GPUs (GPUACCEL_LOOP_DEVICE=cuda) the captured modes record the gradient all-reduce
+    inside their graphs; on the CPU they run uncaptured."""
     accelerator_loop.main(str(tmp_path / "one.pt"), "plain", 32, 5)
     _torchrun(str(tmp_path / "two.pt"), mode, "32", "5")
     one, two = _result(tmp_path / "one.pt"), _result(tmp_path / "two.pt")
+    on_gpus = os.environ.get("GPUACCEL_LOOP_DEVICE", "cpu").startswith("cuda")
+    assert two["captured"] == (on_gpus and mode in ("acc-capture", "acc-captured"))
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=2e-6, rtol=0)
 

@@ -167,5 +167,14 @@ class DataParallel(TablesShardedMixin, Strategy):
     def gradient_sync(self, sync: bool):
         return contextlib.nullcontext() if sync else self.ddp.no_sync()
 
+    def drop_reducer(self) -> None:
+        """Stops DDP's bucketed all-reduce: the wrapper calls its model directly from now on, and
+        its reducer (which the logger holds too) is let go, with the process group and the
+        gradient accumulators it keeps. For a step captured after DDP wrapped the model
+        (``GraphDataParallel.from_ddp``), and before the process group is destroyed."""
+        if self.ddp is not None and self.ddp.reducer is not None:
+            self.ddp.forward = self.ddp.module.forward
+            self.ddp.reducer = self.ddp.logger = None
+
     def describe(self) -> str:
         return f"{self.world_size} processes, DDP" + self._tables_note()

@@ -9,6 +9,10 @@ with its graph split at the buckets' boundaries so that its backward pass hands 
 bucket at a time. Gradients that fit one bucket are averaged in one all-reduce after the
 backward pass: there would be nothing to overlap it with, and a split graph gives the compiler
 fewer chances to fuse. ``bucket_cap_mb=None``: always one all-reduce after the backward pass.
+
+Both doors average a captured step's gradients here: ``Trainer`` chooses this strategy when its
+step is captured; ``Accelerator.capture`` (and ``captured``) comes after ``prepare`` wrapped the
+model in DDP, and takes it over with :meth:`GraphDataParallel.from_ddp`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import contextlib
 
 from .base import Strategy
-from .data_parallel import TablesShardedMixin, average_gradients, broadcast_state, share_backward_updates
+from .data_parallel import (DataParallel, TablesShardedMixin, average_gradients, broadcast_state,
+                            share_backward_updates)
 from .gradient_buckets import GradientBuckets, trainable_parameters
 
 
@@ -29,6 +34,27 @@ class GraphDataParallel(TablesShardedMixin, Strategy):
         self.shard_tables = shard_tables
         self.bucket_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)
         self.buckets: GradientBuckets | None = None  # None: one all-reduce after the backward pass
+        self.ddp = None  # the DDP wrapper a script holds (from_ddp): its require_backward_grad_sync is obeyed
+
+    @classmethod
+    def from_ddp(cls, strategy: DataParallel) -> GraphDataParallel:
+        """``strategy``'s model averaged inside the step graph from now on: DDP's reducer runs hooks
+        on the host during the backward pass, which a replay skips, and keeps each parameter's
+        gradient accumulator from the stream it was made on, which a capture may not wait for. So
+        the reducer is dropped (the wrapper then calls the model directly) and the gradients are
+        averaged in one all-reduce after the backward pass. The replicas are equal already: DDP
+        broadcast rank 0's when it wrapped the model."""
+        strategy.drop_reducer()
+        graph = cls(strategy.device, strategy.rank, strategy.world_size, shard_tables=strategy.shard_tables)
+        graph.model, graph.ddp = strategy.model, strategy.ddp
+        graph._note_sharded_tables()
+        return graph
+
+    def averages_now(self) -> bool:
+        """Whether this backward pass's gradients are to be averaged: not when a script keeps them
+        local as it would with DDP (``model.require_backward_grad_sync = False``, nanoGPT's way,
+        or inside ``ddp.no_sync()``)."""
+        return self.ddp is None or self.ddp.require_backward_grad_sync
 
     def wrap(self, model, *, first_inputs=None, loss_fn=None):
         broadcast_state(model)
