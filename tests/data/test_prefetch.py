@@ -1,6 +1,9 @@
 """Batches made ahead on background threads (data/prefetch.py), off the GPU."""
 
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -102,3 +105,31 @@ def test_an_iterator_dropped_unread_stops_its_threads():
     batches = in_threads(steps(), slow_square, [None] * 2, depth=2)
     del batches  # the threads hold the shared state, not the iterator: it is collected, and stops them
     assert closed.wait(5) and not prefetch_threads_alive()
+
+
+def test_a_script_that_fails_while_its_threads_make_batches_exits_with_its_own_error(tmp_path):
+    """#82 item 13: an error out of ``fit()``, uncaught, left its loaders' threads inside PyTorch
+    operators when Python finalised, and the process aborted ("terminate called without an
+    active exception", exit 134) in place of exiting 1 with the script's error. The threads are
+    stopped at exit (gpuaccel/background.py); before that, this script aborted 6 runs of 6."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from gpuaccel.data.prefetch import in_threads
+
+        torch.set_num_threads(1)
+        a = torch.randn(1000, 1000)
+
+        def make(step):
+            for _ in range(3):
+                a @ a  # (a PyTorch operator, the GIL let go)
+            return a[:2], a[:2]
+
+        batches = in_threads(range(1000), make, [None, None], depth=50)
+        next(batches)
+        raise ValueError("a check failed")
+    """))
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "terminate called" not in done.stderr, done.stderr[-800:]
+        assert done.stderr.rstrip().endswith("ValueError: a check failed")

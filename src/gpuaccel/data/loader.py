@@ -46,6 +46,7 @@ class _InBackground(threading.Thread):
         super().__init__(name="gpuaccel-order", daemon=True)
         self.fn, self.args, self.value, self.error = fn, args, None, None
         self.start()
+        stop_at_exit(self, threading.Thread.join)
 
     def run(self):
         try:

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import torch
 
+from ..background import stop_at_exit
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 T = TypeVar("T")
@@ -111,6 +112,7 @@ class Prefetched:
                                           name=f"gpuaccel-prefetch-{k}") for k, side in enumerate(sides)]
         for worker in self._workers:
             worker.start()
+        stop_at_exit(self, Prefetched.close)
 
     def __iter__(self) -> "Prefetched":
         return self

@@ -83,6 +83,7 @@ class GpuSampler:
         self.origin = time.perf_counter() if self.origin is None else self.origin
         self._thread = threading.Thread(target=self._run, name="gpuaccel-gpu-sampler", daemon=True)
         self._thread.start()
+        stop_at_exit(self, GpuSampler.stop)
 
     def stop(self) -> None:
         if self._thread is None:
