@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..background import stop_at_exit
 from .augment import (AugmentConfig, AugmentDraws, alternate_flips, apply_pixel_changes, augment_batch,
                       gather_moved, resize)
 

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..background import stop_at_exit
+
 FIELDS = ("util", "mem_util", "mem_used_mib", "power_w", "temp_c", "sm_mhz")
 
 
