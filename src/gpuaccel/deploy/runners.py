@@ -90,6 +90,16 @@ def torch_runner(module, device: torch.device, set_eval: bool = True):
     return run
 
 
+def exported_on(program: "torch.export.ExportedProgram", device: torch.device) -> torch.nn.Module:
+    """An exported program's module on ``device``. ``.to(device)`` moves its weights but not the
+    devices its graph was traced with (its tensor checks and new tensors): a program exported on
+    the CPU and run on a GPU failed with "Tensor device mismatch! Expected: cpu". PyTorch's
+    ``move_to_device_pass`` rewrites those too."""
+    from torch.export.passes import move_to_device_pass
+
+    return move_to_device_pass(program, device).module()
+
+
 def check_runtime(runtime: str) -> None:
     if runtime not in ONNX_RUNTIMES:
         raise choice_error("runtime", runtime, ONNX_RUNTIMES)
@@ -131,7 +141,7 @@ def load_runner(path, device: str = "cpu", threads: int | None = None, runtime: 
             program = torch.export.load(str(path))
         except Exception as exc:  # torch raises several types for a damaged archive
             raise GpuaccelError(f"{path} is not a readable torch.export (.pt2) file ({type(exc).__name__})") from None
-        run, kind = torch_runner(program.module(), dev, set_eval=False), "torch.export"
+        run, kind = torch_runner(exported_on(program, dev), dev, set_eval=False), "torch.export"
     elif path.suffix in (".ts", ".torchscript"):
         try:
             module = torch.jit.load(str(path), map_location=dev)

@@ -27,6 +27,7 @@ from ..train.config import saved_settings
 from ..files import atomic_write
 from ..models.seq2seq import BOS, EOS, PAD, PyTorchDecoder, Seq2SeqTransformer, beam_search, strip_special
 from .artifact import load_run_state, rebuild_model
+from .runners import exported_on
 
 CHUNK_LINES = 4096  # lines read, translated and written at a time
 EXPORT_SUFFIX = ".pt2"
@@ -68,7 +69,7 @@ class Translator:
     def from_export(cls, artifact, device: str = "auto", **options) -> "Translator":
         meta, encoder, step = load_export(artifact)
         target = resolve_device(device)
-        decoder = ExportedDecoder(encoder.module().to(target), step.module().to(target), meta["cache"])
+        decoder = ExportedDecoder(exported_on(encoder, target), exported_on(step, target), meta["cache"])
         context = meta["translation"]["max_tokens"] + 1
         return cls(decoder, tokenizer_from_state(meta["tokenizer"]), device=target,
                    max_tokens=meta["translation"]["max_tokens"],
