@@ -3,6 +3,7 @@ and a kind of a user's own is one class plus its registration, with nothing else
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,7 @@ def test_each_shipped_recipe_sets_only_its_kinds_settings():
 def test_another_kinds_setting_is_one_line_and_this_kinds_own_are_taken():
     from gpuaccel.train.inputs import check_kind_settings
 
-    owners = {name for kind in data_kinds() for name in kind.settings}
+    owners = {name for kind in data_kinds() for name in kind.option_group}
     assert {"tokenizer", "sample_rate", "zoom", "source_lang", "negatives", "loader"} <= owners
     assert not owners & {"source", "val_split", "cache_dir"}  # (every kind's)
     text = kind_named("text")
@@ -130,3 +131,40 @@ def test_training_refuses_a_setting_its_data_would_ignore(tmp_path, capsys):
                                "--run-dir", str(tmp_path / "run")],
                       "--tokenizer is a setting of text and sentences data, not of images data (digits)")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_kinds_own_settings_are_declared_with_it_and_join_the_data_section():
+    """#80: a kind brings its option group: the settings only it reads are declared in its file
+    (``DataKind.options``) and become data settings: flags, recipe keys, checked values."""
+    from gpuaccel.data.kinds import kind_options
+    from gpuaccel.kinds.translation import TranslationOptions
+    from gpuaccel.train.config import SCHEMA, CommonDataSettings
+
+    translation = kind_named("translation")
+    assert translation.options is TranslationOptions
+    assert {"source_lang", "target_lang", "batch_tokens"} <= set(translation.option_group)
+    own = {f.name: kind.name for kind, f, _ in kind_options()}
+    assert own["batch_tokens"] == "translation" and own["zoom"] == "scenes" and own["sample_rate"] == "audio"
+    common = {f.name for f in dataclasses.fields(CommonDataSettings)}
+    assert all(SCHEMA[name].section == "data" and name not in common for name in own)
+    config = TrainConfig.from_dict({"data": {"source": "pairs/", "batch_tokens": 2048, "source_lang": "de"}})
+    assert config.data.batch_tokens == 2048 and config.to_dict()["data"]["source_lang"] == "de"
+    with pytest.raises(GpuaccelError, match="batch_tokens must be a whole number >= 1, got 0"):
+        TrainConfig(batch_tokens=0).validate()
+    with pytest.raises(GpuaccelError, match="zoom must be in"):
+        TrainConfig(zoom=1.5).validate()
+
+
+def test_a_kind_registered_after_the_data_section_was_made_cannot_add_settings_to_it():
+    @dataclasses.dataclass
+    class LateOptions:
+        window: int = 3
+
+    class Late(DataKind):
+        name = "late"
+        options = LateOptions
+
+    with pytest.raises(GpuaccelError, match="data kind late: settings of its own \\(window\\) join the data section "
+                                            "when gpuaccel.train is first imported"):
+        register_kind(Late())
+    assert "late" not in [kind.name for kind in data_kinds()]

@@ -11,13 +11,18 @@ registry once.
 
 The built-in kinds are registered on the first lookup (``gpuaccel.kinds`` imports each of
 them), as a package's entry points would be: importing ``gpuaccel`` or ``gpuaccel.data`` loads
-none of them. A kind of a user's own is registered by calling :func:`register_kind` before
+none of them; ``gpuaccel.train``'s config does, to make the data section from the settings each
+kind declares as its own (``DataKind.options``), so a kind imports ``gpuaccel.train`` inside
+its methods only. A kind of a user's own is registered by calling :func:`register_kind` before
 training; ``--data NAME:PATH`` then reaches it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import sys
+import typing
 from pathlib import Path
 
 from ..errors import GpuaccelError, choice_error
@@ -42,10 +47,24 @@ class DataKind:
     default_model: str | None = None
     default_task: str | None = None
     export_format = "onnx"  # what 'gpuaccel export' writes when no --format is given
-    # its option group: the data settings (flat names, e.g. "tokenizer") it reads beyond those of
-    # every kind (source, val_split, cache_dir); one of another kind's given for this kind's data
-    # is refused in one line rather than silently ignored
+    # the data settings it shares with other kinds (flat names, e.g. "tokenizer") and reads beyond
+    # those of every kind (source, val_split, cache_dir)
     settings: tuple[str, ...] = ()
+    # the settings only this kind reads, declared with it: a dataclass of gpuaccel.settings.setting
+    # fields, joined to the data section (train/config.py: DataSettings) as --flags and recipe keys
+    options: type | None = None
+
+    @property
+    def option_group(self) -> tuple[str, ...]:
+        """Every data setting this kind reads beyond every kind's: ``settings`` and its ``options``.
+        One of another kind's group given for this kind's data is refused in one line rather than
+        silently ignored."""
+        own = tuple(f.name for f in dataclasses.fields(self.options)) if self.options is not None else ()
+        return self.settings + own
+
+    def validate_options(self, data) -> None:
+        """One-line errors for bad values of this kind's ``options`` in the data section ``data``
+        (checked for every run, as every section's values are)."""
 
     def detect(self, path: Path) -> str | None:
         """The format of this kind found at ``path`` (``name`` or one of ``formats``), or None."""
@@ -88,6 +107,13 @@ def register_kind(kind: DataKind) -> DataKind:
     """Adds ``kind`` to the registry (replacing one of the same name); returns it."""
     if not kind.name:
         raise GpuaccelError(f"a data kind needs a name ({type(kind).__name__} has none)")
+    config = sys.modules.get("gpuaccel.train.config")
+    schema = getattr(config, "SCHEMA", None)  # (None: the data section is not made yet; it will take these)
+    late = [f.name for f in dataclasses.fields(kind.options)] if kind.options is not None and schema else []
+    if any(name not in schema for name in late):
+        raise GpuaccelError(f"data kind {kind.name}: settings of its own ({', '.join(late)}) join the data section "
+                            f"when gpuaccel.train is first imported; register it before that, or read the settings "
+                            f"that exist")
     _KINDS[kind.name] = kind
     return kind
 
@@ -106,11 +132,29 @@ def data_kinds() -> list[DataKind]:
 
 
 def setting_kinds() -> dict[str, tuple[str, ...]]:
-    """Each data setting some kind names in its option group (``DataKind.settings``), and the kinds
-    that name it, in registry order; settings of every kind (source, val_split, ...) are not here."""
+    """Each data setting in some kind's option group (``DataKind.option_group``), and the kinds
+    whose group it is in, in registry order; settings of every kind (source, val_split, ...) are
+    not here."""
     kinds = data_kinds()
-    names = dict.fromkeys(name for kind in kinds for name in kind.settings)
-    return {name: tuple(kind.name for kind in kinds if name in kind.settings) for name in names}
+    names = dict.fromkeys(name for kind in kinds for name in kind.option_group)
+    return {name: tuple(kind.name for kind in kinds if name in kind.option_group) for name in names}
+
+
+def kind_options() -> list[tuple[DataKind, dataclasses.Field, type]]:
+    """(kind, field, its type) for each setting a registered kind declares as its own
+    (``DataKind.options``), in registry order; a name two kinds declare is an error."""
+    found, owner = [], {}
+    for kind in data_kinds():
+        if kind.options is None:
+            continue
+        hints = typing.get_type_hints(kind.options)
+        for f in dataclasses.fields(kind.options):
+            if f.name in owner:
+                raise GpuaccelError(f"data kinds {owner[f.name]} and {kind.name} both declare the setting {f.name}; "
+                                    f"a setting two kinds read belongs to train/config.py's CommonDataSettings")
+            owner[f.name] = kind.name
+            found.append((kind, f, hints[f.name]))
+    return found
 
 
 def spec_names() -> dict[str, DataKind]:

@@ -3,14 +3,19 @@ windows cut on the device."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..data.kinds import DataKind, register_kind
 from ..data.text import TEXT_SUFFIXES, WindowLoader, load_corpus, validation_windows
 from ..runtime.loaders import ResidentLoader
-from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+from ..settings import setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
 
 
 def _only_text(path: Path) -> bool:
@@ -24,9 +29,17 @@ def _only_text(path: Path) -> bool:
     return seen_text
 
 
+@dataclass
+class CorpusOptions:
+    """The settings only a text corpus reads: a tokenizer of one's own."""
+    tokenizer_file: str | None = setting(None, "text corpus: a HuggingFace tokenizer.json to tokenise with instead "
+                                               "of learning a vocabulary (e.g. GPT-2's 50,257 tokens)", metavar="FILE")
+
+
 class Corpus(DataKind):
     name = "text"
-    settings = ("tokenizer", "vocab_size", "tokenizer_file", "context")
+    settings = ("tokenizer", "vocab_size", "context")
+    options = CorpusOptions
     detect_order = 10
     description = "a text corpus for language modelling (a .txt file, or a folder of text files)"
     default_model = "gpt"
@@ -38,6 +51,7 @@ class Corpus(DataKind):
         return self.name if path.is_dir() and _only_text(path) else None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         corpus = shared_read(dist, lambda: load_corpus(
             path, tokenizer=config.data.tokenizer or ("bpe" if config.data.tokenizer_file else "char"),
             vocab_size=config.data.vocab_size or 2048, val_split=config.data.val_split, cache_dir=cache_dir_of(config),

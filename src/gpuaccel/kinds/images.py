@@ -3,7 +3,9 @@ one), .npz arrays, a directory of .tar shards (streamed), or the built-in 8x8 di
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,15 +13,30 @@ import torch
 from ..data import ImageDataset, StreamingDataset, open_dataset
 from ..data.formats import READERS, detect_kind
 from ..data.kinds import DataKind, register_kind
-from ..runtime.loaders import image_loader
+from ..data.stream import PILLOW_READERS, check_cpu_decode
 from ..errors import GpuaccelError
-from ..train.inputs import TrainingInputs, augment_config, shared_read
+from ..runtime.loaders import image_loader
+from ..settings import setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
+
+
+@dataclass
+class ImagesOptions:
+    """The setting only images read: how a streamed batch's decoding is shared between the GPU and
+    the reader processes."""
+    cpu_decode: float | None = setting(
+        None, "with --loader stream on a GPU: the share of each batch the reader processes decode with "
+        f"Pillow, nvJPEG decoding the rest (default 1 with at least {PILLOW_READERS} reader processes, else 0; "
+        "docs/data.md)", metavar="F")
 
 
 class Images(DataKind):
     name = "images"
-    settings = ("image_size", "loader", "workers", "cpu_decode", "skip_bad", "crop_padding", "flip", "cutout",
+    settings = ("image_size", "loader", "workers", "skip_bad", "crop_padding", "flip", "cutout",
                 "brightness", "contrast", "size_schedule")
+    options = ImagesOptions
     formats = tuple(READERS)
     detect_order = 1000  # last: an image folder is what a folder is when nothing more specific is found
     description = "images with a class each (MNIST, CIFAR, an image folder or .tar of one, .npz, .tar shards)"
@@ -27,10 +44,15 @@ class Images(DataKind):
     default_task = "classification"
     streams = True  # --loader stream decodes image folders every step
 
+    def validate_options(self, data) -> None:
+        check_cpu_decode(data.cpu_decode)
+
     def detect(self, path: Path) -> str | None:
         return detect_kind(path)
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import shared_read  # (train/config.py imports the kinds)
+
         # Decoded once into the cache with Pillow (libjpeg), the reference decoder, also on a GPU machine:
         # nvJPEG's pixels differ (half of CIFAR-10's by 1-94 levels) and cost cifar10-fast 0.3% of
         # accuracy, and for small images its batches were slower than Pillow in 16 processes.
@@ -43,6 +65,8 @@ class Images(DataKind):
 
     def inputs_of(self, ds: ImageDataset | StreamingDataset) -> TrainingInputs:
         """The trainer's inputs of an image data set a gpuaccel reader made."""
+        from ..train.inputs import TrainingInputs, augment_config  # (train/config.py imports the kinds)
+
         mean, std = ds.channel_stats()
         streamed = isinstance(ds, StreamingDataset)
         shape = (ds.in_channels, ds.image_size, ds.image_size) if streamed else tuple(ds.train_images.shape[1:])

@@ -3,28 +3,48 @@ rating regression, or top-k ranking from the ratings as implicit feedback (``--t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..data.kinds import DataKind, register_kind
 from ..data.ratings import NegativeSamplingLoader, is_ratings_source, load_interactions, load_ratings
 from ..runtime.loaders import ResidentLoader
-from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+from ..settings import check_whole, setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
+
+
+@dataclass
+class RatingsOptions:
+    """The settings only ratings read: how many negatives training and ranking draw."""
+    negatives: int = setting(4, "ratings with --task ranking: random items drawn per interaction as negatives "
+                                "in training, each epoch", metavar="N")
+    eval_negatives: int = setting(99, "ratings with --task ranking: unseen items each user's held-out item is "
+                                      "ranked against", metavar="N")
 
 
 class Ratings(DataKind):
     name = "ratings"
-    settings = ("negatives", "eval_negatives")
+    settings = ()
+    options = RatingsOptions
     detect_order = 20
     description = "ratings (MovieLens files, or a CSV/TSV with user, item and rating columns)"
     default_model = "matrix_factorization"
     default_task = "regression (ranking with --task ranking)"
 
+    def validate_options(self, data) -> None:
+        check_whole(data, "negatives")
+        check_whole(data, "eval_negatives")
+
     def detect(self, path: Path) -> str | None:
         return self.name if is_ratings_source(path) else None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         if config.model.task == "ranking":
             return self._interactions(config, path, dist)
         data = shared_read(dist, lambda: load_ratings(path, val_split=config.data.val_split, seed=config.loop.seed,
@@ -52,6 +72,7 @@ class Ratings(DataKind):
             init_sample=lambda loader: loader.tensors)  # every training rating: (users, items, ratings)
 
     def _interactions(self, config, path, dist) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         data = shared_read(dist, lambda: load_interactions(path, negatives=config.data.eval_negatives,
                                                            seed=config.loop.seed,
                                                            cache_dir=cache_dir_of(config)))

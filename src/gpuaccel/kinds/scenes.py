@@ -3,29 +3,47 @@ images (data/scenes.py reads them); batches augmented on the device with their b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..data.kinds import DataKind, register_kind
 from ..data.scene_loader import SceneAugment, SceneLoader
 from ..data.scenes import SCENE_KINDS, load_scenes, scene_kind
 from ..errors import GpuaccelError
-from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+from ..settings import setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
+
+
+@dataclass
+class ScenesOptions:
+    """The setting only detection and segmentation scenes read: random zoom, boxes and masks with it."""
+    zoom: float = setting(0.0, "detection and segmentation: scale each training image by a random factor in "
+                               "[1 - Z, 1 + Z] at a random place, boxes and masks with it", metavar="Z")
 
 
 class Scenes(DataKind):
     name = "scenes"
-    settings = ("image_size", "skip_bad", "crop_padding", "flip", "cutout", "brightness", "contrast", "zoom",
+    settings = ("image_size", "skip_bad", "crop_padding", "flip", "cutout", "brightness", "contrast",
                 "size_schedule")
+    options = ScenesOptions
     formats = SCENE_KINDS
     detect_order = 50
     description = "detection (COCO annotations, YOLO labels) or segmentation (masks) folders beside images/"
     default_model = "centernet (detection), unet (segmentation)"
     default_task = "detection or segmentation"
 
+    def validate_options(self, data) -> None:
+        if not 0 <= data.zoom < 1:
+            raise GpuaccelError(f"--zoom must be in [0, 1), got {data.zoom}")
+
     def detect(self, path: Path) -> str | None:
         return scene_kind(path)
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         # (found, not named: the task chooses)
         if fmt == self.name or not config.data.source.lower().startswith(f"{fmt}:"):
             fmt = scene_kind(path, config.model.task) or fmt

@@ -3,18 +3,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..data.kinds import DataKind, register_kind
 from ..data.sentences import SENTENCE_SUFFIXES, SentenceLoader, load_sentences
-from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+from ..settings import setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
+
+
+@dataclass
+class SentencesOptions:
+    """The settings only labelled sentences read: which columns hold the text and the label."""
+    text_column: str | None = setting(None, "labelled sentences: the text's column (default: found by "
+                                            "name: sentence, text, content, review, ...)", metavar="NAME")
+    label_column: str | None = setting(None, "labelled sentences: the label's column (default: found by "
+                                             "name: label, sentiment, class, ...)", metavar="NAME")
 
 
 class Sentences(DataKind):
     name = "sentences"
-    settings = ("tokenizer", "vocab_size", "context", "text_column", "label_column")
+    settings = ("tokenizer", "vocab_size", "context")
+    options = SentencesOptions
     detect_order = 30
     description = "labelled sentences (.tsv/.csv/.jsonl, or a folder with train.tsv and dev.tsv)"
     default_model = "text_transformer"
@@ -27,6 +42,7 @@ class Sentences(DataKind):
         return None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         data = shared_read(dist, lambda: load_sentences(
             path, tokenizer=config.data.tokenizer or "word", vocab_size=config.data.vocab_size,
             max_tokens=config.data.context,

@@ -9,27 +9,48 @@ write one translation per line, from a run or from its export (deploy/translatio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..data.kinds import DataKind, register_kind
 from ..data.parallel import TranslationLoader, is_parallel_source, load_parallel
 from ..errors import GpuaccelError
-from ..train.inputs import TrainingInputs, cache_dir_of, shared_read
+from ..settings import check_whole, setting
+
+if TYPE_CHECKING:
+    from ..train.inputs import TrainingInputs
+
+
+@dataclass
+class TranslationOptions:
+    """The settings only sentence pairs read (--source-lang, --target-lang, --batch-tokens)."""
+    source_lang: str | None = setting(None, "translation: the language (or column) translated from, e.g. "
+                                            "de (as fairseq names it)", metavar="LANG")
+    target_lang: str | None = setting(None, "translation: the language (or column) translated into, e.g. en",
+                                      metavar="LANG")
+    batch_tokens: int = setting(8192, "translation: tokens per training batch (source or target, whichever "
+                                      "is longer, padding included); batches of similar lengths", metavar="TOKENS")
 
 
 class Translation(DataKind):
     name = "translation"
-    settings = ("vocab_size", "context", "source_lang", "target_lang", "batch_tokens")
+    settings = ("vocab_size", "context")
+    options = TranslationOptions
     detect_order = 25  # (before labelled sentences: a .tsv of pairs is named translation:PATH)
     description = "sentence pairs (train.<source> + train.<target> files, or a .tsv/.jsonl with a column per side)"
     default_model = "transformer_seq2seq"
     default_task = "translation"
     export_format = "pt2"
 
+    def validate_options(self, data) -> None:
+        check_whole(data, "batch_tokens")
+
     def detect(self, path: Path) -> str | None:
         return self.name if is_parallel_source(path) else None
 
     def open(self, config, path, fmt, *, dist=None) -> TrainingInputs:
+        from ..train.inputs import TrainingInputs, cache_dir_of, shared_read  # (train/config.py imports the kinds)
         if config.loop.tta:
             raise GpuaccelError("--tta flips and shifts images; translation takes 0")
         data = shared_read(dist, lambda: load_parallel(

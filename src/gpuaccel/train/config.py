@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from ..compiling import COMPILE_MODES
 from ..data.augment import FLIP_MODES, parse_size_schedule
 from ..data.loader import PLACEMENTS
-from ..data.stream import PILLOW_READERS, check_cpu_decode
 from ..data.text import TOKENIZERS
 from ..device import PRECISIONS, precision_name
 from ..errors import GpuaccelError, choice_error
+from ..settings import check_whole, setting
 from ..parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from ..tasks import TASKS
 
@@ -35,19 +35,11 @@ LOSS_ALIASES = ("val_loss", "test_loss", "eval_loss", "validation_loss")
 DEFAULT_MODEL = "lenet5"  # for images; other data kinds have their own (TrainingInputs.default_model)
 
 
-def setting(default, help: str, *, choices=None, metavar: str | None = None, cli: bool = True,
-            flag: str | None = None):
-    """A setting of a section, declared once: its default, its help text and valid values, and its
-    flat name where that is not the field's own (``flag``). The command line and recipes are made
-    from these."""
-    factory = dict(default_factory=lambda: list(default)) if isinstance(default, list) else dict(default=default)
-    return dataclasses.field(**factory, metadata={"help": help, "choices": choices, "metavar": metavar, "cli": cli,
-                                                  "flag": flag})
-
-
 @dataclass
-class DataSettings:
-    """What is read, and how it reaches the device."""
+class CommonDataSettings:
+    """What is read, and how it reaches the device: the settings that more than one kind of data
+    reads. A setting only one kind reads is declared in that kind's file (``DataKind.options``,
+    e.g. kinds/translation.py's ``--batch-tokens``) and joined to these in :data:`DataSettings`."""
     source: str = setting(
         "digits", "'digits' (built in, the default); a path: MNIST IDX directory, CIFAR-10/100 pickle directory, image "
         "folder (train/<class>/*.jpg [test/<class>/...] or <class>/*.jpg), .tar/.tar.gz of such a folder, a "
@@ -76,10 +68,6 @@ class DataSettings:
     workers: int | None = setting(
         None, "processes of the cpu loader (default: cores - 1, at most 8); with --loader stream, reader "
         "processes (default: cores - 2)", metavar="N")
-    cpu_decode: float | None = setting(
-        None, "with --loader stream on a GPU: the share of each batch the reader processes decode with "
-        f"Pillow, nvJPEG decoding the rest (default 1 with at least {PILLOW_READERS} reader processes, else 0; "
-        "docs/data.md)", metavar="F")
     tokenizer: str | None = setting(
         None, "text: char (each distinct character a token; the default for a corpus), byte (UTF-8 "
         "bytes), word (lower-cased words of the training split; the default for labelled sentences) or bpe (a "
@@ -87,36 +75,8 @@ class DataSettings:
         metavar="KIND")
     vocab_size: int | None = setting(None, "text, --tokenizer bpe or word: the vocabulary's size (default: "
                                                    "bpe 2048; word: every word seen twice)", metavar="N")
-    tokenizer_file: str | None = setting(None, "text corpus: a HuggingFace tokenizer.json to tokenise with instead "
-                                               "of learning a vocabulary (e.g. GPT-2's 50,257 tokens)", metavar="FILE")
     context: int = setting(256, "text: tokens per training window of a language model (its context "
                                         "length); the most tokens kept of a sentence to classify", metavar="TOKENS")
-    text_column: str | None = setting(None, "labelled sentences: the text's column (default: found by "
-                                                    "name: sentence, text, content, review, ...)", metavar="NAME")
-    label_column: str | None = setting(None, "labelled sentences: the label's column (default: found by "
-                                                     "name: label, sentiment, class, ...)", metavar="NAME")
-    label_pattern: str | None = setting(
-        None, "recordings: take each label from the file name, e.g. '{label}_{speaker}_{index}.wav' (default: "
-        "from the class folder, train/<class>/*.wav)", metavar="PATTERN")
-    test_where: str | None = setting(None, "recordings with --label-pattern: which files are the test split, "
-                                                   "by the pattern's fields, e.g. 'index<5'", metavar="CONDITION")
-    sample_rate: int | None = setting(None, "recordings: resample every recording to this rate (default: the "
-                                                    "most common rate in the data)", metavar="HZ")
-    clip_seconds: float | None = setting(None, "recordings: centre shorter recordings in silence and cut "
-                                                       "longer ones to their loudest stretch of this length (default: "
-                                                       "the length 99% of the training recordings fit in)",
-                                         metavar="SECONDS")
-    source_lang: str | None = setting(None, "translation: the language (or column) translated from, e.g. "
-                                                    "de (as fairseq names it)", metavar="LANG")
-    target_lang: str | None = setting(None, "translation: the language (or column) translated into, e.g. en",
-                                      metavar="LANG")
-    batch_tokens: int = setting(8192, "translation: tokens per training batch (source or target, whichever "
-                                              "is longer, padding included); batches of similar lengths",
-                                metavar="TOKENS")
-    negatives: int = setting(4, "ratings with --task ranking: random items drawn per interaction as negatives "
-                                        "in training, each epoch", metavar="N")
-    eval_negatives: int = setting(99, "ratings with --task ranking: unseen items each user's held-out item is "
-                                              "ranked against", metavar="N")
     crop_padding: int = setting(0, "random translation by up to P pixels", metavar="P")
     flip: str = setting("none", "horizontal flips", choices=FLIP_MODES, metavar="MODE")
     cutout: int = setting(0, "zero a random SxS square in each image", metavar="S")
@@ -124,8 +84,6 @@ class DataSettings:
                                              "range", metavar="B")
     contrast: float = setting(0.0, "scale each image's deviations from the mean pixel by a random "
                                            "factor in [1 - C, 1 + C]", metavar="C")
-    zoom: float = setting(0.0, "detection and segmentation: scale each training image by a random factor in "
-                                       "[1 - Z, 1 + Z] at a random place, boxes and masks with it", metavar="Z")
     size_schedule: list[str] | None = setting(
         None, "progressive resizing: train the first epochs on smaller images, e.g. 24:3,28:2 (3 epochs "
         "at 24x24, then 2 at 28x28, then full size); each size compiles and captures its own step", metavar="SIZE:EPOCHS,...")
@@ -133,7 +91,7 @@ class DataSettings:
     def validate(self) -> None:
         for name in ("crop_padding", "cutout"):
             _at_least(self, name, 0)
-        for name in ("brightness", "contrast", "zoom"):
+        for name in ("brightness", "contrast"):
             if not 0 <= getattr(self, name) < 1:
                 raise GpuaccelError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
         try:
@@ -143,20 +101,37 @@ class DataSettings:
             raise GpuaccelError(f"--size-schedule: {exc}") from None
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise GpuaccelError(f"--workers must be a whole number >= 0, got {self.workers}")
-        check_cpu_decode(self.cpu_decode)
-        _whole(self, "context")
+        check_whole(self, "context")
         if self.vocab_size is not None:
-            _whole(self, "vocab_size")
-        if self.sample_rate is not None and (isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int)
-                                             or self.sample_rate < 1000):
-            raise GpuaccelError(f"--sample-rate is in Hz, a whole number >= 1000, got {self.sample_rate}")
-        if self.clip_seconds is not None and not self.clip_seconds > 0:
-            raise GpuaccelError(f"--clip-seconds must be positive, got {self.clip_seconds}")
-        _whole(self, "negatives")
-        _whole(self, "eval_negatives")
-        _whole(self, "batch_tokens")
-        if self.test_where is not None and self.label_pattern is None:
-            raise GpuaccelError("--test-where needs --label-pattern: its fields come from the file names")
+            check_whole(self, "vocab_size")
+
+
+def _data_settings() -> type:
+    """The data section: :class:`CommonDataSettings` and every registered data kind's own settings
+    (``DataKind.options``), each kind validating its own values. Made when this module is first
+    imported, from the kinds registered by then (the built-in ones, gpuaccel/kinds/)."""
+    from ..data.kinds import kind_options
+
+    owned = kind_options()
+    fields = [(f.name, hint, dataclasses.field(
+        **(dict(default=f.default) if f.default is not dataclasses.MISSING else dict(default_factory=f.default_factory)),
+        metadata=f.metadata)) for _, f, hint in owned]
+    kinds = list(dict.fromkeys(kind for kind, _, _ in owned))
+
+    def validate(self) -> None:
+        CommonDataSettings.validate(self)
+        for kind in kinds:
+            kind.validate_options(self)
+
+    cls = dataclasses.make_dataclass(
+        "DataSettings", fields, bases=(CommonDataSettings,),
+        namespace={"validate": validate, "__doc__": "What is read, and how it reaches the device: the settings of "
+                   "every kind of data (CommonDataSettings) and each kind's own (DataKind.options)."})
+    cls.__module__ = __name__  # (pickled and named as this module's)
+    return cls
+
+
+DataSettings = _data_settings()
 
 
 @dataclass
@@ -274,7 +249,7 @@ class ParallelSettings:
                                                                "stages' FLOPs)", metavar="A,B")
 
     def validate(self) -> None:
-        _whole(self, "pipeline_stages")
+        check_whole(self, "pipeline_stages")
         if not self.ddp_bucket_mb > 0:
             raise GpuaccelError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if not self.shard_unit_mb >= 0:
@@ -331,8 +306,8 @@ class OptimizerSettings:
                                                    "(e.g. 0.99 per step)", metavar="DECAY")
 
     def validate(self) -> None:
-        _whole(self, "grad_accum")
-        _whole(self, "muon_ns_steps")
+        check_whole(self, "grad_accum")
+        check_whole(self, "muon_ns_steps")
         for name in ("lr", "muon_lr", "bias_lr_scale"):
             if not getattr(self, name) > 0:
                 raise GpuaccelError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
@@ -390,7 +365,7 @@ class LoopSettings:
 
     def validate(self) -> None:
         for name in ("batch_size", "eval_batch_size"):
-            _whole(self, name)
+            check_whole(self, name)
         if self.tta not in (0, 1, 2):
             raise GpuaccelError(f"--tta must be 0 (none), 1 (flip) or 2 (flip and translate), got {self.tta}")
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float)) or not self.epochs > 0:
@@ -398,8 +373,8 @@ class LoopSettings:
         if self.time_limit is not None and self.time_limit <= 0:
             raise GpuaccelError(f"--time-limit must be positive, got {self.time_limit}")
         if self.eval_every is not None:
-            _whole(self, "eval_every")
-        _whole(self, "beam_size")
+            check_whole(self, "eval_every")
+        check_whole(self, "beam_size")
         if not self.length_penalty >= 0:
             raise GpuaccelError(f"--length-penalty must be >= 0, got {self.length_penalty}")
         if self.target_acc is not None:
@@ -450,9 +425,9 @@ class LoggingSettings:
 
     def validate(self) -> None:
         _at_least(self, "checkpoint_seconds", 0)
-        _whole(self, "checkpoint_epochs", minimum=0)
+        check_whole(self, "checkpoint_epochs", minimum=0)
         if self.checkpoint_every is not None:
-            _whole(self, "checkpoint_every")
+            check_whole(self, "checkpoint_every")
         _step_range(self.profile_steps)
 
     @property
@@ -661,12 +636,6 @@ def _opened(values: dict, check: bool) -> dict:
         else:
             flat[key] = value
     return flat
-
-
-def _whole(config, name: str, minimum: int = 1) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise GpuaccelError(f"--{name.replace('_', '-')} must be a whole number >= {minimum}, got {value}")
 
 
 def _step_range(text) -> tuple[int, int]:

@@ -124,11 +124,11 @@ def open_inputs(config: TrainConfig, *, dataset=None, train_data=None, eval_data
 
 
 def check_kind_settings(kind, config: TrainConfig) -> None:
-    """Refuses, in one line, settings of other kinds' option groups (``DataKind.settings``) given
-    for this kind's data (changed from their defaults): ``--tokenizer bpe`` for an image folder
-    would otherwise be silently ignored."""
+    """Refuses, in one line, settings of other kinds' option groups (``DataKind.option_group``)
+    given for this kind's data (changed from their defaults): ``--tokenizer bpe`` for an image
+    folder would otherwise be silently ignored."""
     owners = setting_kinds()
-    foreign = [name for name in owners if name not in kind.settings and config.get(name) != SCHEMA[name].default]
+    foreign = [name for name in owners if name not in kind.option_group and config.get(name) != SCHEMA[name].default]
     if foreign:
         said = "; ".join(f"--{name.replace('_', '-')} is a setting of {' and '.join(owners[name])} data"
                          for name in foreign)
