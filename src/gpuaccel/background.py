@@ -7,7 +7,9 @@ through C++ frames that may not throw, and the process aborts after the script's
 "terminate called without an active exception", exit status 134. An exception out of
 ``fit()``, uncaught, leaves its loaders' threads running (its traceback holds them) until
 then. atexit's functions run before finalisation, while a thread can still finish its
-operator and stop, so each object that runs such a thread registers its stop here."""
+operator and stop, so each object that runs such a thread registers its stop here. A stop
+waits a few seconds at most: a thread blocked in a read (its reader process gone) is left to the
+interpreter rather than holding the process."""
 
 from __future__ import annotations
 

@@ -133,3 +133,29 @@ def test_a_script_that_fails_while_its_threads_make_batches_exits_with_its_own_e
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and "terminate called" not in done.stderr, done.stderr[-800:]
         assert done.stderr.rstrip().endswith("ValueError: a check failed")
+
+
+def test_at_exit_a_thread_blocked_in_a_read_does_not_hold_the_process(tmp_path):
+    """The threads are stopped at exit, but one blocked in its read (a reader process gone) is
+    waited for a few seconds only: the script still ends with its own error."""
+    script = tmp_path / "blocked.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from gpuaccel.data import prefetch
+        from gpuaccel.data.prefetch import in_threads
+
+        prefetch._EXIT_WAIT = 0.5  # (5 s as shipped)
+
+        def steps():
+            yield 0
+            time.sleep(600)  # (a read that never returns)
+            yield 1
+
+        batches = in_threads(steps(), lambda step: (step, step), [None])
+        next(batches)
+        raise ValueError("a check failed")
+    """))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.rstrip().endswith("ValueError: a check failed"), done.stderr[-800:]
+    assert time.perf_counter() - start < 30

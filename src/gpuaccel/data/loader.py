@@ -47,7 +47,7 @@ class _InBackground(threading.Thread):
         super().__init__(name="gpuaccel-order", daemon=True)
         self.fn, self.args, self.value, self.error = fn, args, None, None
         self.start()
-        stop_at_exit(self, threading.Thread.join)
+        stop_at_exit(self, lambda thread: thread.join(timeout=5.0))  # (an epoch's order takes milliseconds)
 
     def run(self):
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -20,6 +21,9 @@ import torch
 from ..background import stop_at_exit
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+# at exit, the seconds the threads of a pass are waited for: one blocked in a read (a reader process
+# gone) is left to the interpreter rather than holding the process
+_EXIT_WAIT = 5.0
 T = TypeVar("T")
 
 
@@ -112,7 +116,7 @@ class Prefetched:
                                           name=f"gpuaccel-prefetch-{k}") for k, side in enumerate(sides)]
         for worker in self._workers:
             worker.start()
-        stop_at_exit(self, Prefetched.close)
+        stop_at_exit(self, lambda prefetched: prefetched.close(timeout=_EXIT_WAIT))
 
     def __iter__(self) -> "Prefetched":
         return self
@@ -143,9 +147,10 @@ class Prefetched:
             y.record_stream(current)
         return x, y
 
-    def close(self) -> None:
-        """Stops the threads, waits for them, and closes the steps (a generator's own clean-up,
-        such as releasing a reader, runs now rather than at collection)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stops the threads, waits for them (``timeout``: this many seconds at most, in all), and
+        closes the steps (a generator's own clean-up, such as releasing a reader, runs now rather
+        than at collection; not while a thread that did not stop in time still reads them)."""
         if self._closed:
             return
         making = self._making
@@ -153,10 +158,11 @@ class Prefetched:
             self._closed = True
             making.stop.set()
             making.turn.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for worker in self._workers:
-            worker.join()
+            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         close = getattr(making.steps, "close", None)
-        if close is not None:
+        if close is not None and not any(worker.is_alive() for worker in self._workers):
             close()
 
     def __del__(self) -> None:
