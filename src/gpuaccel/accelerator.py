@@ -39,8 +39,8 @@ from .errors import GpuaccelError, choice_error
 from .monitor.gpu import GpuSampler
 from .monitor.steps import DataWaitMeter
 from .parallel import DataParallel, GraphDataParallel, PipelineParallel, Sharded, Strategy
-from .parallel.gradient_buckets import trainable_parameters
 from .parallel.fsdp import load_full_state, load_sharded, save_sharded
+from .parallel.gradient_buckets import trainable_parameters
 from .runtime import CapturedStep, Placement, choose_strategy, make_capturable, prepare_loader
 from .runtime.capture import CapturedLoop, active_loop, capture_obstacle
 from .runtime.loaders import SourceOnDevice
