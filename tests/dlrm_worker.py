@@ -2,7 +2,9 @@
 backward pass, sharded across the processes (whole tables) or replicated on each, which then
 gathers every process's rows and gradients (models/dlrm.py).
 
-    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|graph-chunks|ddp-replicated|ema|state|updates
+    torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|graph-chunks|ddp-replicated|ema|tables
+
+tables: the sharded tables' own checks in one process group (their updates, then their state).
 """
 import sys
 
@@ -35,7 +37,6 @@ def state_round_trip(run_dir: str) -> None:
     process's; RUN_DIR/state.pt gets the state read back after loading known values."""
     from gpuaccel.parallel.data_parallel import share_backward_updates
 
-    torch.distributed.init_process_group("gloo")
     model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], required=())
     share_backward_updates(model, shard_tables=True)
     whole = model.tables.state_dict()
@@ -52,7 +53,6 @@ def updated_rows(batch: int) -> None:
     and never the spare row its blank slots look up (asserted here)."""
     from gpuaccel.parallel.data_parallel import share_backward_updates
 
-    torch.distributed.init_process_group("gloo")
     world = torch.distributed.get_world_size()
     model = create_model("dlrm", table_sizes=[50, 30, 20], dim=8, bottom=[16], top=[32], required=())
     share_backward_updates(model, shard_tables=True)
@@ -72,11 +72,10 @@ def updated_rows(batch: int) -> None:
 if __name__ == "__main__":
     run_dir, batch, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     dist = Distributed.from_env()
-    if kind == "state":
-        state_round_trip(run_dir)
-        end_worker()
-    if kind == "updates":
+    if kind == "tables":
+        torch.distributed.init_process_group("gloo")
         updated_rows(batch)
+        state_round_trip(run_dir)
         end_worker()
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused

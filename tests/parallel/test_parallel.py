@@ -57,6 +57,15 @@ def train_one_process(run_dir: Path, **settings) -> None:
         Trainer(TrainConfig(device="cpu", lr=0.05, monitor=False, run_dir=str(run_dir), **settings), quiet=True).fit()
 
 
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory) -> Path:
+    """The reference most tests here compare with, trained once for them all: MODEL, batch 64,
+    2 epochs, one process (read only)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "one"
+    train_one_process(run_dir, model=MODEL, batch_size=64, epochs=2)
+    return run_dir
+
 def weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "model.pt", weights_only=True)["model"]
 
@@ -78,9 +87,8 @@ def assert_same_training(reference: Path, run: Path, *, processes: int, global_b
                                          ["--batch-size", "16", "--grad-accum", "2", "--shard"],
                                          ["--batch-size", "64", "--global-batch"]],
                          ids=["accumulation", "sharded", "global-batch"])
-def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process):
-    single, double = tmp_path / "one", tmp_path / "two"
-    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
+def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, one_process_run, per_process):
+    single, double = one_process_run, tmp_path / "two"
     torchrun(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
@@ -88,13 +96,12 @@ def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, per_process
 
 @pytest.mark.parametrize("averaging", [(), ("0.001", "1"), ("0.001", "2")],
                          ids=["one-all-reduce", "buckets", "buckets-accumulation"])
-def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path, averaging):
+def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path, one_process_run, averaging):
     """The data parallel a captured step does (rank 0's weights broadcast, the gradients averaged
     inside the step: in one all-reduce after the backward pass, or in buckets of 1 kB launched
     from the backward pass as it finishes them, on the last micro-batch of an accumulation only),
     run eagerly on CPUs, trains like one process with the whole batch."""
-    single, double = tmp_path / "one", tmp_path / "two"
-    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
+    single, double = one_process_run, tmp_path / "two"
     batch = "16" if averaging[1:] == ("2",) else "32"
     done = torchrun(str(double), batch, "2", *averaging, program=(str(TESTS / "step_graph_worker.py"),))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
@@ -141,16 +148,13 @@ def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_
 
 
 @pytest.mark.parametrize("processes", [2, 4])
-def test_sharded_tables_update_only_their_own_tables_rows(tmp_path, processes):
+def test_sharded_tables_update_only_their_own_rows_and_save_and_load_whole_tables(tmp_path, processes):
     """A slot without a table looks up a spare zero row; updating it from every process's ids
-    piled world x batch atomic adds onto one row. 3 tables: 2 processes have one blank slot
-    between them, on 4 one process holds no table."""
-    torchrun(str(tmp_path), "8", "updates", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
-
-
-@pytest.mark.parametrize("processes", [2, 4])
-def test_sharded_tables_save_whole_and_load_whole_tables_as_their_share(tmp_path, processes):
-    torchrun(str(tmp_path), "0", "state", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
+    piled world x batch atomic adds onto one row (the worker asserts it never is). 3 tables: 2
+    processes have one blank slot between them, on 4 one process holds no table. Their state is
+    the whole tables, and loading whole tables keeps each process's share. (One launch for both:
+    a launch costs seconds on a CPU.)"""
+    torchrun(str(tmp_path), "8", "tables", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
     back = torch.load(tmp_path / "state.pt", weights_only=True)
     assert torch.equal(back["weight"], torch.arange(800.0).view(100, 8))
     assert torch.equal(back["accumulator"], torch.arange(100.0))
@@ -242,11 +246,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_the_tasks_of_a_slurm_step_on_two_machines_train_like_one_process(tmp_path):
+def test_the_tasks_of_a_slurm_step_on_two_machines_train_like_one_process(tmp_path, one_process_run):
     """srun's tasks, one per node of two "machines" (each its node's task 0), find each other
     from the SLURM_* variables alone, with no torchrun, and train like one process."""
-    single, double = tmp_path / "one", tmp_path / "two"
-    train_one_process(single, model=MODEL, batch_size=64, epochs=2)
+    single, double = one_process_run, tmp_path / "two"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
     env.update(PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
                SLURM_STEP_NUM_TASKS="2", SLURM_NNODES="2", SLURM_STEP_NODELIST="localhost,127.0.0.1",
