@@ -361,10 +361,11 @@ class Accelerator:
         (``GraphDataParallel.from_ddp``)."""
         if not self.dist.active:
             return
-        for model, strategy in list(self._strategies.items()):
-            if isinstance(strategy, DataParallel):
-                self._strategies[model] = GraphDataParallel.from_ddp(strategy)
-        gc.collect()  # (the gradient accumulators the reducer held)
+        taken = [model for model, strategy in self._strategies.items() if isinstance(strategy, DataParallel)]
+        for model in taken:
+            self._strategies[model] = GraphDataParallel.from_ddp(self._strategies[model])
+        if taken:
+            gc.collect()  # (the gradient accumulators the reducers held)
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """Clips the gradients' norm (unscaled first, under fp16); returns the norm before.

@@ -107,11 +107,12 @@ def register_kind(kind: DataKind) -> DataKind:
     """Adds ``kind`` to the registry (replacing one of the same name); returns it."""
     if not kind.name:
         raise GpuaccelError(f"a data kind needs a name ({type(kind).__name__} has none)")
-    config = sys.modules.get("gpuaccel.train.config")
-    schema = getattr(config, "SCHEMA", None)  # (None: the data section is not made yet; it will take these)
-    late = [f.name for f in dataclasses.fields(kind.options)] if kind.options is not None and schema else []
-    if any(name not in schema for name in late):
-        raise GpuaccelError(f"data kind {kind.name}: settings of its own ({', '.join(late)}) join the data section "
+    # a kind's own settings join the data section when train/config.py is first imported (its SCHEMA
+    # then exists): a kind registered after that may read existing settings only
+    schema = getattr(sys.modules.get("gpuaccel.train.config"), "SCHEMA", None)
+    own = [f.name for f in dataclasses.fields(kind.options)] if kind.options is not None else []
+    if schema is not None and any(name not in schema for name in own):
+        raise GpuaccelError(f"data kind {kind.name}: settings of its own ({', '.join(own)}) join the data section "
                             f"when gpuaccel.train is first imported; register it before that, or read the settings "
                             f"that exist")
     _KINDS[kind.name] = kind
