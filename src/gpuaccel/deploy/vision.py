@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +43,8 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
     set's held-out split: ``chunks()`` of :class:`SceneInputs`, the files decoded a chunk ahead
     (deploy/infer.py), so memory does not grow with their number."""
     from ..data import parse_spec
-    from ..data.images import is_image_name
     from ..data.scenes import SCENE_KINDS, load_scenes
-    from .infer import ahead, decoded
+    from .infer import ahead, decoded, images_in
 
     paths = [Path(p).expanduser() for p in inputs]
     if len(paths) == 1 and not paths[0].is_file():
@@ -66,8 +64,7 @@ def read_scene_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False)
     files = []
     for p in paths:
         if p.is_dir():
-            files += sorted(str(Path(root) / f) for root, _, names in os.walk(p) for f in names
-                            if is_image_name(f) and not f.startswith("."))
+            files += images_in(p)
         elif p.is_file():
             files.append(str(p))
         else:
