@@ -2,7 +2,9 @@
 their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process;
 gpuaccel's as it is now (the rotary embedding one multiply-add with the halves swapped, RMSNorm's
 gradient written out: ``models.layers.RMSNorm``), with its rotary embedding as it was written
-before (the halves split, rotated and joined again), and with PyTorch's ``nn.RMSNorm``.
+before (the halves split, rotated and joined again), and with PyTorch's ``nn.RMSNorm``; and, to
+say what the gap to nanoGPT is made of (not alternatives: they change the model), with LayerNorm
+in place of RMSNorm, without the rotary embedding, and with neither.
 
     python benchmarks/cpu_baseline/rotary_swap.py --rounds 3 --steps 30 --out results/rotary_swap_cpu.json
 """
@@ -64,8 +66,17 @@ def main():
     for module in torch_norms.modules():
         if isinstance(module, nn.RMSNorm):
             module.__class__ = nn.RMSNorm  # (the same parameters, PyTorch's forward and backward)
+    layer_norms = copy.deepcopy(ours)
+    for block in layer_norms.blocks:
+        block.norm1, block.norm2 = nn.LayerNorm(SIZE["width"]), nn.LayerNorm(SIZE["width"])
+    layer_norms.norm = nn.LayerNorm(SIZE["width"])
     now_rotate = gpt_module.rotate
-    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_nn_rmsnorm": [], "gpt": []}
+
+    def unrotated(x, cos, sin):
+        return x
+
+    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_nn_rmsnorm": [], "gpt": [], "gpt_layernorm": [],
+            "gpt_no_rotary": [], "gpt_layernorm_no_rotary": []}
     for _ in range(args.rounds):
         runs["nanogpt"].append(tokens_per_second(nano, args.steps))
         gpt_module.rotate = gpt_module.rotate_halves
@@ -73,6 +84,11 @@ def main():
         gpt_module.rotate = now_rotate
         runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))
         runs["gpt"].append(tokens_per_second(ours, args.steps))
+        runs["gpt_layernorm"].append(tokens_per_second(layer_norms, args.steps))
+        gpt_module.rotate = unrotated
+        runs["gpt_no_rotary"].append(tokens_per_second(ours, args.steps))
+        runs["gpt_layernorm_no_rotary"].append(tokens_per_second(layer_norms, args.steps))
+        gpt_module.rotate = now_rotate
     ratios = {k: [round(a / b, 3) for a, b in zip(v, runs["nanogpt"])] for k, v in runs.items() if k != "nanogpt"}
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
