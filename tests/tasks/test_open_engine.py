@@ -180,14 +180,12 @@ def test_a_users_own_batch_source_trains_through_the_protocol(tmp_path):
 def test_every_loader_gpuaccel_makes_serves_the_batch_source_protocol():
     from gpuaccel.data.loader import DeviceLoader
     from gpuaccel.data.parallel import TranslationLoader
-    from gpuaccel.data.ratings import NegativeSamplingLoader
-    from gpuaccel.data.scene_loader import SceneLoader
     from gpuaccel.data.sentences import SentenceLoader
     from gpuaccel.data.stream import StreamLoader
     from gpuaccel.data.text import WindowLoader
 
-    for cls in (ResidentLoader, PrefetchLoader, DeviceLoader, StreamLoader, WindowLoader, SentenceLoader, SceneLoader,
-                NegativeSamplingLoader, TranslationLoader):
+    for cls in (ResidentLoader, PrefetchLoader, DeviceLoader, StreamLoader, WindowLoader, SentenceLoader,
+                TranslationLoader):
         assert issubclass(cls, gpuaccel.BatchSource), cls
     assert not issubclass(torch.utils.data.DataLoader, gpuaccel.BatchSource)
 

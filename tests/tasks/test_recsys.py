@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from gpuaccel.data import parse_spec
-from gpuaccel.data.ratings import NegativeSamplingLoader, load_interactions, load_ratings
+from gpuaccel.data.ratings import NegativeSamples, load_interactions, load_ratings
 from gpuaccel.errors import GpuaccelError
 from gpuaccel.models import create_model
+from gpuaccel.runtime.loaders import ResidentLoader
 from gpuaccel.tasks import Ranking
 
 from conftest import assert_user_error, run
@@ -233,9 +234,14 @@ def test_leave_one_out_holds_out_each_users_latest_item_against_unseen_negatives
 
 def test_sampled_negatives_that_are_interactions_are_labelled_positive():
     users, items = np.array([1, 1, 2]), np.array([1, 2, 1])
-    loader = NegativeSamplingLoader(users, items, num_items=3, negatives=50, batch_size=1000, device=torch.device("cpu"))
+    cpu = torch.device("cpu")
+    loader = ResidentLoader(NegativeSamples(users, items, num_items=3, negatives=50, device=cpu), batch_size=1000,
+                            device=cpu, train=True)
     u, i, labels = next(loader.batches(0))
     assert len(labels) == 3 * 51
+    resumed = list(loader.batches(1, start=0))[0]  # (the same samples again for the same epoch: a resume's)
+    assert all(torch.equal(a, b) for a, b in zip(resumed, next(loader.batches(1))))
+    assert not torch.equal(resumed[1], i) or not torch.equal(resumed[0], u)  # (drawn again each epoch)
     interacted = {(1, 1), (1, 2), (2, 1)}
     assert all(bool(y) == ((int(a), int(b)) in interacted) for a, b, y in zip(u, i, labels))
     assert 0 < labels.mean() < 1  # both kinds drawn

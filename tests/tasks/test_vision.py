@@ -11,9 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from gpuaccel.data.scene_loader import SceneAugment, SceneLoader
+from gpuaccel.data.scene_loader import SceneAugment, SceneBatches, scene_tensors
 from gpuaccel.data.scenes import load_scenes, scene_kind
 from gpuaccel.errors import GpuaccelError
+from gpuaccel.runtime.loaders import ResidentLoader
 from gpuaccel.tasks.detection import (
     IOU_THRESHOLDS,
     Detection,
@@ -143,8 +144,9 @@ def test_masks_of_another_size_and_missing_masks(tmp_path):
 # --- augmentation -----------------------------------------------------------------------------------
 
 def _loader(split, augment):
-    return SceneLoader(split, batch_size=len(split), device=torch.device("cpu"), mean=[0.5] * 3, std=[0.25] * 3,
-                       train=True, augment=augment, seed=3)
+    cpu = torch.device("cpu")
+    return ResidentLoader(scene_tensors(split, cpu), batch_size=len(split), device=cpu, train=True, seed=3,
+                          transform=SceneBatches(mean=[0.5] * 3, std=[0.25] * 3, device=cpu, augment=augment))
 
 
 def test_zoomed_and_flipped_boxes_stay_on_their_objects(scenes):

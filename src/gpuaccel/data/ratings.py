@@ -14,7 +14,7 @@ is known (the mean and the other side's bias), which is how cold starts are serv
 For top-k recommendation (``--task ranking``) every rating is an interaction: each user's
 latest is held out and ranked against sampled items the user never interacted with
 (:func:`load_interactions`), and training pairs interactions with random negatives drawn on
-the device each epoch (:class:`NegativeSamplingLoader`).
+the device each epoch (:class:`NegativeSamples`, a resident loader's tensors).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
-from .loader import ShardedOrder
 
 RATING_FILES = ("u1.base", "u.data", "ratings.dat", "ratings.csv", "ratings.tsv")
 USER_NAMES = ("user", "userid", "user_id", "users")
@@ -425,22 +424,23 @@ def load_interactions(path: Path, *, negatives: int = 99, seed: int = 0,
     return data
 
 
-class NegativeSamplingLoader(ShardedOrder):
-    """Training batches of implicit feedback, made on the device each epoch: every interaction
-    (label 1) and ``negatives`` random items per interaction, labelled 0 unless the user did
-    interact with the item (a sorted key list answers that), all shuffled. Seeded per epoch, so
-    a resumed run sees the same batches."""
+class NegativeSamples:
+    """Implicit feedback's training samples, drawn again each epoch on the device (a resident
+    loader's tensors): every interaction (label 1) and ``negatives`` random items per
+    interaction, labelled 0 unless the user did interact with the item (a sorted key list answers
+    that). Seeded per epoch, so a resumed run sees the same samples; the loader shuffles them."""
 
-    def __init__(self, users: np.ndarray, items: np.ndarray, num_items: int, *, negatives: int, batch_size: int,
-                 device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1):
-        super().__init__(len(users) * (1 + negatives), batch_size=batch_size, train=True, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=None)
-        self.device, self.negatives, self.num_items = device, negatives, num_items
+    def __init__(self, users: np.ndarray, items: np.ndarray, num_items: int, *, negatives: int,
+                 device: torch.device, seed: int = 0):
+        self.device, self.negatives, self.num_items, self.seed = device, negatives, num_items, seed
         self.users = torch.from_numpy(users).to(device)
         self.items = torch.from_numpy(items).to(device)
         self.known = torch.sort(self.users * num_items + self.items).values
 
-    def epoch_samples(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __len__(self) -> int:
+        return len(self.users) * (1 + self.negatives)
+
+    def __call__(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         generator = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + epoch)
         users = self.users.repeat(self.negatives)
         items = torch.randint(1, self.num_items, (len(users),), generator=generator, device=self.device)
@@ -448,10 +448,3 @@ class NegativeSamplingLoader(ShardedOrder):
         found = self.known[torch.searchsorted(self.known, keys).clamp_max(len(self.known) - 1)] == keys
         return (torch.cat([self.users, users]), torch.cat([self.items, items]),
                 torch.cat([torch.ones_like(self.users, dtype=torch.float32), found.float()]))
-
-    def batches(self, epoch: int = 0, start: int = 0):
-        users, items, labels = self.epoch_samples(epoch)
-        order = self.device_indices(epoch, self.device)
-        for step in range(start, len(self)):
-            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            yield users[idx], items[idx], labels[idx]

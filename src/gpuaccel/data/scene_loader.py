@@ -8,14 +8,14 @@ stay on their objects. Boxes that leave the frame are clipped; a box left with l
 ``KEEP_VISIBLE`` of its area (or under 2 pixels a side) is dropped from that batch (label -1).
 Brightness and contrast jitter follow. No host work per step, whatever the object counts.
 
-Order, sharding over processes and the per-batch random streams are ``loader.ShardedOrder``'s,
-so a run resumes at any step with the same batches.
+The batches are a resident loader's (``runtime.loaders.ResidentLoader`` over :func:`scene_tensors`,
+with :class:`SceneBatches` as its transform): its order, sharding over processes and per-batch
+seeds, so a run resumes at any step with the same batches.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .augment import color_jitter
 from ..errors import GpuaccelError
-from .loader import Normaliser, ShardedOrder, resident_budget
+from .loader import Normaliser, resident_budget
 
 KEEP_VISIBLE = 0.35  # of a box's area, for it to stay an object after a crop
 
@@ -87,40 +87,36 @@ def move_boxes(boxes: torch.Tensor, labels: torch.Tensor, size: tuple[int, int],
     return torch.where(keep[..., None], clipped, 0.0), torch.where(keep, labels, -1)
 
 
-class SceneLoader(ShardedOrder):
-    """(images, (boxes, labels)) batches for detection, (images, masks) for segmentation, from a
-    :class:`~gpuaccel.data.scenes.SceneSplit` held on ``device``."""
+def scene_tensors(split, device: torch.device) -> tuple:
+    """A :class:`~gpuaccel.data.scenes.SceneSplit` on ``device``, one tensor per field: (uint8
+    images, (boxes, labels)) for detection, (uint8 images, masks) for segmentation."""
+    needed = split.images.nbytes + (split.masks.nbytes if split.masks is not None else 0)
+    if needed > resident_budget(device):
+        raise GpuaccelError(f"detection and segmentation data are kept in the device's memory; these "
+                            f"{len(split)} images need {needed / 2**30:.1f} GiB, more than half of what is free "
+                            f"there: pass a smaller --image-size")
+    images = torch.from_numpy(split.images).to(device)
+    if split.masks is None:
+        return images, (torch.from_numpy(split.boxes).to(device), torch.from_numpy(split.labels).to(device))
+    return images, torch.from_numpy(split.masks).to(device)
 
-    def __init__(self, split, *, batch_size: int, device: torch.device, mean, std, train: bool,
-                 dtype: torch.dtype = torch.float32, augment: SceneAugment | None = None, channels_last: bool = False,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
-        super().__init__(len(split), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=None)
-        self.device = device
-        needed = split.images.nbytes + (split.masks.nbytes if split.masks is not None else 0)
-        if needed > resident_budget(device):
-            raise GpuaccelError(f"detection and segmentation data are kept in the device's memory; these "
-                                f"{len(split)} images need {needed / 2**30:.1f} GiB, more than half of what is free "
-                                f"there: pass a smaller --image-size")
-        self.images = torch.from_numpy(split.images).to(device)
-        self.detection = split.masks is None
-        if self.detection:
-            self.boxes, self.labels = torch.from_numpy(split.boxes).to(device), torch.from_numpy(split.labels).to(device)
-        else:
-            self.masks = torch.from_numpy(split.masks).to(device)
-        self.augment = augment if train and augment is not None and augment.active else None
+
+class SceneBatches:
+    """What a gathered batch of :func:`scene_tensors` becomes on the device (a resident loader's
+    transform): normalised images, and for training batches (those with a seed) the images
+    flipped, zoomed and jittered with their boxes or masks moved alike."""
+
+    def __init__(self, *, mean, std, device: torch.device, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, augment: SceneAugment | None = None):
         self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
+        self.augment = augment if augment is not None and augment.active else None
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        order = self.device_indices(epoch, self.device)
-        for step in range(start, len(self)):
-            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            x = self.normaliser.scale(self.images[idx])
-            targets = (self.boxes[idx], self.labels[idx]) if self.detection else self.masks[idx]
-            if self.augment is not None:
-                generator = torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step))
-                x, targets = self._augmented(x, targets, generator)
-            yield self.normaliser.finish(x), targets
+    def __call__(self, batch: tuple, seed: int | None) -> tuple:
+        images, targets = batch
+        x = self.normaliser.scale(images)
+        if self.augment is not None and seed is not None:
+            x, targets = self._augmented(x, targets, torch.Generator(device=x.device).manual_seed(seed))
+        return self.normaliser.finish(x), targets
 
     def _augmented(self, x: torch.Tensor, targets, generator: torch.Generator):
         aug = self.augment
@@ -129,7 +125,7 @@ class SceneLoader(ShardedOrder):
             x = resample(x, *window)
         elif aug.flip:  # (a mirror alone needs no resampling)
             x = torch.where(window[3][:, None, None, None], x.flip(-1), x)
-        if self.detection:
+        if isinstance(targets, tuple):  # (detection: boxes and labels; segmentation: masks)
             targets = move_boxes(*targets, tuple(x.shape[2:]), *window)
         elif aug.zoom > 0:
             targets = resample(targets[:, None].float(), *window, mode="nearest")[:, 0].to(targets.dtype)

@@ -3,10 +3,11 @@
 ``Trainer`` reads its training and evaluation data through it and nothing else, so a user's
 own loader plugs in by serving it (``Trainer(model, train_data=MySource(), eval_data=...)``).
 gpuaccel's own are made of two engines (``runtime.loaders``): resident on the device
-(``ResidentLoader``, and ``DeviceLoader`` for image arrays with their augmentation), or made on
-the host and copied ahead (``PrefetchLoader``), each with a transform run on the device;
-streamed JPEG folders (``StreamLoader``) and each data kind's batching (windows of a text,
-sentences of one length, negative samples) serve the same protocol.
+(``ResidentLoader``, with a kind's transform such as scenes' augmentation, or tensors drawn again
+each epoch such as negative samples; ``DeviceLoader`` for image arrays with their augmentation),
+or made on the host and copied ahead (``PrefetchLoader``), each with a transform run on the
+device; streamed JPEG folders (``StreamLoader``) and three kinds' own orders (windows of a text,
+sentences of one length, token-budget buckets of sentence pairs) serve the same protocol.
 """
 
 from __future__ import annotations

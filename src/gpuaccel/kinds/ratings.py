@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..data.kinds import DataKind, register_kind
-from ..data.ratings import NegativeSamplingLoader, is_ratings_source, load_interactions, load_ratings
+from ..data.ratings import NegativeSamples, is_ratings_source, load_interactions, load_ratings
 from ..runtime.loaders import ResidentLoader
 from ..settings import check_whole, setting
 
@@ -82,8 +82,9 @@ class Ratings(DataKind):
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
             common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
-            train = NegativeSamplingLoader(data.train_users, data.train_items, data.num_items,
-                                           negatives=config.data.negatives, batch_size=config.loop.batch_size, **common)
+            samples = NegativeSamples(data.train_users, data.train_items, data.num_items,
+                                      negatives=config.data.negatives, device=device, seed=config.loop.seed)
+            train = ResidentLoader(samples, batch_size=config.loop.batch_size, train=True, **common)
             test = ResidentLoader((torch.from_numpy(data.test_users), torch.from_numpy(data.test_items),
                                    torch.zeros(len(data.test_users), dtype=torch.long)),  # the held-out item: column 0
                                   batch_size=config.loop.eval_batch_size, train=False, **common)

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data.kinds import DataKind, register_kind
-from ..data.scene_loader import SceneAugment, SceneLoader
+from ..data.scene_loader import SceneAugment, SceneBatches, scene_tensors
 from ..data.scenes import SCENE_KINDS, load_scenes, scene_kind
 from ..errors import GpuaccelError
+from ..runtime.loaders import ResidentLoader
 from ..settings import setting
 
 if TYPE_CHECKING:
@@ -70,10 +71,13 @@ class Scenes(DataKind):
                                contrast=config.data.contrast)
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            common = dict(device=device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
-                          seed=config.loop.seed, rank=rank, world_size=world_size)
-            return (SceneLoader(data.train, batch_size=config.loop.batch_size, train=True, augment=augment, **common),
-                    SceneLoader(data.test, batch_size=config.loop.eval_batch_size, train=False, **common))
+            def loader(split, batch_size, train):
+                batches = SceneBatches(mean=mean, std=std, device=device, dtype=dtype, channels_last=channels_last,
+                                       augment=augment if train else None)
+                return ResidentLoader(scene_tensors(split, device), batch_size=batch_size, device=device, train=train,
+                                      seed=config.loop.seed, rank=rank, world_size=world_size, transform=batches)
+            return (loader(data.train, config.loop.batch_size, True),
+                    loader(data.test, config.loop.eval_batch_size, False))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train), test_samples=len(data.test),

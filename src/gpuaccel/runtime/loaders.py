@@ -57,7 +57,7 @@ class _LikeDataLoader:
     source: DataLoader | None = None
     layout = None
     meter: DataWaitMeter | None = None
-    transform: Callable | None = None  # (run on the device on each batch)
+    transform: Callable | None = None  # (run on the device on each batch; ResidentLoader also gives its seed)
     _epochs_iterated = 0
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
@@ -85,7 +85,13 @@ class _LikeDataLoader:
 class ResidentLoader(_LikeDataLoader, ShardedOrder):
     """Batches of a tuple or dict of tensors with one row per sample, held on ``device``. Dtypes
     are kept: float targets stay float. By default in gpuaccel's seeded order, shuffled for
-    training, this process's shard of it; with ``order_of``, in that DataLoader's order."""
+    training, this process's shard of it; with ``order_of``, in that DataLoader's order.
+
+    What a data kind adds: ``transform(batch, seed)`` makes each gathered batch what training
+    reads (normalised, augmented), with ``seed`` the batch's own for random augmentation
+    (training batches in gpuaccel's order; None for evaluation and samples), so a resumed run
+    draws what an uninterrupted one did; and ``tensors`` may be drawn again for each epoch
+    (negative samples): a callable ``tensors(epoch)`` whose ``len()`` is the samples of an epoch."""
 
     resident = True  # (what a script asks of a prepared loader: its data set lives on the device)
 
@@ -95,11 +101,12 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
                  transform: Callable | None = None):
         if order_of is not None:  # (its batch size and drop_last)
             batch_size, drop_last, train = order_of.batch_size, order_of.drop_last, False
-        ShardedOrder.__init__(self, rows(tensors), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                              world_size=world_size, drop_last=drop_last)
+        redrawn = callable(tensors)
+        ShardedOrder.__init__(self, len(tensors) if redrawn else rows(tensors), batch_size=batch_size, train=train,
+                              seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
         self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
         self.transform = transform
-        self.tensors = on_device(tensors, device)
+        self.tensors = tensors if redrawn else on_device(tensors, device)
 
     def __len__(self) -> int:
         return len(self.source) if self.source is not None else ShardedOrder.__len__(self)
@@ -122,18 +129,24 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
         return torch.cat(batches).to(self.device), [len(b) for b in batches]
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
+        tensors = self._tensors_of(epoch)
         order, sizes = self._epoch_order(epoch)
         ends = list(itertools.accumulate(sizes))
+        seeded = self.train and self.source is None
         for step in range(start, len(sizes)):
-            yield self._gathered(order[ends[step] - sizes[step]:ends[step]])
+            yield self._gathered(tensors, order[ends[step] - sizes[step]:ends[step]],
+                                 self.batch_seed(epoch, step) if seeded else None)
 
     def sample(self, count: int):
         """The first ``count`` samples of a fixed random order, as one batch on the device."""
-        return self._gathered(self.sample_indices(count).to(self.device))
+        return self._gathered(self._tensors_of(0), self.sample_indices(count).to(self.device), None)
 
-    def _gathered(self, idx: torch.Tensor):
-        batch = tree_map(lambda t: t[idx] if isinstance(t, torch.Tensor) else t, self.tensors)
-        return batch if self.transform is None else self.transform(batch)
+    def _tensors_of(self, epoch: int):
+        return self.tensors(epoch) if callable(self.tensors) else self.tensors
+
+    def _gathered(self, tensors, idx: torch.Tensor, seed: int | None):
+        batch = tree_map(lambda t: t[idx] if isinstance(t, torch.Tensor) else t, tensors)
+        return batch if self.transform is None else self.transform(batch, seed)
 
 
 class _DataLoaderPasses:
