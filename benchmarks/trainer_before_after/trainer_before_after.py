@@ -147,7 +147,7 @@ def ports(trees: dict, args, work: Path) -> dict:
 def _stats(rows: list[dict], keys) -> dict:
     out = {}
     for key in keys:
-        values = [r[key] for r in rows if key in r]
+        values = [r[key] for r in rows if r.get(key) is not None]  # (a run that missed its target has none)
         if values:
             out[key] = {"median": statistics.median(values), "mean": statistics.fmean(values),
                         "min": min(values), "max": max(values), "n": len(values)}
