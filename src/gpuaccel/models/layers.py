@@ -236,8 +236,8 @@ class TritonMaxPool2d(nn.MaxPool2d):
         if not (square and x.is_cuda and max_pool_kernel.usable(x)) or self.dilation not in (1, (1, 1)) \
                 or self.ceil_mode or self.return_indices or self.kernel_size > max_pool_kernel.LARGEST_KERNEL:
             return super().forward(x)
-        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
-            return max_pool_kernel.max_pool2d(x, *params)[0]
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or (x.requires_grad and torch.is_grad_enabled()):
+            return max_pool_kernel.max_pool2d(x, *params)[0]  # (what autograd, compilers and tracers see)
         return max_pool_kernel.pooled(x, *params)[0]  # (inference: the kernel without the operator)
 
 
