@@ -88,11 +88,17 @@ class ShardedOrder:
             return self.shard_size // self.batch_size
         return math.ceil(self.shard_size / self.batch_size)
 
-    def epoch_indices(self, epoch: int) -> torch.Tensor:
-        """This rank's image indices for ``epoch``, in the order they are served."""
+    def epoch_generator(self, epoch: int) -> torch.Generator:
+        """The host generator an epoch's order is drawn from (a loader that draws more after it,
+        e.g. the order of its batches, goes on with the same one)."""
+        return torch.Generator().manual_seed(self.seed * _EPOCH_SALT + epoch)
+
+    def epoch_indices(self, epoch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """This rank's image indices for ``epoch``, in the order they are served (drawn from
+        ``generator``, by default :meth:`epoch_generator`'s)."""
         if not self.train:
             return torch.arange(self.rank, self.num_images, self.world_size)
-        generator = torch.Generator().manual_seed(self.seed * _EPOCH_SALT + epoch)
+        generator = generator if generator is not None else self.epoch_generator(epoch)
         order = torch.randperm(self.num_images, generator=generator)
         total = self.shard_size * self.world_size
         if total > self.num_images:  # wrap around so all ranks take the same number of steps

@@ -30,6 +30,7 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
+from .loader import ShardedOrder
 from .text import BpeTokenizer, Tokenizer, WordTokenizer, read_text, tokenizer_from_state
 
 SENTENCE_SUFFIXES = (".tsv", ".csv", ".jsonl")
@@ -245,37 +246,28 @@ def load_sentences(path: Path, *, tokenizer: str = "word", vocab_size: int | Non
 
 # ---------------------------------------------------------------------------------- batches
 
-class SentenceLoader:
+class SentenceLoader(ShardedOrder):
     """Batches of (ids, labels) on the device, each cut to its longest sentence (rounded up to a
     multiple of 8): training in a seeded order sorted by length within runs of 32 batches,
-    evaluation in order of length. Sharded by rank like the other loaders."""
+    evaluation in order of length. Sharded by rank like the other loaders (:class:`ShardedOrder`)."""
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray, *, batch_size: int,
                  device: torch.device, train: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
+        super().__init__(len(labels), batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+                         drop_last=None)
         self.ids = torch.from_numpy(ids).to(device)
         self.labels = torch.from_numpy(labels).to(device)
         self.lengths = torch.from_numpy(lengths.astype(np.int64))  # (on the host: batch widths need no sync)
-        self.batch_size, self.device, self.train, self.seed = batch_size, device, train, seed
-        self.rank, self.world_size = rank, world_size
-        self.num_images = len(labels)
-        per_rank = math.ceil(self.num_images / world_size) if train else \
-            len(range(rank, self.num_images, world_size))
-        self.steps = per_rank // batch_size if train and per_rank > batch_size else math.ceil(per_rank / batch_size)
-
-    def __len__(self) -> int:
-        return self.steps
+        self.device = device
 
     def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
         """This rank's batches of sample indices for ``epoch``."""
         if not self.train:
-            mine = torch.arange(self.rank, self.num_images, self.world_size)
+            mine = self.epoch_indices(epoch)
             mine = mine[torch.argsort(self.lengths[mine], stable=True)]
             return list(mine.split(self.batch_size))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(self.num_images, generator=generator)
-        total = math.ceil(self.num_images / self.world_size) * self.world_size
-        order = torch.cat([order, order[:total - self.num_images]])[self.rank::self.world_size]
-        order = order[:self.steps * self.batch_size]
+        generator = self.epoch_generator(epoch)  # (the order's, then the batches')
+        order = self.epoch_indices(epoch, generator)[:len(self) * self.batch_size]
         chunk = self.batch_size * _BUCKET_BATCHES
         batches = []
         for part in order.split(chunk):
