@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
