@@ -190,6 +190,49 @@ def test_every_loader_gpuaccel_makes_serves_the_batch_source_protocol():
     assert not issubclass(torch.utils.data.DataLoader, gpuaccel.BatchSource)
 
 
+def test_a_resident_loaders_transform_gets_each_training_batchs_own_seed_and_a_resume_the_same_batches():
+    """A kind's transform sees a seed per training batch (what its augmentation draws from), the
+    same for the same (epoch, step) whichever step a pass starts at, a different one for another
+    batch; evaluation batches and samples get None. Tensors drawn per epoch are asked for their
+    epoch's."""
+    seen = []
+
+    def noisy(batch, seed):
+        seen.append(seed)
+        x, y = batch
+        if seed is None:
+            return x, y
+        return x + torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)), y
+
+    cpu = torch.device("cpu")
+    x, y = torch.arange(40.0).view(20, 2), torch.arange(20)
+    train = ResidentLoader((x, y), batch_size=4, device=cpu, train=True, seed=3, rank=1, world_size=2, transform=noisy)
+    whole = list(train.batches(2))
+    resumed = list(train.batches(2, start=1))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[1:], resumed))
+    seeds = seen[:len(whole)]
+    assert None not in seeds and len(set(seeds)) == len(seeds)
+    assert seeds == [train.batch_seed(2, step) for step in range(len(whole))]
+    seen.clear()
+    evaluation = ResidentLoader((x, y), batch_size=8, device=cpu, train=False, transform=noisy)
+    assert torch.equal(torch.cat([b[0] for b in evaluation.batches(0)]), x)
+    evaluation.sample(3)
+    assert set(seen) == {None}
+
+    drawn = []
+
+    class Redrawn:  # (as data/ratings.py's NegativeSamples: samples of an epoch, drawn for it)
+        def __len__(self):
+            return 20
+
+        def __call__(self, epoch):
+            drawn.append(epoch)
+            return torch.full((20,), float(epoch)), torch.arange(20)
+
+    loader = ResidentLoader(Redrawn(), batch_size=5, device=cpu, train=True)
+    assert len(loader) == 4 and {float(b[0][0]) for b in loader.batches(7)} == {7.0} and drawn == [7]
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(task=Classification(), loss_fn=F.cross_entropy), "not both"),
     (dict(), "say what to minimise"),
