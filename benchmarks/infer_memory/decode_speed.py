@@ -1,5 +1,5 @@
 """How fast a folder of JPEG frames is decoded for inference, with the decoding processes writing
-into shared memory (/dev/shm) and with their images sent back through pipes, alternated in one
+into shared memory and with their images sent back through pipes, alternated in one
 process after a warm-up pass: ``decode_images`` at the model's size in chunks of 4,096 (as
 ``gpuaccel infer`` reads them), on one pool of a process per core.
 

@@ -184,8 +184,8 @@ def test_parallel_decoding_matches_serial(tmp_path):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_decoders_at_a_given_size_write_into_shared_memory_or_send_their_images(tmp_path, monkeypatch, shared):
-    """At a given size the decoding processes write into a file in /dev/shm (removed after); where
-    it has no room they send the images back: the same images, sizes and bad files either way."""
+    """At a given size the decoding processes write into an anonymous memory file (closed after);
+    where the system has none they send the images back: the same images, sizes and bad files."""
     from gpuaccel.data import images as readers
 
     root = make_image_folder(tmp_path / "many", per_class=(200, 0), size=8, split=False)
@@ -193,21 +193,25 @@ def test_decoders_at_a_given_size_write_into_shared_memory_or_send_their_images(
     Image.fromarray(np.full((12, 10), 77, np.uint8)).save(paths[5])  # grayscale, another size
     paths[7].write_bytes(b"not an image")
     sources = [readers.ImageSource(str(p), str(p)) for p in paths]
-    written = []
+    made = []
     if shared:
-        if not os.path.isdir("/dev/shm"):
-            pytest.skip("no /dev/shm")
-        made = readers._shared_rows
-        monkeypatch.setattr(readers, "_shared_rows", lambda count, size: written.append(made(count, size)) or written[-1])
+        probe = readers._shared_rows(1, 1)
+        if probe is None:
+            pytest.skip("no anonymous memory files here (Linux's memfd_create and /proc)")
+        os.close(probe[0])
+        shared_rows = readers._shared_rows
+        monkeypatch.setattr(readers, "_shared_rows", lambda count, size: made.append(shared_rows(count, size)) or made[-1])
     else:
-        monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((4096, 4096, 1, 0, 0, 1, 0, 0, 0, 255)))
+        monkeypatch.delattr(os, "memfd_create", raising=False)
     parallel = readers.decode_images(sources, image_size=6, workers=2, skip_bad=True, sizes=True)
     serial = readers.decode_images(sources, image_size=6, workers=1, skip_bad=True, sizes=True)
     np.testing.assert_array_equal(parallel[0], serial[0])
     assert parallel[0].shape == (len(paths) - 1, 3, 6, 6) and parallel[0].flags.c_contiguous
     assert parallel[1:] == serial[1:] and parallel[2] == [str(paths[7])] and parallel[3][5] == (10, 12)
     np.testing.assert_array_equal(parallel[0][5], 77)  # the grayscale image over all three channels
-    assert len(written) == shared and all(path and not os.path.exists(path) for path in written)
+    assert len(made) == shared
+    for _, path in made:  # (closed: its number gone, or another file's)
+        assert not os.path.exists(path) or "gpuaccel-decoded" not in os.readlink(path)
 
 
 def test_spec_detection(mnist_dir, cifar_dir, image_folder, npz_file, tmp_path):

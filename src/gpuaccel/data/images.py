@@ -13,7 +13,6 @@ import contextlib
 import io
 import os
 import stat
-import tempfile
 import warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -238,10 +237,11 @@ def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: 
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
-        rows = _shared_rows(len(sources), image_size) if image_size is not None else None
-        if rows is None:
+        shared = _shared_rows(len(sources), image_size) if image_size is not None else None
+        if shared is None:
             return [r for part in pool.map(_decode_chunk, [(sources[i:i + chunk], image_size) for i in starts])
                     for r in part]
+        fd, rows = shared
         try:
             parts = pool.map(_decode_chunk_into, [(sources[i:i + chunk], image_size, rows, len(sources), i)
                                                   for i in starts])
@@ -249,29 +249,28 @@ def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: 
             images = np.memmap(rows, dtype=np.uint8, mode="r", shape=(len(sources), image_size, image_size, 3))
             images = images.view(np.ndarray)  # (a memmap's every slice costs 15 us of Python; an array's does not)
         finally:
-            os.unlink(rows)  # (the mapping stays readable until its last view is gone)
+            os.close(fd)  # (the mapping stays readable until its last view is gone; then the memory is freed)
     return [(images[i, :, :, :channels] if channels else None, reason, upright)
             for i, (channels, reason, upright) in enumerate(results)]
 
 
-def _shared_rows(count: int, size: int) -> str | None:
-    """A new file in shared memory (/dev/shm) with room for ``count`` RGB images of ``size`` x
-    ``size``, which decoding processes write into instead of sending their images back through
-    pipes (50,000 frames of 128 px are 2.4 GB to pickle, send and unpickle); None where there is
-    no /dev/shm or it has not twice that room free (a container's is often 64 MB)."""
-    need = count * size * size * 3
+def _shared_rows(count: int, size: int) -> tuple[int, str] | None:
+    """An anonymous file in memory with room for ``count`` RGB images of ``size`` x ``size``, which
+    decoding processes open by its path and write into instead of sending their images back
+    through pipes (50,000 frames of 128 px are 2.4 GB to pickle, send and unpickle): (its
+    descriptor, the path they open). It has no name in any folder, so however this process ends
+    its memory is freed, and a container's small /dev/shm does not limit it. None where the system
+    has no such files (Linux's memfd_create and /proc): the images then come back through pipes."""
+    path = f"/proc/{os.getpid()}/fd"
+    if not hasattr(os, "memfd_create") or not os.path.isdir(path):
+        return None
+    fd = os.memfd_create("gpuaccel-decoded", os.MFD_CLOEXEC)
     try:
-        shm = os.statvfs("/dev/shm")
+        os.ftruncate(fd, count * size * size * 3)
     except OSError:
-        return None
-    if shm.f_bavail * shm.f_frsize < 2 * need:
-        return None
-    fd, path = tempfile.mkstemp(prefix="gpuaccel-decoded-", dir="/dev/shm")
-    try:
-        os.ftruncate(fd, need)
-    finally:
         os.close(fd)
-    return path
+        return None
+    return fd, f"{path}/{fd}"
 
 
 def _decode_chunk_into(args):
