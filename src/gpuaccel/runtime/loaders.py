@@ -132,7 +132,7 @@ class ResidentLoader(_LikeDataLoader, ShardedOrder):
         tensors = self._tensors_of(epoch)
         order, sizes = self._epoch_order(epoch)
         ends = list(itertools.accumulate(sizes))
-        seeded = self.train and self.source is None
+        seeded = self.transform is not None and self.train and self.source is None  # (only a transform reads it)
         for step in range(start, len(sizes)):
             yield self._gathered(tensors, order[ends[step] - sizes[step]:ends[step]],
                                  self.batch_seed(epoch, step) if seeded else None)
