@@ -15,9 +15,11 @@ import torch
 
 from gpuaccel.cli import main
 from gpuaccel.data import parse_spec
-from gpuaccel.data.sentences import SentenceLoader, load_sentences
-from gpuaccel.data.text import CharTokenizer, WindowLoader, load_corpus, validation_windows
+from gpuaccel.data.sentences import load_sentences
+from gpuaccel.data.text import CharTokenizer, load_corpus, validation_windows
 from gpuaccel.errors import GpuaccelError
+from gpuaccel.kinds.corpus import window_loader
+from gpuaccel.kinds.sentences import sentence_loader
 from gpuaccel.models import create_model
 from gpuaccel.train import TrainConfig, Trainer
 
@@ -139,7 +141,7 @@ def test_a_corpus_shorter_than_one_window_is_refused(tmp_path):
 
 def test_windows_are_the_text_shifted_by_one_and_a_resume_continues_the_same_draw(corpus_file):
     corpus = load_corpus(corpus_file)
-    loader = WindowLoader(torch.from_numpy(corpus.train), context=16, batch_size=8, device=torch.device("cpu"), seed=3)
+    loader = window_loader(torch.from_numpy(corpus.train), context=16, batch_size=8, device=torch.device("cpu"), seed=3)
     batches = list(loader.batches(epoch=1))
     assert len(batches) == len(loader) == (5400 - 1) // 16 // 8
     x, y = batches[0]
@@ -332,8 +334,8 @@ def test_non_utf8_sentences_name_the_file_and_line(tmp_path):
 def test_batches_are_cut_to_their_longest_sentence_and_evaluation_sees_each_once(tmp_path):
     write_sentences(tmp_path / "d", sentiment_rows(500, 3))
     data = load_sentences(tmp_path / "d" / "train.tsv", val_split=0.2)
-    loader = SentenceLoader(data.train_ids, data.train_lengths, data.train_labels, batch_size=16,
-                            device=torch.device("cpu"), train=True, seed=1)
+    loader = sentence_loader(data.train_ids, data.train_lengths, data.train_labels, batch_size=16,
+                             device=torch.device("cpu"), train=True, seed=1)
     widths = set()
     for ids, labels in loader.batches(0):
         width = ids.shape[1]
@@ -341,8 +343,8 @@ def test_batches_are_cut_to_their_longest_sentence_and_evaluation_sees_each_once
         assert width % 8 == 0 or width == data.train_ids.shape[1]
         assert (ids != 0).sum(1).max() > width - 8  # no all-padding columns beyond the rounding
     assert len(widths) > 1
-    evaluation = SentenceLoader(data.test_ids, data.test_lengths, data.test_labels, batch_size=16,
-                                device=torch.device("cpu"), train=False)
+    evaluation = sentence_loader(data.test_ids, data.test_lengths, data.test_labels, batch_size=16,
+                                 device=torch.device("cpu"), train=False)
     seen = torch.cat([labels for _, labels in evaluation.batches()])
     assert sorted(seen.tolist()) == sorted(data.test_labels.tolist())
 

@@ -179,13 +179,9 @@ def test_a_users_own_batch_source_trains_through_the_protocol(tmp_path):
 
 def test_every_loader_gpuaccel_makes_serves_the_batch_source_protocol():
     from gpuaccel.data.loader import DeviceLoader
-    from gpuaccel.data.parallel import TranslationLoader
-    from gpuaccel.data.sentences import SentenceLoader
     from gpuaccel.data.stream import StreamLoader
-    from gpuaccel.data.text import WindowLoader
 
-    for cls in (ResidentLoader, PrefetchLoader, DeviceLoader, StreamLoader, WindowLoader, SentenceLoader,
-                TranslationLoader):
+    for cls in (ResidentLoader, PrefetchLoader, DeviceLoader, StreamLoader):
         assert issubclass(cls, gpuaccel.BatchSource), cls
     assert not issubclass(torch.utils.data.DataLoader, gpuaccel.BatchSource)
 
@@ -212,7 +208,7 @@ def test_a_resident_loaders_transform_gets_each_training_batchs_own_seed_and_a_r
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[1:], resumed))
     seeds = seen[:len(whole)]
     assert None not in seeds and len(set(seeds)) == len(seeds)
-    assert seeds == [train.batch_seed(2, step) for step in range(len(whole))]
+    assert seeds == [train.order.batch_seed(2, step) for step in range(len(whole))]
     seen.clear()
     evaluation = ResidentLoader((x, y), batch_size=8, device=cpu, train=False, transform=noisy)
     assert torch.equal(torch.cat([b[0] for b in evaluation.batches(0)]), x)

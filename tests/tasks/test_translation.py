@@ -15,8 +15,9 @@ import torch
 from gpuaccel.cli import main
 from gpuaccel.data import parse_spec
 from gpuaccel.data.kinds import kind_named, kind_of_run
-from gpuaccel.data.parallel import BOS, EOS, PAD, TranslationLoader, bucket_lengths, load_parallel
+from gpuaccel.data.parallel import BOS, EOS, PAD, bucket_lengths, load_parallel
 from gpuaccel.errors import GpuaccelError
+from gpuaccel.kinds.translation import pair_loader
 from gpuaccel.models.seq2seq import PyTorchDecoder, beam_search, transformer_seq2seq
 
 WORDS = {"hund": "dog", "katze": "cat", "mann": "man", "frau": "woman", "kind": "child", "ball": "ball",
@@ -114,7 +115,7 @@ def test_each_bad_parallel_input_is_one_clear_error_or_counted(pairs_dir):
 def test_batches_come_in_a_few_shapes_cover_every_pair_and_resume_mid_epoch(pairs_dir):
     data = read(pairs_dir)
     _, sizes = bucket_lengths(data.train.lengths(), 256)
-    loader = TranslationLoader(data.train, batch_tokens=256, device=torch.device("cpu"), train=True, seed=3)
+    loader = pair_loader(data.train, batch_tokens=256, device=torch.device("cpu"), train=True, seed=3)
     batches = list(loader.batches(0))
     assert len(batches) == len(loader) and {tuple(b[0].shape) for b in batches} == {(sizes[n], n) for n in sizes}
     assert all(b[0].shape[0] * b[0].shape[1] <= 256 for b in batches)
@@ -123,10 +124,10 @@ def test_batches_come_in_a_few_shapes_cover_every_pair_and_resume_mid_epoch(pair
     tail = list(loader.batches(0, start=3))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[3:], tail))
     assert not torch.equal(next(iter(loader.batches(1)))[0], batches[0][0])  # another epoch, another order
-    shards = [TranslationLoader(data.train, batch_tokens=256, device=torch.device("cpu"), train=True, seed=3, rank=r,
-                                world_size=2) for r in (0, 1)]
+    shards = [pair_loader(data.train, batch_tokens=256, device=torch.device("cpu"), train=True, seed=3, rank=r,
+                          world_size=2) for r in (0, 1)]
     assert len(shards[0]) == len(shards[1]) == len(loader) // 2
-    evaluation = TranslationLoader(data.eval, batch_tokens=256, device=torch.device("cpu"), train=False)
+    evaluation = pair_loader(data.eval, batch_tokens=256, device=torch.device("cpu"), train=False)
     indices = torch.cat([b[3] for b in evaluation.batches()])
     assert sorted(indices.tolist()) == list(range(40))
 

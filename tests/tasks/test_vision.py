@@ -162,7 +162,7 @@ def test_zoomed_and_flipped_boxes_stay_on_their_objects(scenes):
             assert (inside > 1.5).float().mean() > 0.9 if label == 0 else (inside < -1.5).float().mean() > 0.9
             moved += 1
     assert moved > 100
-    assert not torch.equal(boxes, torch.from_numpy(data.train.boxes)[_loader(data.train, None).epoch_indices(0)])
+    assert not torch.equal(boxes, torch.from_numpy(data.train.boxes)[_loader(data.train, None).order.epoch_indices(0)])
 
 
 def test_zoomed_masks_move_with_the_pixels(scenes):

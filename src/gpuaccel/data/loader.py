@@ -23,6 +23,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -62,10 +63,39 @@ class _InBackground(threading.Thread):
         return self.value
 
 
+@dataclass
+class EpochPlan:
+    """One pass of a rank's batches, as a resident loader gathers them: the sample indices of the
+    pass in the order served (one tensor, copied to the device once), each batch's number of
+    samples, and, for sequences padded to one width, each batch's width (its fields of two or
+    more dimensions are cut to it: the batch's longest sequence, or its length bucket)."""
+
+    indices: torch.Tensor
+    sizes: list[int]
+    widths: list[int] | None = None
+
+
+def indices_on(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host indices on ``device`` without making the host wait: on a GPU copied from pinned
+    memory (a copy from pageable memory first waits for all queued work, so the GPU would idle
+    while the host launches the next steps)."""
+    if device.type != "cuda" or indices.device.type == "cuda":
+        return indices.to(device)
+    return indices.pin_memory().to(device, non_blocking=True)
+
+
+def int64_fields(batch: tuple, seed=None) -> tuple:
+    """A batch of token ids kept narrow on the device (int32: half the memory) as the int64 ids
+    embeddings and losses take: a resident loader's transform."""
+    return tuple(t.long() for t in batch)
+
+
 class ShardedOrder:
     """The order every gpuaccel loader serves samples in: which ones each rank serves, in which
     seeded order per epoch, in how many batches (so that a run stopped at any step resumes at
-    the next with the same data). Loaders subclass it or hold one."""
+    the next with the same data). Loaders subclass it or hold one; a resident loader asks it
+    for each pass's :meth:`epoch_plan`, which a kind's own order (random windows, length runs,
+    token buckets) overrides."""
 
     def __init__(self, num_images: int, *, batch_size: int, train: bool, seed: int, rank: int, world_size: int,
                  drop_last: bool | None):
@@ -117,9 +147,15 @@ class ShardedOrder:
         if self.train:
             following = (epoch + 1, *key[1:])
             self._ahead = (following, _InBackground(self.epoch_indices, epoch + 1))
-        if device.type != "cuda":
-            return order.to(device)
-        return order.pin_memory().to(device, non_blocking=True)
+        return indices_on(order, device)
+
+    def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
+        """This rank's batches of ``epoch``: batches of ``batch_size`` in :meth:`device_indices`'
+        order, the last one ragged unless dropped."""
+        sizes = [self.batch_size] * len(self)
+        if not self.drop_last and sizes:
+            sizes[-1] = self.shard_size - self.batch_size * (len(self) - 1)
+        return EpochPlan(self.device_indices(epoch, device), sizes)
 
     def sample_indices(self, count: int) -> torch.Tensor:
         """The first ``count`` images of a fixed random order (for data-dependent initialisation)."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gzip
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
+from .loader import EpochPlan, ShardedOrder, indices_on
 from .text import UnigramTokenizer, decode_utf8, tokenizer_from_state
 
 PAD, UNKNOWN, BOS, EOS = 0, 1, 2, 3
@@ -325,24 +325,22 @@ def bucket_lengths(lengths: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, 
     return assigned, sizes
 
 
-class TranslationLoader:
-    """Batches of sentence pairs on the device: ``(source, target_in, target_out)`` token ids,
-    plus each pair's index in the split for evaluation (``train=False``, in order of length)."""
+class TokenBuckets(ShardedOrder):
+    """Sentence pairs' order for a resident loader over :func:`pair_tensors`, in batches of about
+    ``batch_tokens`` tokens each cut to its bucket's length. Training: each epoch shuffles every
+    length bucket (:func:`bucket_lengths`), tops its last batch up with pairs drawn again from it
+    and shuffles the order of the batches; every rank draws the same order and takes every
+    ``world_size``-th batch. Evaluation: the pairs in order of length, as many per batch as fit
+    in ``batch_tokens`` at the batch's padded length."""
 
-    def __init__(self, data: Encoded, *, batch_tokens: int, device: torch.device, train: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1):
-        self.device, self.train, self.seed = device, train, seed
-        self.rank, self.world_size = rank, world_size
-        width = -(-data.source.shape[1] // LENGTH_STEP) * LENGTH_STEP  # (room for the longest bucket's batches)
-        self.source, self.target_in, self.target_out = (
-            torch.nn.functional.pad(torch.from_numpy(a), (0, width - a.shape[1])).to(device)
-            for a in (data.source, data.target_in, data.target_out))
-        self.num_images = len(data)  # (the loaders' common name for the samples of an epoch)
+    def __init__(self, data: Encoded, *, batch_tokens: int, train: bool, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
         lengths = data.lengths()
-        if self.train:
+        if train:
             self.bucket_of, self.sizes = bucket_lengths(lengths, batch_tokens)
             self.members = {length: np.flatnonzero(self.bucket_of == length) for length in self.sizes}
             batches = sum(math.ceil(len(m) / self.sizes[length]) for length, m in self.members.items())
+            largest = max(self.sizes.values(), default=1)
         else:
             order = np.argsort(lengths, kind="stable")  # (similar lengths together: little padding)
             padded = np.maximum(LENGTH_STEP, -(-lengths // LENGTH_STEP) * LENGTH_STEP)
@@ -354,6 +352,10 @@ class TranslationLoader:
                 chunk.append(i)
             self.eval_batches.append((np.array(chunk), int(padded[chunk[-1]])))
             batches = len(self.eval_batches)
+            largest = max(len(chunk) for chunk, _ in self.eval_batches)
+        # (batch_size: the largest batch; the pairs of a batch vary with its length)
+        super().__init__(len(data), batch_size=largest, train=train, seed=seed, rank=rank, world_size=world_size,
+                         drop_last=False)
         self.steps = batches // world_size if train else math.ceil(batches / world_size)
         if self.steps == 0:
             raise GpuaccelError(f"{len(data)} sentence pairs make no batch for each of {world_size} processes")
@@ -366,13 +368,15 @@ class TranslationLoader:
         """The (pairs, length) of every training batch shape."""
         return sorted((size, length) for length, size in self.sizes.items())
 
-    def shape_examples(self) -> list[tuple]:
-        """One batch of each training shape (the warm-up compiles and records each before the clock)."""
-        return [self._batch(torch.from_numpy(self.members[length][:size].copy()).to(self.device), length)
-                for length, size in self.sizes.items()]
+    def shapes_plan(self, device: torch.device) -> EpochPlan:
+        """One training batch of each shape (the warm-up compiles and records each before the clock)."""
+        chosen = [(self.members[length][:size], length) for length, size in self.sizes.items()]
+        return _plan_of(chosen, device)
 
-    def epoch_order(self, epoch: int) -> list[tuple[np.ndarray, int]]:
+    def epoch_batches(self, epoch: int) -> list[tuple[np.ndarray, int]]:
         """This rank's batches of ``epoch``: (indices, padded length) each."""
+        if not self.train:
+            return self.eval_batches[self.rank::self.world_size]
         rng = np.random.default_rng((self.seed * _EPOCH_SALT + epoch) * 1009)
         batches = []
         for length, members in self.members.items():
@@ -385,21 +389,23 @@ class TranslationLoader:
         picked = rng.permutation(len(batches))[:self.steps * self.world_size]
         return [batches[i] for i in picked[self.rank::self.world_size]]
 
-    def _batch(self, index: torch.Tensor, length: int):
-        return (self.source[index, :length].long(), self.target_in[index, :length].long(),
-                self.target_out[index, :length].long())
+    def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
+        return _plan_of(self.epoch_batches(epoch), device)
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple]:
-        if not self.train:
-            for chunk, length in self.eval_batches[self.rank::self.world_size]:
-                index = torch.from_numpy(chunk).to(self.device)
-                yield (*self._batch(index, length), index)
-            return
-        order = self.epoch_order(epoch)[start:]
-        if not order:
-            return
-        flat = torch.from_numpy(np.concatenate([chunk for chunk, _ in order])).to(self.device, non_blocking=True)
-        offset = 0
-        for chunk, length in order:
-            yield self._batch(flat[offset:offset + len(chunk)], length)
-            offset += len(chunk)
+
+def _plan_of(batches: list[tuple[np.ndarray, int]], device: torch.device) -> EpochPlan:
+    if not batches:
+        return EpochPlan(torch.empty(0, dtype=torch.int64, device=device), [], [])
+    indices = torch.from_numpy(np.concatenate([chunk for chunk, _ in batches]).astype(np.int64))
+    return EpochPlan(indices_on(indices, device), [len(chunk) for chunk, _ in batches],
+                     [length for _, length in batches])
+
+
+def pair_tensors(data: Encoded, device: torch.device, *, positions: bool = False) -> tuple[torch.Tensor, ...]:
+    """A split's ``(source, target_in, target_out)`` token ids on ``device``, padded to a multiple
+    of 8 wide (room for the longest bucket's batches); with ``positions``, each pair's index in
+    the split too (what evaluation's translations are matched to their references by)."""
+    width = -(-data.source.shape[1] // LENGTH_STEP) * LENGTH_STEP
+    fields = tuple(torch.nn.functional.pad(torch.from_numpy(a), (0, width - a.shape[1])).to(device)
+                   for a in (data.source, data.target_in, data.target_out))
+    return (*fields, torch.arange(len(data), device=device)) if positions else fields

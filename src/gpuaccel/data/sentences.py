@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 
 from ..errors import GpuaccelError
 from . import cache
-from .loader import ShardedOrder
+from .loader import EpochPlan, ShardedOrder, indices_on
 from .text import BpeTokenizer, Tokenizer, WordTokenizer, read_text, tokenizer_from_state
 
 SENTENCE_SUFFIXES = (".tsv", ".csv", ".jsonl")
@@ -245,19 +244,18 @@ def load_sentences(path: Path, *, tokenizer: str = "word", vocab_size: int | Non
 
 # ---------------------------------------------------------------------------------- batches
 
-class SentenceLoader(ShardedOrder):
-    """Batches of (ids, labels) on the device, each cut to its longest sentence (rounded up to a
-    multiple of 8): training in a seeded order sorted by length within runs of 32 batches,
-    evaluation in order of length. Sharded by rank like the other loaders (:class:`ShardedOrder`)."""
+class LengthRuns(ShardedOrder):
+    """Labelled sentences' order for a resident loader over ``(ids, labels)``: training in a
+    seeded order sorted by length within runs of 32 batches, the batches then shuffled;
+    evaluation in order of length. Each batch is cut to its longest sentence (rounded up to a
+    multiple of 8, at most the padded width). Sharded by rank like every order."""
 
-    def __init__(self, ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray, *, batch_size: int,
-                 device: torch.device, train: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
-        super().__init__(len(labels), batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+    def __init__(self, lengths: np.ndarray, *, width: int, batch_size: int, train: bool, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
+        super().__init__(len(lengths), batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
                          drop_last=None)
-        self.ids = torch.from_numpy(ids).to(device)
-        self.labels = torch.from_numpy(labels).to(device)
         self.lengths = torch.from_numpy(lengths.astype(np.int64))  # (on the host: batch widths need no sync)
-        self.device = device
+        self.width = width
 
     def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
         """This rank's batches of sample indices for ``epoch``."""
@@ -275,13 +273,13 @@ class SentenceLoader(ShardedOrder):
         shuffled = torch.randperm(len(batches), generator=generator)
         return [batches[i] for i in shuffled]
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        chosen = self.epoch_batches(epoch)[start:]
-        if not chosen:
-            return
-        # the epoch's indices reach the device in one copy; batch widths are read on the host
-        on_device = torch.cat(chosen).to(self.device).split([len(idx) for idx in chosen])
-        for idx, rows in zip(chosen, on_device):
-            width = int(self.lengths[idx].max())
-            width = min(self.ids.shape[1], max(_LENGTH_STEP, -(-width // _LENGTH_STEP) * _LENGTH_STEP))
-            yield self.ids[rows, :width].long(), self.labels[rows]
+    def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
+        batches = self.epoch_batches(epoch)
+        if not batches:
+            return EpochPlan(torch.empty(0, dtype=torch.int64, device=device), [], [])
+        indices = torch.cat(batches)
+        sizes = [len(b) for b in batches]
+        starts = np.cumsum([0] + sizes[:-1])
+        longest = np.maximum.reduceat(self.lengths[indices].numpy(), starts)
+        widths = np.minimum(self.width, np.maximum(_LENGTH_STEP, -(-longest // _LENGTH_STEP) * _LENGTH_STEP))
+        return EpochPlan(indices_on(indices, device), sizes, widths.tolist())

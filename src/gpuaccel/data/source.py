@@ -3,11 +3,12 @@
 ``Trainer`` reads its training and evaluation data through it and nothing else, so a user's
 own loader plugs in by serving it (``Trainer(model, train_data=MySource(), eval_data=...)``).
 gpuaccel's own are made of two engines (``runtime.loaders``): resident on the device
-(``ResidentLoader``, with a kind's transform such as scenes' augmentation, or tensors drawn again
-each epoch such as negative samples; ``DeviceLoader`` for image arrays with their augmentation),
-or made on the host and copied ahead (``PrefetchLoader``), each with a transform run on the
-device; streamed JPEG folders (``StreamLoader``) and three kinds' own orders (windows of a text,
-sentences of one length, token-budget buckets of sentence pairs) serve the same protocol.
+(``ResidentLoader``: a gather per field in an order's plan, such as a text's random windows,
+sentences in length runs or sentence pairs in token buckets, with a kind's transform such as
+scenes' augmentation, or tensors drawn again each epoch such as negative samples;
+``DeviceLoader`` for image arrays with their augmentation fused into the gather), or made on
+the host and copied ahead (``PrefetchLoader``), each with a transform run on the device;
+streamed JPEG folders (``StreamLoader``) serve the same protocol.
 """
 
 from __future__ import annotations

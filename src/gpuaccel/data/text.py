@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 from ..errors import GpuaccelError, choice_error
 from . import cache
+from .loader import EpochPlan, ShardedOrder, indices_on
 
 TOKENIZERS = ("char", "byte", "bpe", "word", "unigram")
 PAD, UNKNOWN = 0, 1  # word ids: padding, a word not in the vocabulary
@@ -335,36 +335,38 @@ def load_corpus(path: Path, *, tokenizer: str = "char", vocab_size: int = 2048, 
 
 # ---------------------------------------------------------------------------------- batches
 
-class WindowLoader:
-    """Training batches: ``batch_size`` windows at random offsets of the token ids (on the
-    device); ``(inputs, targets)`` = the window and the window shifted by one token."""
+class RandomWindows(ShardedOrder):
+    """Training windows' order for a resident loader over :func:`token_windows`: each step
+    ``batch_size`` windows at random offsets of the text (drawn with replacement, from a
+    generator seeded by the seed, the epoch and the rank), as many per epoch as the text holds
+    end to end."""
 
-    def __init__(self, tokens: torch.Tensor, *, context: int, batch_size: int, device: torch.device, seed: int = 0,
-                 rank: int = 0, world_size: int = 1):
-        self.tokens = tokens.to(device=device, dtype=torch.int32)
-        self.context, self.batch_size, self.device = context, batch_size, device
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.num_images = (len(tokens) - 1) // context  # windows per epoch (the loaders' common name)
+    def __init__(self, tokens: int, *, context: int, batch_size: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
+        super().__init__((tokens - 1) // context, batch_size=batch_size, train=True, seed=seed, rank=rank,
+                         world_size=world_size, drop_last=True)
+        self.starts = tokens - context  # (where a window of context + 1 tokens may start)
         self.steps = max(1, self.num_images // (batch_size * world_size))
-        self.offsets = torch.arange(context + 1, device=device)
 
     def __len__(self) -> int:
         return self.steps
 
-    def epoch_starts(self, epoch: int) -> torch.Tensor:
-        """This rank's window starts for ``epoch``: (steps, batch_size), drawn from a generator
-        seeded by the seed, the epoch and the rank."""
+    def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
         generator = torch.Generator().manual_seed((self.seed * _EPOCH_SALT + epoch) * 1009 + self.rank)
-        high = len(self.tokens) - self.context
-        return torch.randint(high, (self.steps, self.batch_size), generator=generator)
+        starts = torch.randint(self.starts, (self.steps * self.batch_size,), generator=generator)
+        return EpochPlan(indices_on(starts, device), [self.batch_size] * self.steps)
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if start >= self.steps:
-            return
-        starts = self.epoch_starts(epoch)[start:].to(self.device, non_blocking=True)
-        for row in starts:
-            windows = self.tokens[row[:, None] + self.offsets].long()
-            yield windows[:, :-1], windows[:, 1:]
+
+def token_windows(tokens: torch.Tensor, context: int, device: torch.device) -> tuple[torch.Tensor]:
+    """Every window of ``context + 1`` tokens of the text, one per start, as rows of one view of
+    the token ids on ``device`` (int32): a batch of windows is one gather of its rows."""
+    return (tokens.to(device=device, dtype=torch.int32).unfold(0, context + 1, 1),)
+
+
+def shifted_windows(batch: tuple[torch.Tensor], seed=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of windows as ``(inputs, targets)``: each window and the window shifted by one token."""
+    windows = batch[0].long()
+    return windows[:, :-1], windows[:, 1:]
 
 
 def validation_windows(tokens: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:

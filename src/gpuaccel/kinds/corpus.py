@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..data.kinds import DataKind, register_kind
-from ..data.text import TEXT_SUFFIXES, WindowLoader, load_corpus, validation_windows
+from ..data.text import (TEXT_SUFFIXES, RandomWindows, load_corpus, shifted_windows, token_windows,
+                         validation_windows)
 from ..runtime.loaders import ResidentLoader
 from ..settings import setting
 
@@ -61,9 +62,9 @@ class Corpus(DataKind):
                     "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "files": corpus.fingerprint}
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
-            train = WindowLoader(torch.from_numpy(corpus.train), context=config.data.context,
-                                 batch_size=config.loop.batch_size, device=device, seed=config.loop.seed, rank=rank,
-                                 world_size=world_size)
+            train = window_loader(torch.from_numpy(corpus.train), context=config.data.context,
+                                  batch_size=config.loop.batch_size, device=device, seed=config.loop.seed, rank=rank,
+                                  world_size=world_size)
             val = ResidentLoader(validation_windows(corpus.val, config.data.context),
                                  batch_size=config.loop.eval_batch_size,
                                  device=device, train=False, rank=rank, world_size=world_size)
@@ -79,6 +80,16 @@ class Corpus(DataKind):
 
     def owned_before_kinds(self, state: dict) -> bool:
         return bool(state.get("tokenizer")) and (state.get("task") or {}).get("name") == "language_modelling"
+
+
+def window_loader(tokens: torch.Tensor, *, context: int, batch_size: int, device: torch.device, seed: int = 0,
+                  rank: int = 0, world_size: int = 1) -> ResidentLoader:
+    """Training batches of a text: ``batch_size`` windows at random offsets of the token ids on
+    the device, as ``(inputs, targets)`` (a window and the window shifted by one token)."""
+    order = RandomWindows(len(tokens), context=context, batch_size=batch_size, seed=seed, rank=rank,
+                          world_size=world_size)
+    return ResidentLoader(token_windows(tokens, context, device), order=order, device=device,
+                          transform=shifted_windows)
 
 
 register_kind(Corpus())

@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from ..data.kinds import DataKind, register_kind
-from ..data.sentences import SENTENCE_SUFFIXES, SentenceLoader, load_sentences
+from ..data.loader import int64_fields
+from ..data.sentences import SENTENCE_SUFFIXES, LengthRuns, load_sentences
+from ..runtime.loaders import ResidentLoader
 from ..settings import setting
 
 if TYPE_CHECKING:
@@ -55,10 +58,10 @@ class Sentences(DataKind):
 
         def build(config, *, device, dtype, channels_last, rank, world_size):
             common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
-            return (SentenceLoader(data.train_ids, data.train_lengths, data.train_labels,
-                                   batch_size=config.loop.batch_size, train=True, **common),
-                    SentenceLoader(data.test_ids, data.test_lengths, data.test_labels,
-                                   batch_size=config.loop.eval_batch_size, train=False, **common))
+            return (sentence_loader(data.train_ids, data.train_lengths, data.train_labels,
+                                    batch_size=config.loop.batch_size, train=True, **common),
+                    sentence_loader(data.test_ids, data.test_lengths, data.test_labels,
+                                    batch_size=config.loop.eval_batch_size, train=False, **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train_labels),
@@ -85,6 +88,17 @@ class Sentences(DataKind):
         state, path = text_classifier_state(run)
         s = held_out_sentences(state, data, why)
         return HeldOut("sentences", s.train_ids, s.test_ids, s.test_labels, ids_for_model, path)
+
+
+def sentence_loader(ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray, *, batch_size: int,
+                    device: torch.device, train: bool, seed: int = 0, rank: int = 0,
+                    world_size: int = 1) -> ResidentLoader:
+    """Batches of (ids, labels) on the device, each cut to its longest sentence: in length runs
+    for training, in order of length for evaluation (``data.sentences.LengthRuns``)."""
+    order = LengthRuns(lengths, width=ids.shape[1], batch_size=batch_size, train=train, seed=seed, rank=rank,
+                       world_size=world_size)
+    return ResidentLoader((torch.from_numpy(ids), torch.from_numpy(labels)), order=order, device=device,
+                          transform=int64_fields)
 
 
 register_kind(Sentences())

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..data.kinds import DataKind, register_kind
-from ..data.parallel import TranslationLoader, is_parallel_source, load_parallel
+from ..data.loader import int64_fields
+from ..data.parallel import Encoded, TokenBuckets, is_parallel_source, load_parallel, pair_tensors
 from ..errors import GpuaccelError
+from ..runtime.loaders import ResidentLoader
 from ..settings import check_whole, setting
 
 if TYPE_CHECKING:
@@ -69,9 +73,9 @@ class Translation(DataKind):
         def build(config, *, device, dtype, channels_last, rank, world_size):
             tokens = config.data.batch_tokens // world_size if config.loop.global_batch else config.data.batch_tokens
             common = dict(device=device, seed=config.loop.seed, rank=rank, world_size=world_size)
-            return (TranslationLoader(data.train, batch_tokens=tokens, train=True, **common),
-                    TranslationLoader(data.eval, batch_tokens=max(tokens, config.loop.eval_batch_size), train=False,
-                                      **common))
+            return (pair_loader(data.train, batch_tokens=tokens, train=True, **common),
+                    pair_loader(data.eval, batch_tokens=max(tokens, config.loop.eval_batch_size), train=False,
+                                **common))
 
         return TrainingInputs(
             name=data.name, description=data.describe(), train_samples=len(data.train),
@@ -93,6 +97,16 @@ class Translation(DataKind):
     def held_out(self, run, data, why):
         raise GpuaccelError(f"{run} is a translation model: 'gpuaccel export', 'gpuaccel translate' and 'gpuaccel "
                             f"infer' take it; quantize, prune and bench-infer work on classifiers")
+
+
+def pair_loader(split: Encoded, *, batch_tokens: int, device: torch.device, train: bool, seed: int = 0,
+                rank: int = 0, world_size: int = 1) -> ResidentLoader:
+    """Batches of sentence pairs on the device, ``(source, target_in, target_out)`` token ids in
+    token buckets (``data.parallel.TokenBuckets``); for evaluation (``train=False``, in order of
+    length) each pair's index in the split too."""
+    order = TokenBuckets(split, batch_tokens=batch_tokens, train=train, seed=seed, rank=rank, world_size=world_size)
+    return ResidentLoader(pair_tensors(split, device, positions=not train), order=order, device=device,
+                          transform=int64_fields)
 
 
 register_kind(Translation())

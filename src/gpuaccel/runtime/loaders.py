@@ -6,9 +6,11 @@ Every loader is a :class:`~gpuaccel.data.source.BatchSource`: ``len()`` steps a 
 
 :class:`ResidentLoader`: the whole data set lives on the compute device, one tensor per field,
 and a batch is one gather per field: no worker processes, no host work, no copy per step. Its
-order is gpuaccel's seeded, sharded one (``Trainer``: resumable at any step), or the order of a
-user's ``DataLoader`` (its sampler, drawing the same random numbers from the same generators,
-so a seeded script gets the same batches with or without it).
+order (an :class:`~gpuaccel.data.loader.ShardedOrder`, whose ``epoch_plan`` gives a pass's indices,
+batch sizes and widths) is gpuaccel's seeded, sharded one (``Trainer``: resumable at any step), the
+order of a user's ``DataLoader`` (its sampler, drawing the same random numbers from the same
+generators, so a seeded script gets the same batches with or without it), or a data kind's own
+(a text's random windows, sentences in length runs, sentence pairs in token buckets).
 
 :class:`PrefetchLoader`: batches made on the host (by a user's ``DataLoader``, or by worker
 processes in gpuaccel's seeded order: :class:`HostPasses` over a Dataset's items or over image
@@ -24,7 +26,6 @@ arrays.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -33,8 +34,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from torch.utils.data import default_collate
 
 from ..data.augment import AugmentConfig
-from ..data.loader import (DeviceCopies, DeviceLoader, ImageBatches, Normaliser, OrderedBatches, PassReader,
-                           ShardedOrder, default_workers, next_epoch, on_device, PLACEMENTS, resident_budget)
+from ..data.loader import (DeviceCopies, DeviceLoader, EpochPlan, ImageBatches, Normaliser, OrderedBatches,
+                           PassReader, ShardedOrder, default_workers, next_epoch, on_device, PLACEMENTS, resident_budget)
 from ..data.source import BatchSource, is_batch_source
 from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
 from ..errors import GpuaccelError
@@ -82,71 +83,115 @@ class _LikeDataLoader:
         return getattr(source, name)
 
 
-class ResidentLoader(_LikeDataLoader, ShardedOrder):
-    """Batches of a tuple or dict of tensors with one row per sample, held on ``device``. Dtypes
-    are kept: float targets stay float. By default in gpuaccel's seeded order, shuffled for
-    training, this process's shard of it; with ``order_of``, in that DataLoader's order.
+class ResidentLoader(_LikeDataLoader):
+    """Batches of a tuple or dict of tensors with one row per sample, held on ``device``: each
+    batch one gather per field. Dtypes are kept: float targets stay float.
+
+    Which rows make each batch is the ``order``'s (its :meth:`~ShardedOrder.epoch_plan` for each
+    pass): by default gpuaccel's seeded order (``batch_size``, ``train``: shuffled, ``seed``, this
+    process's shard), with ``order_of`` that DataLoader's order, or a data kind's own (random
+    windows of a text, sentences in length runs, pairs in token buckets), whose plan may also cut
+    each batch's sequences to a width.
 
     What a data kind adds: ``transform(batch, seed)`` makes each gathered batch what training
-    reads (normalised, augmented), with ``seed`` the batch's own for random augmentation
-    (training batches in gpuaccel's order; None for evaluation and samples), so a resumed run
-    draws what an uninterrupted one did; and ``tensors`` may be drawn again for each epoch
-    (negative samples): a callable ``tensors(epoch)`` whose ``len()`` is the samples of an epoch."""
+    reads (normalised, augmented, token ids widened), with ``seed`` the batch's own for random
+    augmentation (training batches in gpuaccel's order; None for evaluation and samples), so a
+    resumed run draws what an uninterrupted one did; and ``tensors`` may be drawn again for each
+    epoch (negative samples): a callable ``tensors(epoch)`` whose ``len()`` is the samples of an
+    epoch."""
 
     resident = True  # (what a script asks of a prepared loader: its data set lives on the device)
 
-    def __init__(self, tensors, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
-                 order_of: DataLoader | None = None, layout=None, meter: DataWaitMeter | None = None,
-                 transform: Callable | None = None):
-        if order_of is not None:  # (its batch size and drop_last)
-            batch_size, drop_last, train = order_of.batch_size, order_of.drop_last, False
+    def __init__(self, tensors, *, device: torch.device, batch_size: int | None = None, train: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
+                 order: ShardedOrder | None = None, order_of: DataLoader | None = None, layout=None,
+                 meter: DataWaitMeter | None = None, transform: Callable | None = None):
         redrawn = callable(tensors)
-        ShardedOrder.__init__(self, len(tensors) if redrawn else rows(tensors), batch_size=batch_size, train=train,
-                              seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
-        self.device, self.layout, self.meter, self.source = device, layout, meter, order_of
-        self.transform = transform
+        if order is None:
+            count = len(tensors) if redrawn else rows(tensors)
+            order = _DataLoaderOrder(order_of, count) if order_of is not None else \
+                ShardedOrder(count, batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+                             drop_last=drop_last)
+        self.order, self.source = order, order_of
+        self.device, self.layout, self.meter, self.transform = device, layout, meter, transform
         self.tensors = tensors if redrawn else on_device(tensors, device)
 
     def __len__(self) -> int:
-        return len(self.source) if self.source is not None else ShardedOrder.__len__(self)
+        return len(self.order)
 
-    def _epoch_order(self, epoch: int) -> tuple[torch.Tensor, list[int]]:
-        """(every index of the epoch, in order, on the device; the batch sizes)."""
-        if self.source is None:
-            sizes = [self.batch_size] * len(self)
-            if not self.drop_last and len(self):
-                sizes[-1] = self.shard_size - self.batch_size * (len(self) - 1)
-            return self.device_indices(epoch, self.device), sizes
-        loader = self.source
+    # what a loader is asked for, as its order has it
+    batch_size = property(lambda self: self.order.batch_size)
+    train = property(lambda self: self.order.train)
+    num_images = property(lambda self: self.order.num_images)
+    drop_last = property(lambda self: self.order.drop_last)
+
+    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
+        tensors = self._tensors_of(epoch)
+        plan = self.order.epoch_plan(epoch, self.device)
+        indices = _batches_of(plan)
+        widths = plan.widths or [None] * len(plan.sizes)
+        seeded = self.transform is not None and self.train and self.source is None  # (only a transform reads it)
+        for step in range(start, len(plan.sizes)):
+            yield self._gathered(tensors, indices[step], widths[step],
+                                 self.order.batch_seed(epoch, step) if seeded else None)
+
+    def sample(self, count: int):
+        """The first ``count`` samples of a fixed random order, as one batch on the device."""
+        return self._gathered(self._tensors_of(0), self.order.sample_indices(count).to(self.device), None, None)
+
+    def shape_examples(self) -> list:
+        """One batch of each shape training makes, where the order's batches vary in shape
+        (token buckets): the warm-up compiles and records each before the clock starts."""
+        plan = self.order.shapes_plan(self.device) if hasattr(self.order, "shapes_plan") else None
+        if plan is None:
+            return []
+        return [self._gathered(self._tensors_of(0), idx, width, None)
+                for idx, width in zip(_batches_of(plan), plan.widths)]
+
+    def _tensors_of(self, epoch: int):
+        return self.tensors(epoch) if callable(self.tensors) else self.tensors
+
+    def _gathered(self, tensors, idx: torch.Tensor, width: int | None, seed: int | None):
+        if type(tensors) is tuple and all(isinstance(t, torch.Tensor) for t in tensors):  # (without tree_map's cost)
+            batch = tuple(_gather(t, idx, width) for t in tensors)
+        else:
+            batch = tree_map(lambda t: _gather(t, idx, width) if isinstance(t, torch.Tensor) else t, tensors)
+        return batch if self.transform is None else self.transform(batch, seed)
+
+
+def _batches_of(plan: EpochPlan) -> tuple[torch.Tensor, ...]:
+    """Each batch's indices, as views of the pass's (one call, not a slice per step); indices past
+    the last batch (a dropped ragged one) are left out."""
+    return plan.indices[:sum(plan.sizes)].split(plan.sizes)
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor, width: int | None) -> torch.Tensor:
+    """Rows ``idx`` of ``t``; a plan's ``width`` cuts fields of two or more dimensions (sequences)."""
+    return t[idx] if width is None or t.dim() < 2 else t[idx, :width]
+
+
+class _DataLoaderOrder(ShardedOrder):
+    """A user's DataLoader's order, for its data set made resident: its sampler's batches,
+    drawing the random numbers its iterator would, in its order."""
+
+    def __init__(self, loader: DataLoader, count: int):
+        super().__init__(count, batch_size=loader.batch_size, train=False, seed=0, rank=0, world_size=1,
+                         drop_last=loader.drop_last)
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
+        loader = self.loader
         # the random numbers a DataLoader's iterator draws, in its order: its workers' base seed
         # (not again for persistent workers after their first epoch), then the sampler's own
         if not (loader.persistent_workers and loader.num_workers > 0 and epoch > 0):
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         batches = [torch.as_tensor(list(indices), dtype=torch.int64) for indices in loader.batch_sampler]
         if not batches:
-            return torch.empty(0, dtype=torch.int64, device=self.device), []
-        return torch.cat(batches).to(self.device), [len(b) for b in batches]
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
-        tensors = self._tensors_of(epoch)
-        order, sizes = self._epoch_order(epoch)
-        ends = list(itertools.accumulate(sizes))
-        seeded = self.transform is not None and self.train and self.source is None  # (only a transform reads it)
-        for step in range(start, len(sizes)):
-            yield self._gathered(tensors, order[ends[step] - sizes[step]:ends[step]],
-                                 self.batch_seed(epoch, step) if seeded else None)
-
-    def sample(self, count: int):
-        """The first ``count`` samples of a fixed random order, as one batch on the device."""
-        return self._gathered(self._tensors_of(0), self.sample_indices(count).to(self.device), None)
-
-    def _tensors_of(self, epoch: int):
-        return self.tensors(epoch) if callable(self.tensors) else self.tensors
-
-    def _gathered(self, tensors, idx: torch.Tensor, seed: int | None):
-        batch = tree_map(lambda t: t[idx] if isinstance(t, torch.Tensor) else t, tensors)
-        return batch if self.transform is None else self.transform(batch, seed)
+            return EpochPlan(torch.empty(0, dtype=torch.int64, device=device), [])
+        return EpochPlan(torch.cat(batches).to(device), [len(b) for b in batches])
 
 
 class _DataLoaderPasses:
