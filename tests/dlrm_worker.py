@@ -5,6 +5,8 @@ gathers every process's rows and gradients (models/dlrm.py).
     torchrun --nproc-per-node 2 tests/dlrm_worker.py RUN_DIR BATCH ddp|graph|graph-chunks|ddp-replicated|ema|tables
 
 tables: the sharded tables' own checks in one process group (their updates, then their state).
+Several training kinds, comma-separated, run one after the other in one launch (a launch costs
+seconds on a CPU), each into RUN_DIR/KIND.
 """
 import sys
 
@@ -80,14 +82,20 @@ if __name__ == "__main__":
     # "ddp": what the trainer picks (DDP, the tables sharded); "graph": what it picks on GPUs for a
     # captured step (run eagerly here); "ddp-replicated": the Accelerator's way; "ema": refused
     where = dict(device=torch.device("cpu"), rank=dist.rank, world_size=dist.world_size)
-    # "graph-chunks": "graph" with each exchange of rows and gradients in 2 chunks of the records
-    # (the model's own choice otherwise: 4 chunks on 4 processes, 1 on 2)
-    chosen = {"graph": GraphDataParallel(**where, shard_tables=True), "ddp-replicated": DataParallel(**where)}
-    chosen["graph-chunks"] = chosen["graph"]
-    chunks = 2 if kind == "graph-chunks" else None
-    try:
-        train(run_dir, batch, dist.rank, chosen.get(kind), exchange_chunks=chunks,
-              **({"ema": 0.99} if kind == "ema" else {})).dist.close()
-    except GpuaccelError as error:
-        print(f"rank {dist.rank} refused: {error}", flush=True)
+    kinds = kind.split(",")
+    trainer = None
+    for kind in kinds:
+        # "graph-chunks": "graph" with each exchange of rows and gradients in 2 chunks of the records
+        # (the model's own choice otherwise: 4 chunks on 4 processes, 1 on 2)
+        strategy = {"graph": GraphDataParallel(**where, shard_tables=True),
+                    "graph-chunks": GraphDataParallel(**where, shard_tables=True),
+                    "ddp-replicated": DataParallel(**where)}.get(kind)
+        try:
+            trainer = train(f"{run_dir}/{kind}" if len(kinds) > 1 else run_dir, batch, dist.rank, strategy,
+                            exchange_chunks=2 if kind == "graph-chunks" else None,
+                            **({"ema": 0.99} if kind == "ema" else {}))
+        except GpuaccelError as error:
+            print(f"rank {dist.rank} refused: {error}", flush=True)
+    if trainer is not None:
+        trainer.dist.close()
     end_worker()

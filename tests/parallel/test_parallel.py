@@ -94,19 +94,19 @@ def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, one_process
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
 
 
-@pytest.mark.parametrize("averaging", [(), ("0.001", "1"), ("0.001", "2")],
-                         ids=["one-all-reduce", "buckets", "buckets-accumulation"])
-def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path, one_process_run, averaging):
+def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp_path, one_process_run):
     """The data parallel a captured step does (rank 0's weights broadcast, the gradients averaged
     inside the step: in one all-reduce after the backward pass, or in buckets of 1 kB launched
     from the backward pass as it finishes them, on the last micro-batch of an accumulation only),
-    run eagerly on CPUs, trains like one process with the whole batch."""
-    single, double = one_process_run, tmp_path / "two"
-    batch = "16" if averaging[1:] == ("2",) else "32"
-    done = torchrun(str(double), batch, "2", *averaging, program=(str(TESTS / "step_graph_worker.py"),))
-    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
-    if averaging:  # plain_cnn's gradients from the last layer's: 1.3 kB, 65.7 kB, 0.3 kB
-        assert "rank 0: 3 buckets" in done.stdout and "rank 1: 3 buckets" in done.stdout
+    run eagerly on CPUs, trains like one process with the whole batch. (One launch for the three.)"""
+    runs = {"one-all-reduce": "32", "buckets": "32:0.001:1", "buckets-accumulation": "16:0.001:2"}
+    done = torchrun("2", *(f"{tmp_path / name}:{spec}" for name, spec in runs.items()),
+                    program=(str(TESTS / "step_graph_worker.py"),))
+    for name in runs:
+        assert_same_training(one_process_run, tmp_path / name, processes=2, global_batch=64, atol=2e-5)
+    for name in ("buckets", "buckets-accumulation"):  # plain_cnn's gradients from the last layer's: 1.3, 65.7, 0.3 kB
+        for rank in (0, 1):
+            assert f"{tmp_path / name}: rank {rank}: 3 buckets" in done.stdout, (name, done.stdout[-2000:])
 
 
 @pytest.fixture(scope="module")
@@ -120,31 +120,34 @@ def dlrm_one_process(tmp_path_factory) -> Path:
     return single
 
 
-@pytest.mark.parametrize("kind", ["ddp", "graph", "graph-chunks", "ddp-replicated"])
-def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, kind, dlrm_one_process):
+def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_one(tmp_path, dlrm_one_process):
     """Tables sharded across the processes (3 tables on 2 processes: one slot without a table;
     each process looks up and updates its tables' rows for every process's ids; graph-chunks: the
     rows and gradients cross in 2 chunks of the records) or replicated (each process gathers
     every process's rows and gradients); either way the update is the one a process with the
-    whole batch takes, and model.pt holds the whole tables."""
-    single, double = dlrm_one_process, tmp_path / "two"
-    torchrun(str(double), "32", kind, program=(str(TESTS / "dlrm_worker.py"),))
-    assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
-    assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
-    summary = json.loads((double / "summary.json").read_text())
-    assert ("tables sharded across the processes" in summary["strategy"]) == (kind != "ddp-replicated"), summary["strategy"]
+    whole batch takes, and model.pt holds the whole tables. (One launch for the four.)"""
+    single, kinds = dlrm_one_process, ["ddp", "graph", "graph-chunks", "ddp-replicated"]
+    torchrun(str(tmp_path), "32", ",".join(kinds), program=(str(TESTS / "dlrm_worker.py"),))
     reference = json.loads((single / "summary.json").read_text())["metrics"]
-    assert summary["metrics"] == pytest.approx(reference, rel=1e-4)  # the held-out set evaluated alike
+    for kind in kinds:
+        double = tmp_path / kind
+        assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
+        assert torch.load(double / "model.pt", weights_only=True)["model"]["tables.accumulator"].sum() > 0
+        summary = json.loads((double / "summary.json").read_text())
+        assert ("tables sharded across the processes" in summary["strategy"]) == (kind != "ddp-replicated"), \
+            (kind, summary["strategy"])
+        assert summary["metrics"] == pytest.approx(reference, rel=1e-4), kind  # the held-out set evaluated alike
 
 
-@pytest.mark.parametrize("kind", ["graph", "graph-chunks"])
-def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path, kind, dlrm_one_process):
-    """3 tables on 4 processes: one process holds no table (its slot looks up the spare row)."""
-    single, four = dlrm_one_process, tmp_path / "four"
-    torchrun(str(four), "16", kind, nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
-    assert_same_training(single, four, processes=4, global_batch=64, atol=2e-5)
+def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_path, dlrm_one_process):
+    """3 tables on 4 processes: one process holds no table (its slot looks up the spare row).
+    (One launch for both kinds.)"""
+    single, kinds = dlrm_one_process, ["graph", "graph-chunks"]
+    torchrun(str(tmp_path), "16", ",".join(kinds), nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
     reference = json.loads((single / "summary.json").read_text())["metrics"]
-    assert json.loads((four / "summary.json").read_text())["metrics"] == pytest.approx(reference, rel=1e-4)
+    for kind in kinds:
+        assert_same_training(single, tmp_path / kind, processes=4, global_batch=64, atol=2e-5)
+        assert json.loads((tmp_path / kind / "summary.json").read_text())["metrics"] == pytest.approx(reference, rel=1e-4), kind
 
 
 @pytest.mark.parametrize("processes", [2, 4])

@@ -229,6 +229,34 @@ def test_a_resident_loaders_transform_gets_each_training_batchs_own_seed_and_a_r
     assert len(loader) == 4 and {float(b[0][0]) for b in loader.batches(7)} == {7.0} and drawn == [7]
 
 
+def test_a_kinds_own_order_decides_a_resident_loaders_batches_and_cuts_them_to_its_widths():
+    """A kind's order (as text windows, sentence runs and token buckets are) is a ShardedOrder whose
+    epoch_plan gives the pass's indices, each batch's size and width: the loader gathers those rows,
+    cuts fields of two or more dimensions to the width, leaves the others whole, resumes at any step
+    and serves no index past the last batch."""
+    from gpuaccel.data.loader import EpochPlan, ShardedOrder
+
+    class Pairs(ShardedOrder):
+        def __len__(self):
+            return 3
+
+        def epoch_plan(self, epoch, device):
+            indices = torch.tensor([4, 1, 0, 3, 2, 5, 6]) + epoch  # (the last index is not in a batch)
+            return EpochPlan(indices, [2, 3, 1], [3, 5, 2])
+
+    cpu = torch.device("cpu")
+    ids, labels = torch.arange(80).view(10, 8), torch.arange(10) * 10
+    loader = ResidentLoader((ids, labels), order=Pairs(10, batch_size=3, train=True, seed=0, rank=0, world_size=1,
+                                                        drop_last=False), device=cpu)
+    batches = list(loader.batches(1))
+    assert [tuple(b[0].shape) for b in batches] == [(2, 3), (3, 5), (1, 2)]
+    assert torch.equal(batches[0][0], ids[[5, 2], :3]) and torch.equal(batches[1][1], labels[[1, 4, 3]])
+    assert torch.equal(batches[2][0], ids[[6], :2])
+    resumed = list(loader.batches(1, start=2))
+    assert len(resumed) == 1 and torch.equal(resumed[0][0], batches[2][0])
+    assert len(loader) == 3 and loader.batch_size == 3 and loader.train
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(task=Classification(), loss_fn=F.cross_entropy), "not both"),
     (dict(), "say what to minimise"),

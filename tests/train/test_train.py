@@ -98,7 +98,7 @@ def test_time_limit_keeps_time_for_the_final_evaluation(tmp_path, digits, monkey
         return evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "evaluate", slow)
-    s = fit(tmp_path, digits, model="lenet5", epochs=500, batch_size=64, time_limit=2.0, eval_every=20,
+    s = fit(tmp_path, digits, model="lenet5", epochs=500, batch_size=64, time_limit=2.0, eval_every=60,
             checkpoint_epochs=0)
     assert s["stopped_by"] == "time_limit"
     assert s["train_seconds"] <= 2.0 - 0.6 + 0.15  # stopped early enough for the last evaluation (0.15: a slow step)
