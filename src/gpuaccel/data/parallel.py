@@ -363,11 +363,6 @@ class TokenBuckets(ShardedOrder):
     def __len__(self) -> int:
         return self.steps
 
-    @property
-    def shapes(self) -> list[tuple[int, int]]:
-        """The (pairs, length) of every training batch shape."""
-        return sorted((size, length) for length, size in self.sizes.items())
-
     def shapes_plan(self, device: torch.device) -> EpochPlan:
         """One training batch of each shape (the warm-up compiles and records each before the clock)."""
         chosen = [(self.members[length][:size], length) for length, size in self.sizes.items()]

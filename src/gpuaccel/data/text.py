@@ -341,11 +341,11 @@ class RandomWindows(ShardedOrder):
     generator seeded by the seed, the epoch and the rank), as many per epoch as the text holds
     end to end."""
 
-    def __init__(self, tokens: int, *, context: int, batch_size: int, seed: int = 0, rank: int = 0,
+    def __init__(self, num_tokens: int, *, context: int, batch_size: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1):
-        super().__init__((tokens - 1) // context, batch_size=batch_size, train=True, seed=seed, rank=rank,
+        super().__init__((num_tokens - 1) // context, batch_size=batch_size, train=True, seed=seed, rank=rank,
                          world_size=world_size, drop_last=True)
-        self.starts = tokens - context  # (where a window of context + 1 tokens may start)
+        self.window_starts = num_tokens - context  # (the offsets a window of context + 1 tokens may start at)
         self.steps = max(1, self.num_images // (batch_size * world_size))
 
     def __len__(self) -> int:
@@ -353,7 +353,7 @@ class RandomWindows(ShardedOrder):
 
     def epoch_plan(self, epoch: int, device: torch.device) -> EpochPlan:
         generator = torch.Generator().manual_seed((self.seed * _EPOCH_SALT + epoch) * 1009 + self.rank)
-        starts = torch.randint(self.starts, (self.steps * self.batch_size,), generator=generator)
+        starts = torch.randint(self.window_starts, (self.steps * self.batch_size,), generator=generator)
         return EpochPlan(indices_on(starts, device), [self.batch_size] * self.steps)
 
 
