@@ -1,12 +1,13 @@
 """gpuaccel's ``gpt`` against nanoGPT's own model (cpu_baseline.py's ``NanoGPT``) of the same size,
 their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process;
-gpuaccel's as it is now (the rotary embedding one multiply-add with the halves swapped, RMSNorm's
-gradient written out: ``models.layers.RMSNorm``), with its rotary embedding as it was written
-before (the halves split, rotated and joined again), and with PyTorch's ``nn.RMSNorm``; and, to
+gpuaccel's as it is now (the rotary embedding one fused multiply-add with the halves swapped,
+RMSNorm's gradient written out: ``models.layers.RMSNorm``), with its rotary embedding as it was
+written before (a multiply and an add with the halves swapped; the halves split, rotated and
+joined again), and with PyTorch's ``nn.RMSNorm``; and, to
 say what the gap to nanoGPT is made of (not alternatives: they change the model), with LayerNorm
 in place of RMSNorm, without the rotary embedding, and with neither.
 
-    python benchmarks/cpu_baseline/rotary_swap.py --rounds 3 --steps 30 --out results/rotary_swap_cpu.json
+    python benchmarks/cpu_baseline/rotary_swap.py --rounds 4 --steps 30 --out results/rotary_swap_cpu.json
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main():
     nano, ours = NanoGPT(**SIZE), create_model("gpt", **SIZE)
     q = torch.randn(2, 4, 64, 32)
     cos, sin = gpt_module.rotary_tables(64, 32)
-    assert torch.equal(gpt_module.rotate(q, cos, sin), gpt_module.rotate_halves(q, cos, sin))  # (the same function)
+    torch.testing.assert_close(gpt_module.rotate(q, cos, sin), gpt_module.rotate_halves(q, cos, sin))  # (one function)
     torch_norms = copy.deepcopy(ours)
     for module in torch_norms.modules():
         if isinstance(module, nn.RMSNorm):
@@ -75,12 +76,18 @@ def main():
     def unrotated(x, cos, sin):
         return x
 
-    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_nn_rmsnorm": [], "gpt": [], "gpt_layernorm": [],
-            "gpt_no_rotary": [], "gpt_layernorm_no_rotary": []}
+    def rolled_mul_add(x, cos, sin):  # (the rolled form before its fused multiply-add)
+        xf = x.float()
+        return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).type_as(x)
+
+    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_rolled_mul_add": [], "gpt_nn_rmsnorm": [], "gpt": [],
+            "gpt_layernorm": [], "gpt_no_rotary": [], "gpt_layernorm_no_rotary": []}
     for _ in range(args.rounds):
         runs["nanogpt"].append(tokens_per_second(nano, args.steps))
         gpt_module.rotate = gpt_module.rotate_halves
         runs["gpt_split_rotate"].append(tokens_per_second(ours, args.steps))
+        gpt_module.rotate = rolled_mul_add
+        runs["gpt_rolled_mul_add"].append(tokens_per_second(ours, args.steps))
         gpt_module.rotate = now_rotate
         runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))
         runs["gpt"].append(tokens_per_second(ours, args.steps))

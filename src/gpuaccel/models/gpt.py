@@ -38,8 +38,8 @@ def rotary_tables(length: int, head_dim: int, base: float = 10000.0) -> tuple[to
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (batch, heads, time, head_dim) at the positions of ``cos``/``sin``
     (:func:`rotary_tables`): each pair (x1, x2) of a head's two halves becomes (x1 cos - x2 sin,
-    x2 cos + x1 sin). Two ways to write it, with the same results to the bit: off a GPU as one
-    multiply-add with the halves swapped (three kernels and a roll, where splitting and joining
+    x2 cos + x1 sin). Two ways to write it, equal up to one rounding: off a GPU as one fused
+    multiply-add with the halves swapped (two kernels and a roll, where splitting and joining
     the halves take eight, and an eager step on a CPU pays for each); on a GPU, where
     torch.compile fuses either, with the halves (the rolled form's steps were slower there)."""
     return rotate_halves(x, cos, sin) if x.is_cuda else rotate_rolled(x, cos, sin)
@@ -47,7 +47,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
-    return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).type_as(x)
+    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, -1), sin).type_as(x)
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
