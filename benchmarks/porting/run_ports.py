@@ -12,6 +12,13 @@ body moved into a function) rather than written.
     python benchmarks/porting/run_ports.py --examples ~/pytorch-examples --cifar ~/data/cifar10 \\
         --mnist ~/data --text ~/data/shakespeare-words --out benchmarks/porting/results/ports.json
 
+A change to gpuaccel, timed on a port without the host's drift between processes: one variant
+with two gpuaccel trees at once, taking turns step by step (each step of the tree after over its
+neighbours of the tree before):
+
+    python benchmarks/porting/run_ports.py --examples ~/pytorch-examples --mnist ~/data --scripts mnist \
+        --variants port --paired --src-before /tmp/before/src --repeats 4 --steps 900
+
 ``--cifar``: an image folder with train/ and test/ (imagenet takes test/ as its val/);
 ``--mnist``: a folder holding MNIST/raw/ with the four IDX files; ``--text``: a folder with
 train.txt, valid.txt and test.txt (word_language_model's layout).
@@ -110,15 +117,16 @@ def write_shakespeare_char(text: str, folder: Path) -> None:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": ids}, f)
 
 
-def launch(work: Path, script: str, variant: str, repeat: int, args, **env_extra) -> dict:
-    """Starts one variant's process; ``finish`` waits for it and reads what steptimer wrote."""
+def launch(work: Path, script: str, variant: str, repeat: int, args, src: Path | None = None, **env_extra) -> dict:
+    """Starts one variant's process (importing gpuaccel from ``src``, by default ``--src``);
+    ``finish`` waits for it and reads what steptimer wrote."""
     arguments, steps = SCRIPTS[script]
     steps = args.steps or steps
     cifar = work / "cifar" if script == "imagenet" else Path(args.cifar).resolve() if args.cifar else ""
     command = [sys.executable] + [a.format(cifar=cifar, text=Path(args.text).resolve() if args.text else "")
                                   for a in arguments] + args.script_args.split()
     out = work / f"result-{repeat}.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(args.src), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(src or args.src), os.environ.get("PYTHONPATH", "")]),
            "STEPTIMER_WARMUP": str(args.warmup), "STEPTIMER_STEPS": str(steps), "STEPTIMER_OUT": str(out),
            "STEPTIMER_LABEL": f"{script}/{variant}", "PYTHONUNBUFFERED": "1", **env_extra}
     # the script's output goes to a file, not a pipe: a paired process whose pipe nobody reads
@@ -151,15 +159,17 @@ def run_one(work: Path, script: str, variant: str, repeat: int, args) -> dict:
     return finish(launch(work, script, variant, repeat, args), args.timeout)
 
 
-def run_pair(works: dict, script: str, variants: list[str], repeat: int, args) -> list[dict]:
-    """Two variants at once, taking turns step by step (steptimer's paired mode); which one
-    takes the first turn alternates from repeat to repeat."""
-    first, second = variants if repeat % 2 == 0 else variants[::-1]
+def run_pair(sides: list[dict], script: str, repeat: int, args) -> list[dict]:
+    """Two sides at once, taking turns step by step (steptimer's paired mode); which one takes
+    the first turn alternates from repeat to repeat. A side: its ``label`` (what its records
+    are called: a variant, or a variant with one of two gpuaccel trees), ``variant``, ``work``
+    folder and ``src``."""
+    first, second = sides if repeat % 2 == 0 else sides[::-1]
     with tempfile.TemporaryDirectory() as folder:
         for name in ("first_to_second", "second_to_first"):
             os.mkfifo(Path(folder) / name)
-        runs = [launch(works[script, variant], script, variant, repeat, args, STEPTIMER_PAIR=role,
-                       STEPTIMER_PAIR_DIR=folder) for role, variant in (("first", first), ("second", second))]
+        runs = [launch(side["work"], script, side["variant"], repeat, args, src=side["src"], STEPTIMER_PAIR=role,
+                       STEPTIMER_PAIR_DIR=folder) for role, side in (("first", first), ("second", second))]
         deadline = time.perf_counter() + args.timeout
         while any(r["process"].poll() is None for r in runs) and time.perf_counter() < deadline:
             if any(r["process"].poll() is not None and not r["out"].exists() for r in runs):
@@ -168,7 +178,10 @@ def run_pair(works: dict, script: str, variants: list[str], repeat: int, args) -
         for run in runs:
             if run["process"].poll() is None:
                 run["process"].kill()
-        return [finish(run, 10) for run in runs]
+        records = [finish(run, 10) for run in runs]
+    for record, side in zip(records, (first, second)):
+        record["variant"] = side["label"]
+    return records
 
 
 def neighbour_ratios(records: list[dict], variant: str) -> list[float]:
@@ -254,6 +267,8 @@ def main() -> None:
                          "each step of the second over its neighbours of the first")
     ap.add_argument("--src", default=str(SRC), help="the gpuaccel source tree the ports import (default: this "
                     "checkout's src/; another one to compare two versions of gpuaccel)")
+    ap.add_argument("--src-before", help="with --paired and one --variants: that variant with this gpuaccel tree "
+                    "against it with --src's, step by step (a change to gpuaccel timed without the host's drift)")
     ap.add_argument("--out", help="write the results here (JSON)")
     args = ap.parse_args()
     args.src = Path(args.src).resolve()
@@ -265,7 +280,9 @@ def main() -> None:
         ap.error("the nanogpt script needs --nanogpt and --shakespeare")
     if set(args.scripts) - {"nanogpt"} and not args.examples:
         ap.error("the pytorch/examples scripts need --examples")
-    if args.paired and len(args.variants) != 2:
+    if args.src_before and not (args.paired and len(args.variants) == 1):
+        ap.error("--src-before times one --variants with two gpuaccel trees: add --paired, name one variant")
+    if args.paired and not args.src_before and len(args.variants) != 2:
         ap.error("--paired compares two --variants, e.g. --variants original port")
     examples = Path(args.examples or ".")
     results = {"gpuaccel_src": str(args.src), "examples_commit": (examples / "COMMIT").read_text().strip() if (examples / "COMMIT").exists()
@@ -274,24 +291,34 @@ def main() -> None:
         results["nanogpt_commit"] = (Path(args.nanogpt) / "COMMIT").read_text().strip()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        works = {}
+        works, sides = {}, {}
         for script in args.scripts:
             for variant in args.variants:
                 works[script, variant] = prepare(examples, script, variant, root, args)
                 if variant != "original":
                     results["changed_lines"][f"{script}/{variant}"] = changed_lines(HERE / script / f"{variant}.diff")
+            if args.src_before:  # (the same variant twice, each in a folder of its own)
+                variant, before = args.variants[0], root / "before"
+                before.mkdir(exist_ok=True)
+                sides[script] = [dict(label=f"{variant}@before", variant=variant, src=Path(args.src_before).resolve(),
+                                      work=prepare(examples, script, variant, before, args)),
+                                 dict(label=f"{variant}@after", variant=variant, src=args.src,
+                                      work=works[script, variant])]
+            else:
+                sides[script] = [dict(label=v, variant=v, src=args.src, work=works[script, v]) for v in args.variants]
         for repeat in range(args.repeats):
             # each round starts with another variant: none always runs first (or last) in a round
             order = args.variants[repeat % len(args.variants):] + args.variants[:repeat % len(args.variants)]
             for script in args.scripts:
                 if args.paired:
-                    records = run_pair(works, script, args.variants, repeat, args)
+                    records = run_pair(sides[script], script, repeat, args)
                 else:
                     records = [run_one(works[script, variant], script, variant, repeat, args) for variant in order]
                 for record in records:
                     results["runs"].append(record)
                     print(json.dumps({k: v for k, v in record.items() if k != "step_seconds"}), flush=True)
-    results["summary"] = paired_summary(results["runs"], args.variants) if args.paired else summary(results["runs"])
+    labels = [side["label"] for side in sides[args.scripts[0]]] if sides else args.variants
+    results["summary"] = paired_summary(results["runs"], labels) if args.paired else summary(results["runs"])
     print(json.dumps(results["summary"]), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
