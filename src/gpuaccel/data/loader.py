@@ -138,9 +138,8 @@ class ShardedOrder:
     def device_indices(self, epoch: int, device: torch.device) -> torch.Tensor:
         """:meth:`epoch_indices` on ``device``, for loaders whose data lives there, without making
         the host wait for the device: the permutation was drawn in the background while the last
-        epoch trained (drawing one of millions of samples takes the host 0.1-0.2 s), and on a GPU
-        it is copied from pinned memory (a copy from pageable memory first waits for all queued
-        work, so the GPU would then idle while the host launches the next steps)."""
+        epoch trained (drawing one of millions of samples takes the host 0.1-0.2 s), and it is
+        copied by :func:`indices_on`."""
         key = (epoch, self.seed, self.num_images, self.rank, self.world_size, self.train)
         ahead = self._ahead
         order = ahead[1].result() if ahead is not None and ahead[0] == key else self.epoch_indices(epoch)
@@ -156,6 +155,11 @@ class ShardedOrder:
         if not self.drop_last and sizes:
             sizes[-1] = self.shard_size - self.batch_size * (len(self) - 1)
         return EpochPlan(self.device_indices(epoch, device), sizes)
+
+    def shapes_plan(self, device: torch.device) -> EpochPlan | None:
+        """One batch of each shape training makes, where an order's batches vary in shape (token
+        buckets: the warm-up compiles and records each before the clock); None where they do not."""
+        return None
 
     def sample_indices(self, count: int) -> torch.Tensor:
         """The first ``count`` images of a fixed random order (for data-dependent initialisation)."""

@@ -363,8 +363,10 @@ class TokenBuckets(ShardedOrder):
     def __len__(self) -> int:
         return self.steps
 
-    def shapes_plan(self, device: torch.device) -> EpochPlan:
+    def shapes_plan(self, device: torch.device) -> EpochPlan | None:
         """One training batch of each shape (the warm-up compiles and records each before the clock)."""
+        if not self.train:
+            return None
         chosen = [(self.members[length][:size], length) for length, size in self.sizes.items()]
         return _plan_of(chosen, device)
 

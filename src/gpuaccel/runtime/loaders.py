@@ -35,7 +35,8 @@ from torch.utils.data import default_collate
 
 from ..data.augment import AugmentConfig
 from ..data.loader import (DeviceCopies, DeviceLoader, EpochPlan, ImageBatches, Normaliser, OrderedBatches,
-                           PassReader, ShardedOrder, default_workers, next_epoch, on_device, PLACEMENTS, resident_budget)
+                           PassReader, ShardedOrder, default_workers, indices_on, next_epoch, on_device, PLACEMENTS,
+                           resident_budget)
 from ..data.source import BatchSource, is_batch_source
 from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
 from ..errors import GpuaccelError
@@ -142,7 +143,7 @@ class ResidentLoader(_LikeDataLoader):
     def shape_examples(self) -> list:
         """One batch of each shape training makes, where the order's batches vary in shape
         (token buckets): the warm-up compiles and records each before the clock starts."""
-        plan = self.order.shapes_plan(self.device) if hasattr(self.order, "shapes_plan") else None
+        plan = self.order.shapes_plan(self.device)
         if plan is None:
             return []
         return [self._gathered(self._tensors_of(0), idx, width, None)
@@ -191,7 +192,7 @@ class _DataLoaderOrder(ShardedOrder):
         batches = [torch.as_tensor(list(indices), dtype=torch.int64) for indices in loader.batch_sampler]
         if not batches:
             return EpochPlan(torch.empty(0, dtype=torch.int64, device=device), [])
-        return EpochPlan(torch.cat(batches).to(device), [len(b) for b in batches])
+        return EpochPlan(indices_on(torch.cat(batches), device), [len(b) for b in batches])
 
 
 class _DataLoaderPasses:
