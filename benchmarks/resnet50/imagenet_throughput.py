@@ -168,20 +168,21 @@ def forever(make):
 
 def pipeline(work: Path, workers: int, cpu_decode: list, baseline: bool = True) -> dict:
     from gpuaccel.data import open_dataset
+    from gpuaccel.runtime.loaders import stream_loader
 
     device = torch.device("cuda")
     results = {}
     for layout in ("folder", "shards"):
         for share in cpu_decode:
             ds = open_dataset(str(work / layout), stream=True, image_size=224)
-            loader = ds.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD,
-                               dtype=torch.bfloat16, channels_last=True, cpu_decode=share)
+            loader = stream_loader(ds, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD,
+                                   dtype=torch.bfloat16, channels_last=True, cpu_decode=share)
             epoch = iter(range(1000))
             batches = forever(lambda: loader.batches(next(epoch)))
             per_window = len(loader) // 2
             key = f"gpuaccel_{layout}" + ("" if share is None else f"_cpu_decode_{share}")
-            results[key] = {**windows_per_second(batches, BATCH, 5, 4, per_window), "decoder": loader.decoder,
-                            "reader_processes": loader.workers}
+            results[key] = {**windows_per_second(batches, BATCH, 5, 4, per_window), "decoder": loader.transform.decoder,
+                            "reader_processes": loader.passes.workers}
             print(key, results[key], flush=True)
             del batches, loader
     if not baseline:

@@ -32,6 +32,7 @@ import torch
 
 from gpuaccel.data import open_dataset, resample_kernel
 from gpuaccel.data.crops import random_resized_boxes
+from gpuaccel.runtime.loaders import stream_loader
 
 BATCH = 256
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -68,16 +69,17 @@ def main():
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
-    loader = dataset.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
+    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
                             channels_last=True, workers=0)
-    normaliser = loader.normaliser
+    made = loader.transform  # (data.stream.JpegBatches: what makes each batch on the device)
+    normaliser = made.normaliser
     baseline = load_module(args.baseline)
-    order = loader.order.epoch_indices(0)
+    order = loader.passes.order.epoch_indices(0)
     generator = torch.Generator().manual_seed(0)
     batches = []
     for step in range(args.batches):
-        host = loader._reader.loader.dataset[order[step * BATCH:(step + 1) * BATCH].tolist()]
-        table, failures = loader._decoded(host)
+        host = loader.passes._reader.loader.dataset[order[step * BATCH:(step + 1) * BATCH].tolist()]
+        table, failures = made._decoded(host)
         assert not failures, failures
         heights, widths = torch.from_numpy(table.sizes[:, 0]), torch.from_numpy(table.sizes[:, 1])
         boxes = random_resized_boxes(heights, widths, generator)
@@ -114,7 +116,7 @@ def main():
     results = {"meta": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         "command": " ".join([sys.executable] + sys.argv), "batch_size": BATCH,
-                        "module_default": "fused_B{}_W{}_T{}".format(*default), "decoder": loader.decoder},
+                        "module_default": "fused_B{}_W{}_T{}".format(*default), "decoder": made.decoder},
                "variants": {}}
     for name, run in variants.items():
         worst = 0.0

@@ -35,6 +35,7 @@ import torch
 
 from gpuaccel.data import open_dataset, stream
 from gpuaccel.data.crops import random_resized_boxes, resample_boxes
+from gpuaccel.runtime.loaders import stream_loader
 
 BATCH = 256
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -81,9 +82,10 @@ class StageClock:
     def __init__(self, loader):
         self.times = {"nvjpeg": [], "decode": [], "resample": []}
         stream._decode_on_gpu = self._timed("nvjpeg", stream._decode_on_gpu)
-        if loader.batch_decoder is not None:
-            loader.batch_decoder.decode = self._timed("nvjpeg", loader.batch_decoder.decode)
-        loader._decoded = self._timed("decode", loader._decoded)
+        made = loader.transform  # (data.stream.JpegBatches: what makes each batch on the device)
+        if made.batch_decoder is not None:
+            made.batch_decoder.decode = self._timed("nvjpeg", made.batch_decoder.decode)
+        made._decoded = self._timed("decode", made._decoded)
         stream.resample_boxes = self._timed("resample", stream.resample_boxes)
 
     def _timed(self, key, fn):
@@ -168,15 +170,15 @@ def under_load(loader) -> dict:
             step(x, y)
             yield x, y
     # windows taken in turn with each decoder, so that drift of the machine affects both alike
-    own = loader.batch_decoder
+    own = loader.transform.batch_decoder
     decoders = {"direct": own, "torchvision": None} if own is not None else {"torchvision": None}
     for _ in range(3):
         for name, decoder in decoders.items():
-            loader.batch_decoder = decoder
+            loader.transform.batch_decoder = decoder
             marks = clock.marks()
             window = {"img_s": images_per_second(trained(served), warmup=4, count=40), **clock.since(marks)}
             results.setdefault(f"training_from_the_pipeline_{name}", []).append(window)
-    loader.batch_decoder = own
+    loader.transform.batch_decoder = own
     return results
 
 
@@ -189,14 +191,14 @@ def main():
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
-    loader = dataset.loader(train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
+    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
                             channels_last=True, cpu_decode=args.cpu_decode)
-    order = loader.order.epoch_indices(0)
+    order = loader.passes.order.epoch_indices(0)
     steps = [order[s * BATCH:(s + 1) * BATCH].tolist() for s in range(len(loader))]
     results = {"meta": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         "command": " ".join([sys.executable] + sys.argv), "batch_size": BATCH,
-                        "decoder": loader.decoder}}
+                        "decoder": loader.transform.decoder}}
 
     def report(key, value):
         results[key] = value
@@ -224,10 +226,10 @@ def main():
     host, synced = timed(decode, 24)
     report("decode_host", stats(host))
     report("decode_until_gpu_done", stats(synced))
-    if loader.batch_decoder is not None:  # the loader's own call: nvJPEG's hardware decoder without torchvision
+    if loader.transform.batch_decoder is not None:  # the loader's own call: nvJPEG's hardware decoder without torchvision
         def direct(i):
             data, frames, lengths = hosts[i % len(hosts)]
-            loader.batch_decoder.decode(data, frames[:, 0], lengths, frames[:, 1], frames[:, 2])
+            loader.transform.batch_decoder.decode(data, frames[:, 0], lengths, frames[:, 1], frames[:, 2])
         host, synced = timed(direct, 24)
         report("decode_direct_host", stats(host))
         report("decode_direct_until_gpu_done", stats(synced))
@@ -246,7 +248,7 @@ def main():
             images = decoded[i % len(decoded)]
             boxes, flip = geometry(images)
             # the batch as training takes it, made as the loader makes it
-            return resample_boxes(images, boxes, 224, flip, method=method, **loader.normaliser.finished_form)
+            return resample_boxes(images, boxes, 224, flip, method=method, **loader.transform.normaliser.finished_form)
         host, synced = timed(crop, 24)
         report(f"resample_{method}_host", stats(host))
         report(f"resample_{method}_until_gpu_done", stats(synced))
@@ -269,7 +271,7 @@ def main():
     report("kernel_vs_matrices_grey_levels", {"max": round(apart.max().item(), 3),
                                               "mean": round(apart.mean().item(), 4)})
 
-    report("pipeline_on_calling_thread_img_s", images_per_second(iter(loader.prepared(1))))
+    report("pipeline_on_calling_thread_img_s", images_per_second(map(loader.transform, loader.passes.read(1, 0))))
     report("pipeline_served_img_s", images_per_second(iter(loader.batches(2))))
     if args.under_load:
         for name, value in under_load(loader).items():

@@ -32,9 +32,9 @@ Parts:
             tree's gpuaccel, old and new alternating over ``--repeats`` rounds: samples per second
             (``--examples``: a pytorch/examples checkout; ``--mnist``, and ``--text`` split 80/10/10 by
             lines for word_language_model)
-  stream    ``gpuaccel train --loader stream`` (nvJPEG) on a synthetic JPEG folder made by
-            imagenet_throughput.py's generator: images per second over the training time, old
-            and new alternating
+  stream    ``gpuaccel train --loader stream`` on a synthetic JPEG folder made by
+            imagenet_throughput.py's generator (``--stream-cpu-decode 0``: nvJPEG decodes every
+            image): images per second over the training time, old and new alternating
 
 Each number is a ratio within this run: new / old on the same machine, minutes apart.
 """
@@ -219,7 +219,7 @@ def resnet50(trees: dict, repeats: int, mode: str = "default") -> dict:
     return {"runs": rows, "summary": {name: _stats(rows[name], ("images_per_second",)) for name in rows}}
 
 
-def stream(trees: dict, work: Path, repeats: int, epochs: int) -> dict:
+def stream(trees: dict, work: Path, repeats: int, epochs: int, cpu_decode: float | None = None) -> dict:
     folder = work / "imagenet" / "folder"
     if not folder.exists():
         subprocess.run([sys.executable, str(HERE.parent / "resnet50" / "imagenet_throughput.py"), "--work", str(work / "imagenet"),
@@ -234,9 +234,10 @@ def stream(trees: dict, work: Path, repeats: int, epochs: int) -> dict:
             s = run_gpuaccel(trees[name], [
                 "train", "--data", str(folder), "--loader", "stream", "--model", "resnet50", "--image-size", "224",
                 "--precision", "bf16", "--compile", "--batch-size", "256", "--eval-batch-size", "256",
-                "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet"], timeout=500)
+                "--epochs", str(epochs), "--lr", "0.1", "--run-dir", str(run_dir), "--quiet",
+                *(() if cpu_decode is None else ("--cpu-decode", str(cpu_decode)))], timeout=500)
             row = {"error": s["error"]} if "error" in s else {
-                "images_per_second": rate(s), "train_seconds": s["train_seconds"],
+                "images_per_second": rate(s), "train_seconds": s["train_seconds"], "accuracy": accuracy(s),
                 "warmup_seconds": s["warmup_seconds"], "jpeg_decoder": s.get("jpeg_decoder")}
             rows[name].append(row)
             print("stream", name, row, flush=True)
@@ -261,6 +262,9 @@ def main():
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stream-epochs", type=int, default=2)
+    ap.add_argument("--stream-cpu-decode", type=float,
+                    help="stream: the share of each batch its reader processes decode (0: nvJPEG decodes it all; "
+                         "by default gpuaccel's choice)")
     ap.add_argument("--work", default="/tmp/redesign")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -294,7 +298,7 @@ def main():
         elif part == "ports":
             results["ports"] = ports(trees, args, work)
         elif part == "stream":
-            results["stream"] = stream(trees, work, args.repeats, args.stream_epochs)
+            results["stream"] = stream(trees, work, args.repeats, args.stream_epochs, args.stream_cpu_decode)
         out.write_text(json.dumps(results, indent=1))
     for part in args.parts:
         summary = results[part]["summary"]

@@ -12,15 +12,15 @@ import torch.nn.functional as F
 
 from gpuaccel.data import augment as aug
 from gpuaccel.data.augment import AugmentConfig
-from gpuaccel.data.loader import READER_NICENESS, DeviceLoader, PassReader
-from gpuaccel.runtime.loaders import PrefetchLoader, image_loader
+from gpuaccel.data.loader import READER_NICENESS, PassReader
+from gpuaccel.runtime.loaders import PrefetchLoader, ResidentLoader, image_loader
 
 CPU = torch.device("cpu")
 
 
 def make_loader(n=103, batch=10, train=True, rank=0, world=1, seed=0, augment=None, drop_last=None):
     images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous()
-    return DeviceLoader(images, torch.arange(n), batch_size=batch, device=CPU, mean=[0.0], std=[1 / 255],
+    return image_loader(images, torch.arange(n), batch_size=batch, device=CPU, mean=[0.0], std=[1 / 255], placement="gpu",
                         train=train, seed=seed, augment=augment, rank=rank, world_size=world, drop_last=drop_last)
 
 
@@ -56,9 +56,9 @@ def test_same_seed_same_order_other_seed_other_order():
 def test_the_next_epochs_order_drawn_ahead_is_the_order_drawn_then():
     loader = make_loader(seed=3)
     ahead = [served_labels(loader, epoch) for epoch in (0, 1, 2)]  # each epoch draws the next in the background
-    assert loader._ahead[0][0] == 3
+    assert loader.order._ahead[0][0] == 3
     assert all(torch.equal(a, served_labels(make_loader(seed=3), e)) for e, a in enumerate(ahead))
-    loader.seed = 4  # (an order drawn for other settings, or another epoch, is not served)
+    loader.order.seed = 4  # (an order drawn for other settings, or another epoch, is not served)
     assert torch.equal(served_labels(loader, 3), served_labels(make_loader(seed=4), 3))
     assert torch.equal(served_labels(loader, 1), served_labels(make_loader(seed=4), 1))
 
@@ -75,7 +75,7 @@ def test_resuming_mid_epoch_serves_the_rest_identically():
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_shards_are_disjoint_and_cover_the_epoch(world):
-    shards = [make_loader(n=101, rank=r, world=world, drop_last=False).epoch_indices(5) for r in range(world)]
+    shards = [make_loader(n=101, rank=r, world=world, drop_last=False).order.epoch_indices(5) for r in range(world)]
     assert len({len(s) for s in shards}) == 1  # every rank takes the same number of steps
     together = torch.cat(shards).tolist()
     assert set(together) == set(range(101))
@@ -86,7 +86,7 @@ def test_shards_are_disjoint_and_cover_the_epoch(world):
 
 
 def test_eval_shards_split_exactly():
-    shards = [make_loader(n=101, train=False, rank=r, world=3).epoch_indices(0) for r in range(3)]
+    shards = [make_loader(n=101, train=False, rank=r, world=3).order.epoch_indices(0) for r in range(3)]
     assert sorted(torch.cat(shards).tolist()) == list(range(101))
 
 
@@ -154,7 +154,7 @@ def test_augmented_loader_is_deterministic_and_only_in_training():
 
 def test_channels_last_and_dtype():
     images = torch.randint(0, 255, (8, 3, 4, 4), dtype=torch.uint8)
-    loader = DeviceLoader(images, torch.zeros(8, dtype=torch.long), batch_size=4, device=CPU, mean=[0.5] * 3,
+    loader = image_loader(images, torch.zeros(8, dtype=torch.long), batch_size=4, device=CPU, mean=[0.5] * 3,
                           std=[0.25] * 3, train=False, dtype=torch.bfloat16, channels_last=True)
     x, _ = next(loader.batches())
     assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
@@ -168,7 +168,7 @@ def make_pair(n=103, batch=10, augment=None, workers=2, **kw):
     images = torch.randint(0, 256, (n, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     common = dict(batch_size=batch, device=CPU, mean=[0.4, 0.5, 0.6], std=[0.2, 0.25, 0.3], train=True,
                   augment=augment, **kw)
-    return (DeviceLoader(images, torch.arange(n), **common),
+    return (image_loader(images, torch.arange(n), placement="gpu", **common),
             image_loader(images, torch.arange(n), placement="cpu", workers=workers, **common))
 
 
@@ -340,7 +340,7 @@ def test_reader_processes_run_at_a_lower_priority_than_the_training_process():
 def test_image_loader_keeps_cpu_data_in_process_unless_told():
     images, labels = torch.zeros(8, 1, 2, 2, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
     common = dict(device=CPU, batch_size=4, mean=[0.0], std=[1.0], train=False)
-    assert isinstance(image_loader(images, labels, **common), DeviceLoader)
+    assert isinstance(image_loader(images, labels, **common), ResidentLoader)
     assert isinstance(image_loader(images, labels, placement="cpu", workers=0, **common), PrefetchLoader)
 
 
@@ -348,8 +348,8 @@ def test_image_loader_keeps_cpu_data_in_process_unless_told():
 def test_batches_prepared_together_are_the_batches_prepared_one_at_a_time(start):
     augment = AugmentConfig(crop_padding=2, flip="random", cutout=2, brightness=0.2, contrast=0.2)
     together, alone = (make_pair(augment=augment, drop_last=False)[0] for _ in range(2))  # 103 images: a last batch of 3
-    assert alone.batches_together == 1 and len(alone) == 11  # (on a CPU: one at a time)
-    together.batches_together = 4  # (as on a GPU)
+    assert alone.gather.together == 1 and len(alone) == 11  # (on a CPU: one at a time)
+    together.gather.together = 4  # (as on a GPU)
     pairs = list(zip(together.batches(3, start), alone.batches(3, start), strict=True))
     assert len(pairs) == 11 - start and len(pairs[-1][0][1]) == 3
     for (xa, ya), (xb, yb) in pairs:

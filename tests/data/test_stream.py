@@ -25,6 +25,7 @@ from gpuaccel.data import crops, nvjpeg
 from gpuaccel.data.crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
 from gpuaccel.data.stream import PILLOW_READERS, ShardOrder, StreamingDataset, default_cpu_decode
 from gpuaccel.errors import GpuaccelError
+from gpuaccel.runtime.loaders import PrefetchLoader, stream_loader
 
 CPU = torch.device("cpu")
 
@@ -292,8 +293,8 @@ def write_shards(root: Path, split: str, shards: int, per_shard: int, bad: set[t
     return root
 
 
-def stream_loader(ds: StreamingDataset, train: bool, **options):
-    return ds.loader(train=train, batch_size=options.pop("batch_size", 8), device=CPU, mean=(0.5,) * 3,
+def loader_of(ds: StreamingDataset, train: bool, **options):
+    return stream_loader(ds, train=train, batch_size=options.pop("batch_size", 8), device=CPU, mean=(0.5,) * 3,
                      std=(0.25,) * 3, **options)
 
 
@@ -305,7 +306,7 @@ def test_shards_are_indexed_with_labels_and_stream_the_right_images(tmp_path):
     assert (len(ds.train), len(ds.test), ds.num_classes) == (60, 12, 3)
     assert ds.train.names[0].endswith("train-0000.tar:0000_0000.jpg")
     for train in (True, False):
-        loader = stream_loader(ds, train)
+        loader = loader_of(ds, train)
         for x, y in loader.batches(0):
             assert x.shape[1:] == (3, 24, 24)
             # each image's dominant channel is its label, whatever the crop
@@ -316,32 +317,45 @@ def test_stream_batches_are_deterministic_and_resume_mid_epoch(tmp_path):
     root = write_shards(tmp_path / "shards", "train", 2, 16)
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
-    loader = stream_loader(ds, True, seed=1, workers=2)
+    loader = loader_of(ds, True, seed=1, workers=2)
     full = list(loader.batches(epoch=2))
     following = list(loader.batches(epoch=3))  # its reader processes went on into epoch 3
     # batches made by several pipeline threads are the same batches, in the same order
-    rest = list(stream_loader(ds, True, seed=1, threads=2).batches(epoch=2, start=1))
+    rest = list(loader_of(ds, True, seed=1, threads=2).batches(epoch=2, start=1))
     assert len(rest) == len(full) - 1
     for (xa, ya), (xb, yb) in zip(full[1:], rest):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    other = list(stream_loader(ds, True, seed=1, threads=3).batches(epoch=3))
+    other = list(loader_of(ds, True, seed=1, threads=3).batches(epoch=3))
     assert not torch.equal(full[0][0], other[0][0])
     for (xa, ya), (xb, yb) in zip(following, other, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_evaluation_batches_are_the_same_centre_crops_whatever_the_seed_and_epoch(tmp_path):
+    root = write_shards(tmp_path / "shards", "train", 1, 8)
+    write_shards(root, "val", 1, 12)
+    ds = open_dataset(str(root), image_size=16)
+    first, other = list(loader_of(ds, False, seed=1).batches(0)), list(loader_of(ds, False, seed=2).batches(3))
+    for (xa, ya), (xb, yb) in zip(first, other, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    train = list(loader_of(ds, True, seed=1).batches(0))
+    sample = loader_of(ds, False, seed=1).sample(4)[0]  # (float32: centre crops, normalised, not cast)
+    assert sample.dtype == torch.float32 and sample.shape == (4, 3, 16, 16)
+    assert not torch.equal(train[0][0], loader_of(ds, True, seed=2).batches(0).__next__()[0])
 
 
 def test_any_share_of_a_batch_decoded_by_any_number_of_reader_processes_gives_the_same_batches(tmp_path):
     root = write_shards(tmp_path / "shards", "train", 3, 12)
     write_shards(root, "val", 1, 6)
     ds = open_dataset(str(root), image_size=16)
-    reference = list(stream_loader(ds, True, seed=2, workers=0, cpu_decode=1.0).batches(1))
+    reference = list(loader_of(ds, True, seed=2, workers=0, cpu_decode=1.0).batches(1))
     for workers, share in ((0, 0.0), (2, 0.5), (2, 1.0), (1, 0.3)):
-        batches = list(stream_loader(ds, True, seed=2, workers=workers, cpu_decode=share).batches(1))
+        batches = list(loader_of(ds, True, seed=2, workers=workers, cpu_decode=share).batches(1))
         assert len(batches) == len(reference)
         for (x, y), (x_ref, y_ref) in zip(batches, reference):
             assert torch.equal(x, x_ref) and torch.equal(y, y_ref), (workers, share)
     with pytest.raises(GpuaccelError, match="cpu_decode must be a fraction"):
-        stream_loader(ds, True, cpu_decode=1.5)
+        loader_of(ds, True, cpu_decode=1.5)
 
 
 def test_the_reader_processes_decode_every_image_unless_nvjpeg_is_there_and_they_are_few(tmp_path):
@@ -351,10 +365,10 @@ def test_the_reader_processes_decode_every_image_unless_nvjpeg_is_there_and_they
     root = write_shards(tmp_path / "shards", "train", 1, 8)
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
-    assert stream_loader(ds, True, workers=2).decoder == "pillow"
+    assert loader_of(ds, True, workers=2).transform.decoder == "pillow"
     if torch.cuda.is_available():
         options = dict(train=True, batch_size=8, device=torch.device("cuda"), mean=(0.5,) * 3, std=(0.25,) * 3)
-        many, few = ds.loader(workers=PILLOW_READERS, **options), ds.loader(workers=2, **options)
+        many, few = (stream_loader(ds, workers=workers, **options).transform for workers in (PILLOW_READERS, 2))
         assert (many.cpu_decode, many.batch_decoder, many.decoder) == (1.0, None, "pillow")
         assert few.cpu_decode == 0.0 and few.decoder.startswith("nvjpeg")
 
@@ -364,8 +378,8 @@ def test_nvjpeg_and_the_reader_processes_share_a_batch_on_a_gpu(tmp_path):
     root = write_shards(tmp_path / "shards", "train", 2, 16)
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
-    passes = {share: list(ds.loader(train=True, batch_size=8, device=torch.device("cuda"), mean=(0.5,) * 3,
-                                    std=(0.25,) * 3, seed=2, cpu_decode=share).batches(1))
+    passes = {share: list(stream_loader(ds, train=True, batch_size=8, device=torch.device("cuda"), mean=(0.5,) * 3,
+                                        std=(0.25,) * 3, seed=2, cpu_decode=share).batches(1))
               for share in (0.0, 0.5, 1.0)}
     grey_level = 1 / 255 / 0.25
     for step, (x_pil, y_pil) in enumerate(passes[1.0]):
@@ -541,9 +555,9 @@ def test_a_corrupt_jpeg_in_a_shard_is_named_or_skipped_and_counted(tmp_path, sha
     write_shards(root, "val", 1, 4)
     ds = open_dataset(str(root), image_size=16)
     with pytest.raises(GpuaccelError, match=r"train-0001\.tar:0001_0005\.jpg.*skip_bad"):
-        for _ in stream_loader(ds, True, cpu_decode=share).batches(0):
+        for _ in loader_of(ds, True, cpu_decode=share).batches(0):
             pass
-    batches = list(stream_loader(ds, True, skip_bad=True, cpu_decode=share).batches(0))
+    batches = list(loader_of(ds, True, skip_bad=True, cpu_decode=share).batches(0))
     assert all(x.shape[0] == 8 for x, _ in batches)  # the bad image's place is taken: shapes stay static
     assert ds.skipped == [str(root / "train" / "train-0001.tar") + ":0001_0005.jpg"]
 
@@ -569,14 +583,14 @@ def test_training_from_shards_and_from_a_streamed_folder(capsys, tmp_path):
 
 
 def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(capsys, tmp_path, monkeypatch):
-    from gpuaccel.data.stream import StreamLoader
+    from gpuaccel.data.stream import JpegPasses
     from gpuaccel.train.trainer import Trainer
 
     events = []
-    batches, evaluate = StreamLoader.batches, Trainer.evaluate
+    batches, evaluate = PrefetchLoader.batches, Trainer.evaluate
 
     def logged_batches(self, epoch=0, start=0):
-        if self.train:
+        if isinstance(self.passes, JpegPasses) and self.passes.order.train:
             events.append(("batches", epoch))
         return batches(self, epoch, start)
 
@@ -585,7 +599,7 @@ def test_the_trainer_sets_the_next_epochs_batches_going_before_it_evaluates(caps
             events.append(("evaluate", self.state.epoch))
         return evaluate(self, each_shape)
 
-    monkeypatch.setattr(StreamLoader, "batches", logged_batches)
+    monkeypatch.setattr(PrefetchLoader, "batches", logged_batches)
     monkeypatch.setattr(Trainer, "evaluate", logged_evaluate)
     root = write_shards(tmp_path / "shards", "train", 2, 16)
     write_shards(root, "val", 1, 8)

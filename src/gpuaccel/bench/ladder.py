@@ -406,7 +406,7 @@ def _measure_data_parallel(rung, config: TrainConfig, options, flops, peaks, run
     speed = summary["samples_per_second"]
     achieved = flops * speed / 1e12
     row.update(device=f"{gpus} x cuda", precision=summary["precision"], channels_last=summary["channels_last"],
-               loader="DeviceLoader" if config.data.loader == "gpu" else config.data.loader,
+               loader="resident" if config.data.loader == "gpu" else config.data.loader,
                compile=config.runtime.compile and config.runtime.compile_mode, batch_size=config.loop.batch_size,
                lr=config.optimizer.lr, gpus=gpus,
                global_batch_size=summary["global_batch_size"], images_per_second=speed,

@@ -1,13 +1,14 @@
-"""What gpuaccel's loaders are made of, and the image loader that keeps the data set on the device.
+"""What gpuaccel's loaders are made of: their order, and how image arrays become batches.
 
 :class:`ShardedOrder` is the order every loader serves samples in: batches are a pure function
 of (seed, epoch) and each batch's augmentation of (seed, epoch, step), so training can stop at
 any step and resume at the next one with the same data; with ``world_size`` > 1 each rank
 takes a disjoint shard of every epoch's permutation.
 
-:class:`DeviceLoader` holds a whole split of images as one uint8 tensor on the compute device.
-On a GPU a gather, a few augmentation ops and a normalisation, all on the GPU, make
-several batches at once: no host work, no host-device copy, no synchronisation.
+:class:`ImageGather` is how a resident loader (``runtime.loaders.ResidentLoader``, a whole split
+of images as one uint8 tensor on the compute device) makes image batches: on a GPU a gather, a
+few augmentation ops and a normalisation make several batches at once: no host work, no
+host-device copy, no synchronisation.
 
 For images that do not fit in GPU memory (``--loader cpu`` forces it), :class:`ImageBatches`
 is what worker processes make (:class:`PassReader`): the same batches gathered and augmented
@@ -206,64 +207,49 @@ class Normaliser:
         return (self.scale(x), *rest)
 
 
-class DeviceLoader(ShardedOrder):
-    """Shuffled (training) or ordered (evaluation) batches of normalised images, from a uint8
-    (N, C, H, W) tensor that lives on the compute device; ``labels``: int64 (N,)."""
+class ImageGather:
+    """How a resident loader makes batches of image arrays (uint8 (N, C, H, W) images and int64
+    labels): normalised, and in training augmented, several consecutive batches at once.
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
-                 mean, std, train: bool, dtype: torch.dtype = torch.float32, augment: AugmentConfig | None = None,
-                 channels_last: bool = False, seed: int = 0, drop_last: bool | None = None,
-                 rank: int = 0, world_size: int = 1):
-        super().__init__(int(labels.shape[0]), batch_size=batch_size, train=train, seed=seed, rank=rank,
-                         world_size=world_size, drop_last=drop_last)
-        self.device = device
-        self.images, self.labels = images.to(device), labels.to(device)
-        self.augment = augment if (train and augment is not None and augment.active) else None
-        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
-        # how many batches :meth:`batches` prepares at once: on a GPU up to _BYTES_TOGETHER of fp32
-        # images (one batch of large images). On a CPU one: a kernel costs little there, and
-        # several batches' images outgrow its caches (cifar-sized batches together were slower)
-        image_bytes = 4 * self.images[0].numel()
-        self.batches_together = max(1, _BYTES_TOGETHER // (image_bytes * batch_size)) if device.type == "cuda" else 1
+    On a GPU a gather, a few augmentation ops and a normalisation make :attr:`together` batches
+    (each with its own draws, so every batch is what it would be alone): one set of kernels for
+    them all, where each batch alone took some thirty small kernels and their launches between
+    two training steps (cifar10-fast's on 4 GPUs: 384 images a batch). Crops and flips are one
+    gather of the stored uint8 images, normalised after (the same values as normalising, padding,
+    cropping and flipping, with a quarter of the bytes moved), which a transform after a plain
+    gather could not be. A :class:`ResidentLoader` calls it with each group's indices."""
 
-    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``count`` images of a fixed random order and their labels, normalised (in
-        float32) but not augmented, on the compute device (for data-dependent initialisation
-        such as patch whitening)."""
-        idx = self.sample_indices(count).to(self.device)
-        return self.normaliser.scale(self.images[idx]), self.labels[idx]
+    def __init__(self, order: ShardedOrder, normaliser: Normaliser, augment: AugmentConfig | None,
+                 image_shape: torch.Size, device: torch.device):
+        self.order, self.normaliser, self.device, self.image_shape = order, normaliser, device, tuple(image_shape)
+        self.augment = augment if (order.train and augment is not None and augment.active) else None
+        # batches made at once: on a GPU up to _BYTES_TOGETHER of fp32 images (one batch of large
+        # images). On a CPU one: a kernel costs little there, and several batches' images outgrow
+        # its caches (cifar-sized batches together were slower)
+        image_bytes = 4 * math.prod(self.image_shape)
+        self.together = max(1, _BYTES_TOGETHER // (image_bytes * order.batch_size)) if device.type == "cuda" else 1
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yields (images, labels) on the compute device, from batch ``start`` of ``epoch``.
-
-        On a GPU several batches are gathered, normalised and augmented together (each with its
-        own draws, so every batch is what it would be alone): one set of kernels for them all,
-        where each batch alone took some thirty small kernels and their launches between two
-        training steps (cifar10-fast's on 4 GPUs: 384 images a batch). Crops and flips are one
-        gather of the stored uint8 images, normalised after (the same values as normalising,
-        padding, cropping and flipping, with a quarter of the bytes moved)."""
-        order = self.device_indices(epoch, self.device)
-        size = self.batch_size
-        for first in range(start, len(self), self.batches_together):
-            steps = range(first, min(first + self.batches_together, len(self)))
-            idx = order[first * size:steps[-1] * size + size]
-            if self.augment is None:
-                x = self.normaliser.scale(self.images[idx])
-            else:
-                draws = AugmentDraws.joined([
-                    AugmentDraws.draw((min(size, len(order) - step * size), *self.images.shape[1:]), self.augment,
-                                      torch.Generator(device=self.device).manual_seed(self.batch_seed(epoch, step)),
-                                      self.device) for step in steps])
-                x = gather_moved(self.images, idx, self.augment, draws,
-                                 alternate_flips(idx, epoch, self.augment, self.seed))
-                x = apply_pixel_changes(self.normaliser.scale(x), self.augment, draws,
-                                        unit=self.normaliser.pixel_range)
-            x, labels = self.normaliser.finish(x), self.labels[idx]
-            for k, step in enumerate(steps):
-                images = x[k * size:(k + 1) * size]
-                if self.augment is not None:
-                    images = resize(images, self.augment.size_at(epoch + step / len(self)))
-                yield images, labels[k * size:(k + 1) * size]
+    def __call__(self, tensors: tuple[torch.Tensor, torch.Tensor], idx: torch.Tensor, steps: range,
+                 epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches ``steps`` of ``epoch``, whose samples are ``idx`` (their indices one after
+        another), as (images, labels) on the device."""
+        images, labels = tensors
+        size, augment = self.order.batch_size, self.augment
+        if augment is None:
+            x = self.normaliser.scale(images[idx])
+        else:
+            draws = AugmentDraws.joined([
+                AugmentDraws.draw((min(size, len(idx) - k * size), *self.image_shape), augment,
+                                  torch.Generator(device=self.device).manual_seed(self.order.batch_seed(epoch, step)),
+                                  self.device) for k, step in enumerate(steps)])
+            x = gather_moved(images, idx, augment, draws, alternate_flips(idx, epoch, augment, self.order.seed))
+            x = apply_pixel_changes(self.normaliser.scale(x), augment, draws, unit=self.normaliser.pixel_range)
+        x, labels = self.normaliser.finish(x), labels[idx]
+        for k, step in enumerate(steps):
+            batch = x[k * size:(k + 1) * size]
+            if augment is not None:
+                batch = resize(batch, augment.size_at(epoch + step / len(self.order)))
+            yield batch, labels[k * size:(k + 1) * size]
 
 
 class OrderedBatches(torch.utils.data.Dataset):
@@ -288,8 +274,8 @@ class OrderedBatches(torch.utils.data.Dataset):
 
 class ImageBatches(OrderedBatches):
     """Batches of uint8 image arrays, gathered and augmented on the CPU: the batches of
-    :class:`DeviceLoader` before normalisation. Cutout fills with the mean pixel (what a zero
-    after normalisation is), so they equal the device loader's up to uint8 rounding inside
+    :class:`ImageGather` before normalisation. Cutout fills with the mean pixel (what a zero
+    after normalisation is), so they equal the resident loader's up to uint8 rounding inside
     cutout squares, and (brightness, contrast, resizing, which work on uint8 here) up to
     rounding and clipping to 0..255."""
 

@@ -5,10 +5,11 @@ own loader plugs in by serving it (``Trainer(model, train_data=MySource(), eval_
 gpuaccel's own are made of two engines (``runtime.loaders``): resident on the device
 (``ResidentLoader``: a gather per field in an order's plan, such as a text's random windows,
 sentences in length runs or sentence pairs in token buckets, with a kind's transform such as
-scenes' augmentation, or tensors drawn again each epoch such as negative samples;
-``DeviceLoader`` for image arrays with their augmentation fused into the gather), or made on
-the host and copied ahead (``PrefetchLoader``), each with a transform run on the device;
-streamed JPEG folders (``StreamLoader``) serve the same protocol.
+scenes' augmentation, or tensors drawn again each epoch such as negative samples, or a kind's
+gather of several batches at once such as image arrays' with their augmentation), or made on
+the host and copied ahead (``PrefetchLoader``: a user's DataLoader, worker processes, or a
+streamed JPEG folder's readers, whose transform decodes on the device ahead of the step), each
+with a transform run on the device.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ them with Pillow; the rest are decoded on the GPU in one nvJPEG call
 (``torchvision.io.decode_jpeg(..., device="cuda")``, which uses the GPU's hardware JPEG
 decoder for baseline JPEGs), and the whole batch is cropped, resized, flipped and
 normalised on the device (``crops.py``). Without a GPU decoder the processes decode it
-all. The processes read on into the next epoch while one ends (:class:`loader.PassReader`). A
-background thread turns their batches into device batches on a side CUDA stream, so the
-training step only waits on a CUDA event.
+all. The processes read on into the next epoch while one ends (:class:`loader.PassReader`).
+:class:`JpegPasses` is that host side and :class:`JpegBatches` the device side;
+``runtime.loaders.stream_loader`` joins them in a ``PrefetchLoader`` whose background thread
+makes the device batches on a side CUDA stream, so the training step only waits on a CUDA event.
 
 Order: an image folder is served like the in-memory loaders (a per-epoch permutation,
 each rank a disjoint shard, every image once per epoch). Shards are read as wholes,
@@ -42,9 +43,8 @@ from . import nvjpeg
 from .crops import ImageTable, centre_boxes, random_resized_boxes, resample_boxes
 from .dataset import stratified_split
 from .formats import TEST_SPLIT_NAMES, common_root, _scan_tree, split_tree
-from .images import ImageSource, _decode_one, gpu_jpeg_decoder_available, is_image_name
-from .loader import PassReader, next_epoch, Normaliser, ShardedOrder, default_workers
-from .prefetch import in_threads, side_stream
+from .images import ImageSource, _decode_one, is_image_name
+from .loader import PassReader, next_epoch, Normaliser, ShardedOrder
 
 DEFAULT_IMAGE_SIZE = 224
 SHUFFLE_WINDOW = 4  # shards whose samples are shuffled together
@@ -411,67 +411,66 @@ def _step_ids(order, batch_size: int, epoch: int) -> list[list[int]]:
     return [ids[s * batch_size:(s + 1) * batch_size].tolist() for s in range(len(order))]
 
 
-class StreamLoader:
-    """Batches of ``image_size`` x ``image_size`` normalised images streamed from JPEG files.
+class JpegPasses:
+    """The host side of a streamed split: ``workers`` reader processes (:class:`_FileBatches`)
+    read each step's files into shared memory and decode ``cpu_decode`` of its images with
+    Pillow, in the split's order (an image folder: :class:`loader.ShardedOrder`; shards:
+    :class:`ShardOrder`), reading on into the next epoch while one ends. A step is (its seed,
+    or None for evaluation; its image ids; its :class:`HostBatch`)."""
 
-    Training batches are random-resized crops with random horizontal flips; evaluation
-    batches are centre crops. A batch is a pure function of (seed, epoch, step), up to the
-    decoders' rounding. A file that cannot be decoded stops the run with its name, or with
-    ``skip_bad`` is counted in ``skipped`` and replaced by another image of the same batch
-    (shapes stay static).
-
-    ``workers`` reader processes (:class:`_FileBatches`) read each batch's files and decode
-    ``cpu_decode`` of its images with Pillow (by default :func:`default_cpu_decode`: all of them,
-    or none where nvJPEG is at hand and the readers are fewer than ``PILLOW_READERS``); nvJPEG
-    decodes the rest on the GPU (called directly through :mod:`nvjpeg`, one call per batch;
-    through torchvision the images the JPEG engines cannot take, and all of them without
-    engines), or without it Pillow on the loader's thread.
-    ``workers=0`` reads in the loader's thread.
-
-    ``threads`` background threads make the batches ahead of the training step, each on a
-    CUDA stream of its own, each batch on the next free thread, yielded in order
-    (:func:`prefetch.in_threads`); the batches and their order do not depend on it. One is the
-    default; two overlap two decoding calls, which beside training wait for nvJPEG's per-image
-    work, but gained nothing end to end for ResNet-50 (docs/results.md)."""
-
-    def __init__(self, records: Records, *, batch_size: int, device: torch.device, mean, std, train: bool,
-                 image_size: int = DEFAULT_IMAGE_SIZE, dtype: torch.dtype = torch.float32,
-                 channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 skip_bad: bool = False, workers: int | None = None, cpu_decode: float | None = None,
-                 skipped: dict | None = None, threads: int = 1):
-        self.records, self.device, self.train, self.image_size = records, device, train, image_size
-        self.batch_size, self.seed, self.skip_bad = batch_size, seed, skip_bad
+    def __init__(self, records: Records, *, batch_size: int, train: bool, seed: int, rank: int, world_size: int,
+                 workers: int, cpu_decode: float, pin_memory: bool):
         if records.sharded:
             self.order = ShardOrder(records.shard_sizes(), batch_size=batch_size, train=train, seed=seed,
                                     rank=rank, world_size=world_size)
         else:
             self.order = ShardedOrder(len(records), batch_size=batch_size, train=train, seed=seed, rank=rank,
                                       world_size=world_size, drop_last=None)
-        self.num_images = len(records)
-        self.normaliser = Normaliser(mean, std, device, dtype, channels_last)
-        self.skipped = {} if skipped is None else skipped  # name -> reason, shared by a data set's loaders
-        self.on_gpu = gpu_jpeg_decoder_available(device)
-        # two cores stay with the training and pipeline threads
-        self.workers = default_workers(reserved=2, limit=None) if workers is None else workers
-        check_cpu_decode(cpu_decode)
-        self.cpu_decode = default_cpu_decode(self.on_gpu, self.workers) if cpu_decode is None else cpu_decode
-        self.batch_decoder = nvjpeg.BatchDecoder.open(device) if self.on_gpu and self.cpu_decode < 1 else None
+        self.batch_size, self.num_images, self.workers = batch_size, len(records), workers
         step_ids = functools.partial(_step_ids, self.order, batch_size)
-        self._reader = PassReader(_FileBatches(records, self.cpu_decode), step_ids, next_epoch(train),
-                                  workers=self.workers, pin_memory=device.type == "cuda", prefetch_factor=2)
-        self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
-        self._in_use_lock = threading.Lock()
+        self._reader = PassReader(_FileBatches(records, cpu_decode), step_ids, next_epoch(train), workers=workers,
+                                  pin_memory=pin_memory, prefetch_factor=2)
         self._lock = threading.Lock()  # one pass at a time: a new pass waits for an abandoned one to stop
-        if threads < 1:
-            raise GpuaccelError(f"the streaming loader needs at least one pipeline thread, got {threads}")
-        self.prepare_streams = [side_stream(device) for _ in range(threads)]
 
     def __len__(self) -> int:
         return len(self.order)
 
+    def read(self, epoch: int, start: int) -> Iterator[tuple[int | None, list[int], HostBatch]]:
+        steps = self._reader.keys(epoch)[start:]
+        with self._lock:
+            for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
+                yield (self.order.batch_seed(epoch, start + number) if self.order.train else None), ids, host
+
+    def sample(self, count: int) -> tuple[None, list[int], HostBatch]:
+        """The first ``count`` images of a fixed random order, as an evaluation step."""
+        ids = self.order.sample_indices(count).tolist()
+        return None, ids, self._reader.loader.dataset[ids]
+
     def stop_workers(self) -> None:
         """Stops the reader processes now (loader.py's PassReader.close); the next pass starts them."""
         self._reader.close()
+
+
+class JpegBatches:
+    """The device side of a streamed split: a step of :class:`JpegPasses` made into
+    ``image_size`` x ``image_size`` normalised images and their labels on the device.
+
+    Training batches are random-resized crops with random horizontal flips, drawn from the
+    step's seed; evaluation batches (seed None) are centre crops. A batch is a pure function of
+    (seed, epoch, step), up to the decoders' rounding. The images the readers left compressed
+    are decoded by nvJPEG on the GPU (called directly through :mod:`nvjpeg`, one call per batch;
+    through torchvision the images the JPEG engines cannot take, and all of them without
+    engines), or without it by Pillow on the calling thread. A file that cannot be decoded stops
+    the run with its name, or with ``skip_bad`` is counted in ``skipped`` and replaced by another
+    image of the same batch (shapes stay static)."""
+
+    def __init__(self, records: Records, *, device: torch.device, normaliser: Normaliser, image_size: int,
+                 skip_bad: bool, skipped: dict, on_gpu: bool, cpu_decode: float):
+        self.records, self.device, self.normaliser, self.image_size = records, device, normaliser, image_size
+        self.skip_bad, self.skipped, self.on_gpu, self.cpu_decode = skip_bad, skipped, on_gpu, cpu_decode
+        self.batch_decoder = nvjpeg.BatchDecoder.open(device) if on_gpu and cpu_decode < 1 else None
+        self._in_use: collections.deque = collections.deque()  # host batches the GPU may still read
+        self._in_use_lock = threading.Lock()
 
     @property
     def decoder(self) -> str:
@@ -480,39 +479,23 @@ class StreamLoader:
         route = self.batch_decoder.kind if self.batch_decoder else "torchvision"
         return f"nvjpeg ({route}), {self.cpu_decode:.0%} pillow"
 
-    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``count`` images of a fixed random order (centre crops, normalised in float32)
-        and their labels, on the device."""
-        ids = self.order.sample_indices(count).tolist()
-        images = self.normaliser.scale(self._images(ids, None, self._reader.loader.dataset[ids]))
-        return images, torch.from_numpy(self.records.labels[ids]).to(self.device)
-
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yields (images, labels) on the device from batch ``start`` of ``epoch``; the batches
-        after the one being consumed are prepared meanwhile on background threads."""
-        if start >= len(self):
-            return iter(())
-        return in_threads(self._read(epoch, start), self._made, self.prepare_streams)
-
-    def prepared(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch`` from ``start``, made one by one on the calling thread and its
-        current stream (the reader processes work ahead)."""
-        return map(self._made, self._read(epoch, start))
-
-    def _read(self, epoch: int, start: int) -> Iterator[tuple[int, list[int], HostBatch]]:
-        """(batch seed, image ids, host batch) of each step of ``epoch`` from ``start``."""
-        steps = self._reader.keys(epoch)[start:]
-        with self._lock:
-            for number, (ids, host) in enumerate(zip(steps, self._reader.read(epoch, start))):
-                yield self.order.batch_seed(epoch, start + number), ids, host
-
-    def _made(self, step: tuple[int, list[int], HostBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step's (images, labels) on the device, made on the current stream."""
+    def __call__(self, step: tuple[int | None, list[int], HostBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's (images, labels) on the device, in the training dtype and layout, made on the
+        current stream."""
         seed, ids, host = step
-        x = self._images(ids, torch.Generator().manual_seed(seed), host, finished=True)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return self._images(ids, generator, host, finished=True), self._labels(ids)
+
+    def scaled(self, step: tuple[int | None, list[int], HostBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's centre crops normalised in float32 (a sample for data-dependent
+        initialisation), and their labels."""
+        _, ids, host = step
+        return self.normaliser.scale(self._images(ids, None, host)), self._labels(ids)
+
+    def _labels(self, ids: list[int]) -> torch.Tensor:
         labels = torch.from_numpy(self.records.labels[ids])
         # pinned: a copy from pageable memory first waits for all of this stream's work
-        return x, (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
+        return (labels.pin_memory() if self.device.type == "cuda" else labels).to(self.device, non_blocking=True)
 
     def _decoded(self, host: HostBatch) -> tuple[ImageTable, dict[int, str]]:
         """The batch's images on the device, and the reasons of those that failed."""
@@ -641,10 +624,6 @@ class StreamingDataset:
             raise GpuaccelError(f"{self.source}: none of {len(picked)} sampled training images could be decoded")
         pixels = torch.cat([d.reshape(3, -1).double() / 255.0 for d in decoded], dim=1)
         return pixels.mean(dim=1).tolist(), pixels.std(dim=1).clamp(min=1e-3).tolist()
-
-    def loader(self, *, train: bool, **options) -> StreamLoader:
-        return StreamLoader(self.train if train else self.test, train=train, image_size=self.image_size,
-                            skipped=self.skipped_reasons, **options)
 
 
 def open_stream(path, *, image_size: int | None = None, val_split: float | None = None,

@@ -15,7 +15,7 @@ from ..data.formats import READERS, detect_kind
 from ..data.kinds import DataKind, register_kind
 from ..data.stream import PILLOW_READERS, check_cpu_decode
 from ..errors import GpuaccelError
-from ..runtime.loaders import image_loader
+from ..runtime.loaders import image_loader, stream_loader
 from ..settings import setting
 
 if TYPE_CHECKING:
@@ -85,8 +85,8 @@ class Images(DataKind):
                                         "flips")
                 common.update(skip_bad=config.data.skip_bad, workers=config.data.workers,
                               cpu_decode=config.data.cpu_decode)
-                return (ds.loader(train=True, batch_size=config.loop.batch_size, **common),
-                        ds.loader(train=False, batch_size=config.loop.eval_batch_size, **common))
+                return (stream_loader(ds, train=True, batch_size=config.loop.batch_size, **common),
+                        stream_loader(ds, train=False, batch_size=config.loop.eval_batch_size, **common))
             common.update(placement=config.data.loader, workers=config.data.workers)
             train = image_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
                                  batch_size=config.loop.batch_size, train=True, augment=augment_config(config),

@@ -26,6 +26,7 @@ arrays.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -34,10 +35,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from torch.utils.data import default_collate
 
 from ..data.augment import AugmentConfig
-from ..data.loader import (DeviceCopies, DeviceLoader, EpochPlan, ImageBatches, Normaliser, OrderedBatches,
+from ..data.loader import (DeviceCopies, EpochPlan, ImageBatches, ImageGather, Normaliser, OrderedBatches,
                            PassReader, ShardedOrder, default_workers, indices_on, next_epoch, on_device, PLACEMENTS,
                            resident_budget)
+from ..data.images import gpu_jpeg_decoder_available
+from ..data.prefetch import in_threads, side_stream
 from ..data.source import BatchSource, is_batch_source
+from ..data.stream import JpegBatches, JpegPasses, StreamingDataset, check_cpu_decode, default_cpu_decode
 from ..data.tensors import _DictRows, gather_tensors, is_tensors, rows
 from ..errors import GpuaccelError
 from ..monitor.steps import DataWaitMeter
@@ -99,14 +103,19 @@ class ResidentLoader(_LikeDataLoader):
     augmentation (training batches in gpuaccel's order; None for evaluation and samples), so a
     resumed run draws what an uninterrupted one did; and ``tensors`` may be drawn again for each
     epoch (negative samples): a callable ``tensors(epoch)`` whose ``len()`` is the samples of an
-    epoch."""
+    epoch. A kind whose augmentation is part of the gather brings ``gather`` instead of a
+    transform: ``gather(tensors, idx, steps, epoch)`` makes the batches ``steps`` (consecutive,
+    ``gather.together`` of them at a time) from their samples ``idx`` (image arrays:
+    ``data.loader.ImageGather``). ``sample_transform``: what :meth:`sample` applies, where it
+    differs from the transform."""
 
     resident = True  # (what a script asks of a prepared loader: its data set lives on the device)
 
     def __init__(self, tensors, *, device: torch.device, batch_size: int | None = None, train: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
                  order: ShardedOrder | None = None, order_of: DataLoader | None = None, layout=None,
-                 meter: DataWaitMeter | None = None, transform: Callable | None = None):
+                 meter: DataWaitMeter | None = None, transform: Callable | None = None,
+                 gather: Callable | None = None, sample_transform: Callable | None = None):
         redrawn = callable(tensors)
         if order is None:
             count = len(tensors) if redrawn else rows(tensors)
@@ -115,6 +124,7 @@ class ResidentLoader(_LikeDataLoader):
                              drop_last=drop_last)
         self.order, self.source = order, order_of
         self.device, self.layout, self.meter, self.transform = device, layout, meter, transform
+        self.gather, self.sample_transform = gather, sample_transform
         self.tensors = tensors if redrawn else on_device(tensors, device)
 
     def __len__(self) -> int:
@@ -129,6 +139,9 @@ class ResidentLoader(_LikeDataLoader):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator:
         tensors = self._tensors_of(epoch)
         plan = self.order.epoch_plan(epoch, self.device)
+        if self.gather is not None:
+            yield from self._gathered_together(tensors, plan, epoch, start)
+            return
         indices = _batches_of(plan)
         widths = plan.widths or [None] * len(plan.sizes)
         seeded = self.transform is not None and self.train and self.source is None  # (only a transform reads it)
@@ -138,7 +151,10 @@ class ResidentLoader(_LikeDataLoader):
 
     def sample(self, count: int):
         """The first ``count`` samples of a fixed random order, as one batch on the device."""
-        return self._gathered(self._tensors_of(0), self.order.sample_indices(count).to(self.device), None, None)
+        idx = self.order.sample_indices(count).to(self.device)
+        if self.sample_transform is not None:
+            return self.sample_transform(_rows_of(self._tensors_of(0), idx, None))
+        return self._gathered(self._tensors_of(0), idx, None, None)
 
     def shape_examples(self) -> list:
         """One batch of each shape training makes, where the order's batches vary in shape
@@ -153,11 +169,23 @@ class ResidentLoader(_LikeDataLoader):
         return self.tensors(epoch) if callable(self.tensors) else self.tensors
 
     def _gathered(self, tensors, idx: torch.Tensor, width: int | None, seed: int | None):
-        if type(tensors) is tuple and all(isinstance(t, torch.Tensor) for t in tensors):  # (without tree_map's cost)
-            batch = tuple(_gather(t, idx, width) for t in tensors)
-        else:
-            batch = tree_map(lambda t: _gather(t, idx, width) if isinstance(t, torch.Tensor) else t, tensors)
+        batch = _rows_of(tensors, idx, width)
         return batch if self.transform is None else self.transform(batch, seed)
+
+    def _gathered_together(self, tensors, plan: EpochPlan, epoch: int, start: int) -> Iterator:
+        """The pass from batch ``start`` made by the kind's gather, ``gather.together`` batches at a time."""
+        ends = list(itertools.accumulate(plan.sizes, initial=0))
+        steps, together = len(plan.sizes), self.gather.together
+        for first in range(start, steps, together):
+            group = range(first, min(first + together, steps))
+            yield from self.gather(tensors, plan.indices[ends[first]:ends[group.stop]], group, epoch)
+
+
+def _rows_of(tensors, idx: torch.Tensor, width: int | None):
+    """Rows ``idx`` of every tensor of a tuple or dict, cut to ``width`` (:func:`_gather`)."""
+    if type(tensors) is tuple and all(isinstance(t, torch.Tensor) for t in tensors):  # (without tree_map's cost)
+        return tuple(_gather(t, idx, width) for t in tensors)
+    return tree_map(lambda t: _gather(t, idx, width) if isinstance(t, torch.Tensor) else t, tensors)
 
 
 def _batches_of(plan: EpochPlan) -> tuple[torch.Tensor, ...]:
@@ -267,18 +295,27 @@ class DatasetBatches(OrderedBatches):
 class PrefetchLoader(_LikeDataLoader):
     """Batches made on the host arriving on ``device``: from pinned memory, copied one step ahead
     of their use on a side stream (the consuming stream waits for each copy). ``passes``: a user's
-    DataLoader, or worker processes in gpuaccel's order (:class:`HostPasses`)."""
+    DataLoader, or worker processes in gpuaccel's order (:class:`HostPasses`, or a streamed
+    split's ``data.stream.JpegPasses``).
+
+    With ``threads`` > 0 the ``transform`` takes each host batch as it is (it copies what it needs
+    itself) and runs ahead of the consumer, on that many background threads, each on a side
+    stream of its own (``data.prefetch.in_threads``): for device work too heavy to run between
+    two training steps on the consuming thread (decoding JPEGs with nvJPEG, which waits for its
+    per-image work)."""
 
     resident = False
 
     def __init__(self, passes: DataLoader | HostPasses, device: torch.device, *, layout=None,
                  meter: DataWaitMeter | None = None, transform: Callable | None = None,
-                 sample_transform: Callable | None = None):
+                 sample_transform: Callable | None = None, threads: int = 0):
         self.source = passes if isinstance(passes, DataLoader) else None
         self._passes = _DataLoaderPasses(passes) if isinstance(passes, DataLoader) else passes
         self.device, self.layout, self.meter, self.transform = device, layout, meter, transform
         self.sample_transform = sample_transform or transform  # (:meth:`sample`'s, where it differs)
         self._copies = DeviceCopies(device)
+        # one stream per thread, kept for the loader's life (prefetch.side_stream says why)
+        self._sides = [side_stream(device) for _ in range(threads)]
         # check(batch, where) of each host batch before it is copied, for loaders made with
         # checks_batches (the Trainer's check of a user's targets, which a loader that never holds the
         # whole data set cannot have checked before)
@@ -288,6 +325,11 @@ class PrefetchLoader(_LikeDataLoader):
 
     def __len__(self) -> int:
         return len(self._passes)
+
+    @property
+    def passes(self):
+        """What makes the batches on the host (a user's DataLoader's are iterated as they are)."""
+        return self._passes
 
     @property
     def num_images(self) -> int | None:
@@ -304,6 +346,8 @@ class PrefetchLoader(_LikeDataLoader):
         if self.checks_batches:
             self._unchecked = []
             host = self._checked(host, epoch, start)
+        if self._sides:
+            return in_threads(host, self.transform, self._sides)
         batches = self._copies(host)
         return batches if self.transform is None else map(self.transform, batches)
 
@@ -312,7 +356,8 @@ class PrefetchLoader(_LikeDataLoader):
         augmented); for batches gpuaccel's worker processes make, not a user's DataLoader's."""
         if not hasattr(self._passes, "sample"):
             raise GpuaccelError("a user's DataLoader has no fixed sample of its data set to give")
-        batch = on_device(self._passes.sample(count), self.device)
+        batch = self._passes.sample(count)
+        batch = batch if self._sides else on_device(batch, self.device)  # (made ahead: its transform copies)
         return batch if self.sample_transform is None else self.sample_transform(batch)
 
     @property
@@ -355,23 +400,57 @@ def resident_bytes(device: torch.device, placement: str = "auto") -> float:
 def image_loader(images: torch.Tensor, labels: torch.Tensor, *, device: torch.device, mean, std, batch_size: int,
                  train: bool, placement: str = "auto", workers: int | None = None, dtype: torch.dtype = torch.float32,
                  augment: AugmentConfig | None = None, channels_last: bool = False, seed: int = 0,
-                 drop_last: bool | None = None, rank: int = 0, world_size: int = 1) -> DeviceLoader | PrefetchLoader:
+                 drop_last: bool | None = None, rank: int = 0, world_size: int = 1) -> ResidentLoader | PrefetchLoader:
     """A data kind's uint8 (N, C, H, W) images and int64 labels as batches of normalised images:
-    resident with augmentation on the device (``data.loader.DeviceLoader``) where
-    :func:`resident_bytes` allows; otherwise gathered and augmented as uint8 by ``workers``
-    processes on the host, copied ahead and normalised on the device (the same batches, up to
-    uint8 rounding: ``data.loader.ImageBatches``)."""
+    resident, made several batches at a time with their augmentation on the device
+    (``data.loader.ImageGather``), where :func:`resident_bytes` allows; otherwise gathered and
+    augmented as uint8 by ``workers`` processes on the host, copied ahead and normalised on the
+    device (the same batches, up to uint8 rounding: ``data.loader.ImageBatches``)."""
     order = dict(batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
+    normaliser = Normaliser(mean, std, device, dtype, channels_last)
     if images.numel() * images.element_size() < resident_bytes(device, placement):
-        return DeviceLoader(images, labels, device=device, mean=mean, std=std, dtype=dtype, augment=augment,
-                            channels_last=channels_last, **order)
+        sharded = ShardedOrder(len(labels), **order)
+        gather = ImageGather(sharded, normaliser, augment, images.shape[1:], device)
+        # (a sample for data-dependent initialisation is normalised in float32, not cast or augmented)
+        return ResidentLoader((images, labels), device=device, order=sharded, gather=gather,
+                              sample_transform=normaliser.scaled_batch)
     # shared memory: workers started by fork or spawn read the images without a copy
     host_images, host_labels = images.cpu().share_memory_(), labels.cpu().share_memory_()
     passes = HostPasses(lambda o: ImageBatches(o, host_images, host_labels, augment, mean), len(labels),
                         workers=workers, pin_memory=device.type == "cuda", **order)
-    normaliser = Normaliser(mean, std, device, dtype, channels_last)
-    # (a sample for data-dependent initialisation stays float32, as DeviceLoader.sample gives it)
     return PrefetchLoader(passes, device, transform=normaliser.batch, sample_transform=normaliser.scaled_batch)
+
+
+def stream_loader(dataset: StreamingDataset, *, train: bool, batch_size: int, device: torch.device, mean, std,
+                  dtype: torch.dtype = torch.float32, channels_last: bool = False, seed: int = 0, rank: int = 0,
+                  world_size: int = 1, skip_bad: bool = False, workers: int | None = None,
+                  cpu_decode: float | None = None, threads: int = 1) -> PrefetchLoader:
+    """A streamed JPEG split (an image folder or .tar shards) as batches of ``dataset.image_size``
+    normalised images: read, and a share decoded, by reader processes on the host
+    (``data.stream.JpegPasses``); the rest decoded by nvJPEG, cropped, resized, flipped and
+    normalised on the device by ``threads`` background threads ahead of the training step
+    (``data.stream.JpegBatches``), the step waiting only on a CUDA event.
+
+    ``workers``: by default all cores but two (which stay with the training and pipeline
+    threads); ``workers=0`` reads in the pipeline's thread. ``cpu_decode``: the share the readers
+    decode with Pillow, by default ``data.stream.default_cpu_decode`` (all, or none where nvJPEG
+    is at hand and the readers are fewer than ``PILLOW_READERS``). ``threads``: one by default;
+    two overlap two decoding calls, which beside training wait for nvJPEG's per-image work, but
+    gained nothing end to end for ResNet-50 (docs/results.md); the batches and their order do
+    not depend on it."""
+    if threads < 1:
+        raise GpuaccelError(f"the streaming loader needs at least one pipeline thread, got {threads}")
+    records = dataset.train if train else dataset.test
+    on_gpu = gpu_jpeg_decoder_available(device)
+    workers = default_workers(reserved=2, limit=None) if workers is None else workers
+    check_cpu_decode(cpu_decode)
+    cpu_decode = default_cpu_decode(on_gpu, workers) if cpu_decode is None else cpu_decode
+    passes = JpegPasses(records, batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+                        workers=workers, cpu_decode=cpu_decode, pin_memory=device.type == "cuda")
+    made = JpegBatches(records, device=device, normaliser=Normaliser(mean, std, device, dtype, channels_last),
+                       image_size=dataset.image_size, skip_bad=skip_bad, skipped=dataset.skipped_reasons,
+                       on_gpu=on_gpu, cpu_decode=cpu_decode)
+    return PrefetchLoader(passes, device, transform=made, sample_transform=made.scaled, threads=threads)
 
 
 def dataset_loader(dataset: Dataset, *, batch_size: int, device: torch.device, train: bool, seed: int = 0,

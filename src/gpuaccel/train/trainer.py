@@ -30,6 +30,7 @@ from .. import __version__
 from ..accelerator import Accelerator
 from ..compiling import compile_module, compile_regions, compile_workers_unless_cached, import_compiler
 from ..data import resolved_spec
+from ..data.stream import JpegBatches
 from ..device import device_name, synchronize
 from ..errors import GpuaccelError
 from ..models.registry import add_search_dir, model_source_dir
@@ -327,7 +328,8 @@ class Trainer:
     @property
     def jpeg_decoder(self) -> str | None:
         """How a streaming loader decodes (e.g. "nvjpeg (direct), 0% pillow"); None for other loaders."""
-        return getattr(self.train_loader, "decoder", None)
+        made = getattr(self.train_loader, "transform", None)  # (a user's BatchSource has none)
+        return made.decoder if isinstance(made, JpegBatches) else None
 
     @property
     def run_dir(self) -> Path | None:
