@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import gpuaccel
 
 ROOT = Path(gpuaccel.__file__).parent
@@ -146,3 +148,77 @@ def test_a_trained_trainer_holds_few_attributes(tmp_path):
                                eval_data=(x[:32], (x[:32, 0] > 0).long()), loss_fn=F.cross_entropy, quiet=True)
     trainer.fit()
     assert len(vars(trainer)) <= 25, sorted(vars(trainer))
+
+
+def _settings_reads(monkeypatch) -> list[tuple[str, frozenset]]:
+    """Records each read of the settings (TrainConfig, its sections, the kinds' option groups) from
+    gpuaccel's code outside the settings' own declaring and validating: (the reading file, the
+    gpuaccel files on the call stack then)."""
+    import dataclasses
+    import importlib
+    import pkgutil
+    import sys
+
+    import gpuaccel.kinds
+    from gpuaccel.train import config as config_module
+
+    modules = [config_module] + [importlib.import_module(f"gpuaccel.kinds.{m.name}")
+                                 for m in pkgutil.iter_modules(gpuaccel.kinds.__path__)]
+    sections = {c for m in modules for c in vars(m).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+                and c.__module__ == m.__name__ and c is not config_module.Setting} | {config_module.TrainConfig}
+    reads, root = [], str(ROOT) + "/"
+    own = {config_module.__file__, str(ROOT / "settings.py")}  # (the settings' own modules: declaring, validating)
+
+    def watched(cls):
+        original = cls.__getattribute__
+
+        def read(self, name):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(root) and frame.f_code.co_filename not in own \
+                    and not name.startswith("__"):
+                stack, validating = set(), False
+                while frame is not None:
+                    if frame.f_code.co_filename.startswith(root):
+                        stack.add(frame.f_code.co_filename[len(root):])
+                    # (a kind's option group checking its values is the settings' own validation)
+                    validating |= frame.f_code.co_filename == config_module.__file__ and \
+                        frame.f_code.co_name == "validate"
+                    frame = frame.f_back
+                if not validating:
+                    reads.append((sys._getframe(1).f_code.co_filename[len(root):], frozenset(stack)))
+            return original(self, name)
+        return read
+
+    for cls in sections:
+        monkeypatch.setattr(cls, "__getattribute__", watched(cls))
+    return reads
+
+
+def _returns(reads) -> dict[str, int]:
+    """Files that read the settings again after they had left the call stack (a caller resuming
+    after its callee returned has not left it)."""
+    returns, last_seen = {}, {}
+    for k, (file, _) in enumerate(reads):
+        if file in last_seen and any(file not in stack for _, stack in reads[last_seen[file] + 1:k]):
+            returns[file] = returns.get(file, 0) + 1
+        last_seen[file] = k
+    return returns
+
+
+@pytest.mark.parametrize("data, model", [("digits", "mlp"), ("TEXT", "gpt")])
+def test_following_the_settings_from_trainer_goes_down_the_layers(monkeypatch, tmp_path, data, model):
+    """While ``Trainer(...)`` builds a run, each file that reads the settings does so in one visit,
+    except the data kind's (it opens the data, and later, asked by the loop once device, precision
+    and ranks are decided, builds its loaders) and train/optim.py (the optimizer, then its
+    schedule): no if-chain over data kinds sends the path back up."""
+    if data == "TEXT":
+        data = str(tmp_path / "text.txt")
+        (tmp_path / "text.txt").write_text("to be or not to be, that is the question\n" * 200)
+    reads = _settings_reads(monkeypatch)
+    gpuaccel.Trainer(gpuaccel.TrainConfig(data=data, model=model, device="cpu", epochs=1, batch_size=32,
+                                          monitor=False, compile=False, run_dir=str(tmp_path / "run")), quiet=True)
+    files = {file for file, _ in reads}
+    kind = {"mlp": "kinds/images.py", "gpt": "kinds/corpus.py"}[model]
+    assert {"train/trainer.py", "train/inputs.py", kind, "runtime/strategy.py", "train/optim.py"} <= files
+    assert set(_returns(reads)) <= {kind, "train/optim.py"}, _returns(reads)
+    assert all(count == 1 for count in _returns(reads).values()), _returns(reads)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..data import ImageDataset, StreamingDataset, open_dataset
+from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.formats import READERS, detect_kind
 from ..data.kinds import DataKind, register_kind
 from ..data.stream import PILLOW_READERS, check_cpu_decode
@@ -65,7 +66,7 @@ class Images(DataKind):
 
     def inputs_of(self, ds: ImageDataset | StreamingDataset) -> TrainingInputs:
         """The trainer's inputs of an image data set a gpuaccel reader made."""
-        from ..train.inputs import TrainingInputs, augment_config  # (train/config.py imports the kinds)
+        from ..train.inputs import TrainingInputs  # (train/config.py imports the kinds)
 
         mean, std = ds.channel_stats()
         streamed = isinstance(ds, StreamingDataset)
@@ -89,7 +90,7 @@ class Images(DataKind):
                         stream_loader(ds, train=False, batch_size=config.loop.eval_batch_size, **common))
             common.update(placement=config.data.loader, workers=config.data.workers)
             train = image_loader(torch.from_numpy(ds.train_images), torch.from_numpy(ds.train_labels),
-                                 batch_size=config.loop.batch_size, train=True, augment=augment_config(config),
+                                 batch_size=config.loop.batch_size, train=True, augment=_augment_of(config.data),
                                  **common)
             test = image_loader(torch.from_numpy(ds.test_images), torch.from_numpy(ds.test_labels),
                                 batch_size=config.loop.eval_batch_size, train=False, **common)
@@ -122,6 +123,12 @@ class Images(DataKind):
         trained = load_trained(run)
         d = trained.load_data(data, why)
         return HeldOut("images", d.train_images, d.test_images, d.test_labels, images_for_model, trained.source)
+
+
+def _augment_of(data) -> AugmentConfig:
+    """The training images' augmentation (and progressive resizing) that the data section asks for."""
+    return AugmentConfig(data.crop_padding, data.flip, data.cutout, data.brightness, data.contrast,
+                         parse_size_schedule(data.size_schedule))
 
 
 register_kind(Images())

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from ..data import ImageDataset, StreamingDataset, cache, parse_spec
-from ..data.augment import AugmentConfig, parse_size_schedule
 from ..data.kinds import kind_named, setting_kinds
 from ..data.source import is_batch_source
 from ..data.tensors import is_tensors, split_off
@@ -149,13 +148,6 @@ def shared_read(dist, read):
 
 def cache_dir_of(config: TrainConfig):
     return cache.default_cache_dir() if config.data.cache_dir == "default" else config.data.cache_dir
-
-
-def augment_config(config: TrainConfig) -> AugmentConfig:
-    """The training images' augmentation (and progressive resizing) that ``config`` asks for."""
-    return AugmentConfig(config.data.crop_padding, config.data.flip, config.data.cutout, config.data.brightness,
-                         config.data.contrast,
-                         parse_size_schedule(config.data.size_schedule))
 
 
 def _count(data) -> int | None:
