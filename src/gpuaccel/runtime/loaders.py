@@ -14,14 +14,17 @@ generators, so a seeded script gets the same batches with or without it), or a d
 
 :class:`PrefetchLoader`: batches made on the host (by a user's ``DataLoader``, or by worker
 processes in gpuaccel's seeded order: :class:`HostPasses` over a Dataset's items or over image
-arrays) arrive on the device one step ahead, copied from pinned memory on a side stream.
+arrays, ``data.stream.JpegPasses`` over a streamed JPEG folder) arrive on the device one step
+ahead, copied from pinned memory on a side stream, or made there ahead of the step by background
+threads (JPEG decoding).
 
-Either takes a ``transform``, run on the device on each batch (image arrays: the normalisation).
-Both iterate like the ``DataLoader`` they stand for, whose attributes (``dataset``,
-``batch_size``, ``sampler``, ...) they keep. Whether data lives on the device is decided once,
-by :func:`resident_bytes`; :func:`prepare_loader` picks a loader for a user's DataLoader,
+Either takes a ``transform``, run on the device on each batch (image arrays: the normalisation;
+a resident loader may take a kind's ``gather`` of several batches at once instead). Both iterate
+like the ``DataLoader`` they stand for, whose attributes (``dataset``, ``batch_size``,
+``sampler``, ...) they keep. Whether data lives on the device is decided once, by
+:func:`resident_bytes`; :func:`prepare_loader` picks a loader for a user's DataLoader,
 :func:`user_loader` for the trainer's Python data, :func:`image_loader` for a data kind's image
-arrays.
+arrays, :func:`stream_loader` for a streamed JPEG folder.
 """
 
 from __future__ import annotations
