@@ -69,8 +69,8 @@ def main():
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
-    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                            channels_last=True, workers=0)
+    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD,
+                           dtype=torch.bfloat16, channels_last=True, workers=0)
     made = loader.transform  # (data.stream.JpegBatches: what makes each batch on the device)
     normaliser = made.normaliser
     baseline = load_module(args.baseline)

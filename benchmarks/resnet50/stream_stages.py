@@ -191,10 +191,12 @@ def main():
     args = ap.parse_args()
     device = torch.device("cuda")
     dataset = open_dataset(args.folder, stream=True, image_size=224)
-    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                            channels_last=True, cpu_decode=args.cpu_decode)
+    loader = stream_loader(dataset, train=True, batch_size=BATCH, device=device, mean=MEAN, std=STD,
+                           dtype=torch.bfloat16, channels_last=True, cpu_decode=args.cpu_decode)
     order = loader.passes.order.epoch_indices(0)
     steps = [order[s * BATCH:(s + 1) * BATCH].tolist() for s in range(len(loader))]
+    if len(steps) < 46:  # (30 batches read, then 6 more from the 40th decoded with Pillow)
+        ap.error(f"{args.folder}: {len(steps)} training batches of {BATCH}; the stages need 46 (11,776 images)")
     results = {"meta": {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         "command": " ".join([sys.executable] + sys.argv), "batch_size": BATCH,
