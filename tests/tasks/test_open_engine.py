@@ -177,6 +177,37 @@ def test_a_users_own_batch_source_trains_through_the_protocol(tmp_path):
         Trainer(config(tmp_path, "b"), model=nn.Linear(5, 1), train_data=LinearBatches(8, 0), task=Regression())
 
 
+def test_a_dataloader_given_to_the_trainer_is_taken_as_the_accelerator_takes_it(tmp_path):
+    """Its data set resident where safe, batched in the DataLoader's own order (the random numbers
+    its iterator draws, from its generator), or with --loader cpu iterated as it is: the same
+    batches, so the same weights."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.randn(96, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+
+    def trained(placement: str):
+        train = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True,
+                           generator=torch.Generator().manual_seed(3))
+        held_out = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16)
+        torch.manual_seed(1)
+        model = nn.Linear(5, 2)
+        trainer = Trainer(TrainConfig(device="cpu", epochs=3, loader=placement, monitor=False, compile=False,
+                                      run_dir=str(tmp_path / placement)),
+                          model=model, train_data=train, eval_data=held_out, loss_fn=F.cross_entropy, quiet=True)
+        trainer.fit()
+        return trainer, model
+
+    resident, on_device = trained("auto")
+    host, on_host = trained("cpu")
+    assert isinstance(resident.train_loader, ResidentLoader) and isinstance(resident.eval_loader, ResidentLoader)
+    assert isinstance(host.train_loader, PrefetchLoader)
+    assert len(resident.train_loader) == len(host.train_loader) == 6
+    assert resident.state.global_step == host.state.global_step == 18
+    for a, b in zip(on_device.parameters(), on_host.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_every_loader_gpuaccel_makes_serves_the_batch_source_protocol():
     for cls in (ResidentLoader, PrefetchLoader):
         assert issubclass(cls, gpuaccel.BatchSource), cls

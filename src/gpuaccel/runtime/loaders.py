@@ -472,7 +472,10 @@ def user_loader(data, *, batch_size: int, device: torch.device, train: bool, pla
     """The trainer's loader for one split of a user's data: a :class:`BatchSource` of the user's
     own is used as it is; tensors, and a Dataset whose samples fit (:func:`resident_bytes`) and
     do not change between reads, live on the device; other Datasets are read by worker
-    processes; a DataLoader is iterated as it is."""
+    processes; a DataLoader is taken as ``Accelerator.prepare`` takes one (:func:`prepare_loader`:
+    its data set resident where safe, in the DataLoader's own order; else iterated as it is,
+    each process given a DistributedSampler where it has none). ``placement`` 'cpu' keeps any of
+    them on the host."""
     if is_batch_source(data):
         return SourceOnDevice(data, device)
     loader = _user_loader(data, batch_size=batch_size, device=device, train=train, placement=placement,
@@ -508,8 +511,9 @@ class SourceOnDevice(_LikeDataLoader):
 def _user_loader(data, *, batch_size: int, device: torch.device, train: bool, placement: str, workers: int | None,
                  seed: int, rank: int, world_size: int):
     order = dict(batch_size=batch_size, device=device, train=train, seed=seed, rank=rank, world_size=world_size)
-    if isinstance(data, DataLoader):
-        return PrefetchLoader(data, device)
+    if isinstance(data, DataLoader):  # (every process draws the seed's order, to take disjoint shards of it)
+        return prepare_loader(data, device, resident=False if placement == "cpu" else None, rank=rank,
+                              world_size=world_size, shared_seed=lambda: seed)
     if isinstance(data, IterableDataset):
         return PrefetchLoader(DataLoader(data, batch_size=batch_size), device)
     budget = resident_bytes(device, placement)
