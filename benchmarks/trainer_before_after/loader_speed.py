@@ -3,12 +3,15 @@ without the model's step and the host's noise around it.
 
     python benchmarks/trainer_before_after/loader_speed.py --old SRC_BEFORE --new src --case sst2 --sst2 SST2
     python benchmarks/trainer_before_after/loader_speed.py --old SRC_BEFORE --new src --case prepared
+    python benchmarks/trainer_before_after/loader_speed.py --old SRC_BEFORE --new src --case trainer-dataloader
 
 Cases:
   sst2      the sst2 recipe's training loader (batch 512, sentences cut to their longest) over
             SST-2's train.tsv
   prepared  ``Accelerator.prepare`` of a shuffled DataLoader over MNIST-sized tensors (batch 64):
             the loader the ported pytorch/examples mnist script iterates
+  trainer-dataloader
+            the same DataLoader given to the Trainer (``train_data=``): the loader it trains from
 
 Each tree runs in ``--rounds`` processes of its own (alternated, who goes first changing), each
 serving ``--epochs`` epochs on the GPU (the first two not counted); an epoch is timed between two
@@ -51,11 +54,24 @@ def prepared_loader(data: str, device):
     return lambda epoch: iter(loader)
 
 
+def trainer_loader(data: str, device):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpuaccel.runtime.loaders import user_loader
+
+    torch.manual_seed(0)
+    tensors = TensorDataset(torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)))
+    loader = user_loader(DataLoader(tensors, batch_size=64, shuffle=True), batch_size=64, device=device, train=True)
+    return lambda epoch: loader.batches(epoch)
+
+
 def one_tree(case: str, data: str, epochs: int) -> list[float]:
     import torch
 
     device = torch.device("cuda")
-    batches_of = {"sst2": sst2_loader, "prepared": prepared_loader}[case](data, device)
+    batches_of = {"sst2": sst2_loader, "prepared": prepared_loader,
+                  "trainer-dataloader": trainer_loader}[case](data, device)
     per_batch = []
     for epoch in range(epochs):
         torch.cuda.synchronize()
@@ -71,7 +87,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
-    ap.add_argument("--case", choices=["sst2", "prepared"], required=True)
+    ap.add_argument("--case", choices=["sst2", "prepared", "trainer-dataloader"], required=True)
     ap.add_argument("--sst2", default="", help="SST-2's folder (case sst2)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=8)
