@@ -209,8 +209,7 @@ def _returns(reads) -> dict[str, int]:
 def test_following_the_settings_from_trainer_goes_down_the_layers(monkeypatch, tmp_path, data, model):
     """While ``Trainer(...)`` builds a run, each file that reads the settings does so in one visit,
     except the data kind's (it opens the data, and later, asked by the loop once device, precision
-    and ranks are decided, builds its loaders) and train/optim.py (the optimizer, then its
-    schedule): no if-chain over data kinds sends the path back up."""
+    and ranks are decided, builds its loaders): no if-chain over data kinds sends the path back up."""
     if data == "TEXT":
         data = str(tmp_path / "text.txt")
         (tmp_path / "text.txt").write_text("to be or not to be, that is the question\n" * 200)
@@ -220,5 +219,4 @@ def test_following_the_settings_from_trainer_goes_down_the_layers(monkeypatch, t
     files = {file for file, _ in reads}
     kind = {"mlp": "kinds/images.py", "gpt": "kinds/corpus.py"}[model]
     assert {"train/trainer.py", "train/inputs.py", kind, "runtime/strategy.py", "train/optim.py"} <= files
-    assert set(_returns(reads)) <= {kind, "train/optim.py"}, _returns(reads)
-    assert all(count == 1 for count in _returns(reads).values()), _returns(reads)
+    assert _returns(reads) == {kind: 1}, _returns(reads)

@@ -329,11 +329,13 @@ class OptimizerSettings:
 
         return build_optimizer(model, self)
 
-    def build_scheduler(self, optimizer, epochs: float, steps_per_epoch: int):
-        """The learning-rate schedule over ``epochs`` of ``steps_per_epoch`` optimizer steps."""
+    def build_with_schedule(self, model, epochs: float, steps_per_epoch: int):
+        """(:meth:`build`'s optimizer, its learning-rate schedule over ``epochs`` of
+        ``steps_per_epoch`` optimizer steps): the section's two components, made together."""
         from .optim import build_scheduler
 
-        return build_scheduler(optimizer, self, epochs, steps_per_epoch)
+        optimizer = self.build(model)
+        return optimizer, build_scheduler(optimizer, self, epochs, steps_per_epoch)
 
 
 @dataclass

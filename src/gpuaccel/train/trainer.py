@@ -283,11 +283,12 @@ class Trainer:
         """The optimizer and its schedule, and the training step: captured as one CUDA graph where
         ``step_graph_off`` is None, else run eagerly; the same code either way."""
         config = self.config
-        self.optimizer = config.optimizer.build(self.model)
+        self.optimizer, self.scheduler = config.optimizer.build_with_schedule(self.model, config.loop.epochs,
+                                                                              self.steps_per_epoch)
         # its kernels (fused, capturable; sharded parameters) the accelerator's, as for a user's
-        # optimizer; under fp16 it is stepped through the loss scaler
+        # optimizer (none of which changes a learning rate); under fp16 it is stepped through the
+        # loss scaler
         self.stepper = self.acc.prepare_optimizer(self.optimizer)
-        self.scheduler = config.optimizer.build_scheduler(self.optimizer, config.loop.epochs, self.steps_per_epoch)
         self.step = CapturedStep(self._train_step, [self.optimizer], self.device, max_shapes=16,
                                  uncaptured=self.step_graph_off)
         self.metric_tracker = MetricTracker(self.task, self.device)
