@@ -42,27 +42,27 @@ def sst2_loader(data: str, device):
     return lambda epoch: loader.batches(epoch)
 
 
-def prepared_loader(data: str, device):
+def mnist_sized_dataloader():
+    """A shuffled DataLoader over 60,000 MNIST-sized tensors, batch 64 (the ported mnist script's)."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import gpuaccel
-
     torch.manual_seed(0)
     tensors = TensorDataset(torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)))
-    loader = gpuaccel.Accelerator(monitor=False).prepare(DataLoader(tensors, batch_size=64, shuffle=True))
+    return DataLoader(tensors, batch_size=64, shuffle=True)
+
+
+def prepared_loader(data: str, device):
+    import gpuaccel
+
+    loader = gpuaccel.Accelerator(monitor=False).prepare(mnist_sized_dataloader())
     return lambda epoch: iter(loader)
 
 
 def trainer_loader(data: str, device):
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
     from gpuaccel.runtime.loaders import user_loader
 
-    torch.manual_seed(0)
-    tensors = TensorDataset(torch.randn(60000, 1, 28, 28), torch.randint(0, 10, (60000,)))
-    loader = user_loader(DataLoader(tensors, batch_size=64, shuffle=True), batch_size=64, device=device, train=True)
+    loader = user_loader(mnist_sized_dataloader(), batch_size=64, device=device, train=True)
     return lambda epoch: loader.batches(epoch)
 
 

@@ -341,7 +341,7 @@ def test_evaluation_batches_are_the_same_centre_crops_whatever_the_seed_and_epoc
     train = list(loader_of(ds, True, seed=1).batches(0))
     sample = loader_of(ds, False, seed=1).sample(4)[0]  # (float32: centre crops, normalised, not cast)
     assert sample.dtype == torch.float32 and sample.shape == (4, 3, 16, 16)
-    assert not torch.equal(train[0][0], loader_of(ds, True, seed=2).batches(0).__next__()[0])
+    assert not torch.equal(train[0][0], next(loader_of(ds, True, seed=2).batches(0))[0])
 
 
 def test_any_share_of_a_batch_decoded_by_any_number_of_reader_processes_gives_the_same_batches(tmp_path):
