@@ -32,9 +32,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-def whole_command(recipe: str, data: str, options: list[str], cache: Path, run_dir: Path) -> dict:
+def whole_command(recipe: str, data: str, options: list[str], cache: Path, run_dir: Path, src: str | None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, "GPUACCEL_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     command = [sys.executable, "-m", "gpuaccel", "train", "--recipe", recipe, "--data", data,
                "--run-dir", str(run_dir), "--json", *options]
@@ -59,6 +61,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", action="append", required=True, metavar="RECIPE=DATA[:OPTIONS]")
     p.add_argument("--warm", type=int, default=1, help="warm commands after each cold one")
+    p.add_argument("--src", action="append", default=[None], metavar="DIR",
+                   help="also run gpuaccel from this source folder (its PYTHONPATH), to compare two trees: "
+                        "each recipe cold and warm with the installed one, then with each DIR")
     p.add_argument("--work", default="/tmp/cold_start")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -71,16 +76,19 @@ def main() -> None:
     for spec in args.run:
         recipe, _, rest = spec.partition("=")
         data, _, options = rest.partition(":")
-        cache = work / f"cache-{recipe}"
-        shutil.rmtree(cache, ignore_errors=True)
-        rows = {"options": shlex.split(options), "cold": None, "warm": []}
-        rows["cold"] = whole_command(recipe, data, rows["options"], cache, work / "run")
-        print(recipe, "cold", json.dumps(rows["cold"])[:2000], flush=True)
-        for _ in range(args.warm):
-            rows["warm"].append(whole_command(recipe, data, rows["options"], cache, work / "run"))
-            print(recipe, "warm", json.dumps(rows["warm"][-1])[:2000], flush=True)
-        result["recipes"][f"{recipe} {options}".strip()] = rows  # (a recipe with other options: a row of its own)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        for src in args.src:
+            cache = work / f"cache-{recipe}"
+            shutil.rmtree(cache, ignore_errors=True)
+            rows = {"options": shlex.split(options), "src": src, "cold": None, "warm": []}
+            rows["cold"] = whole_command(recipe, data, rows["options"], cache, work / "run", src)
+            print(recipe, src or "", "cold", json.dumps(rows["cold"])[:2000], flush=True)
+            for _ in range(args.warm):
+                rows["warm"].append(whole_command(recipe, data, rows["options"], cache, work / "run", src))
+                print(recipe, src or "", "warm", json.dumps(rows["warm"][-1])[:2000], flush=True)
+            # (a recipe with other options, or from another tree: a row of its own)
+            key = " ".join(filter(None, [recipe, options, src and f"[{src}]"]))
+            result["recipes"][key] = rows
+            Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

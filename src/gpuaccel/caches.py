@@ -44,7 +44,56 @@ def use_bytecode_cache() -> str | None:
     sys.dont_write_bytecode = False
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children write into the folder, not beside sources
+    if (os.cpu_count() or 1) >= 4:
+        compile_in_background(folder, BYTECODE_PACKAGES)
     return str(folder)
+
+
+# What a compiled run imports, in the order to compile it: torch's underscored folders (Dynamo,
+# Inductor, functorch) sort first, where compileall starts
+BYTECODE_PACKAGES = ("torch", "triton", "sympy")
+
+
+def compile_in_background(folder: Path, packages, workers: int | None = None):
+    """Starts compiling the bytecode of each of ``packages`` that lacks its own into ``folder``,
+    in a process of its own (niced) with ``workers`` processes (default: the cores less one),
+    once per installed version of a package (a note in ``folder`` says it was done); returns the
+    process, or None where there is nothing to do.
+
+    Why: with an empty folder, the command compiles torch's sources one by one as it imports
+    them, then Dynamo's and Inductor's, and every compile worker the same again: tens of
+    seconds of a first command on a machine (docs/results.md, "Cold start"). Compiled in parallel
+    beside it, most are there by the time they are imported; what is not yet is compiled by the
+    importer, as before (both write whole files, atomically). A command with few cores has none
+    to spare: :func:`use_bytecode_cache` starts this from four."""
+    import importlib.metadata
+    import importlib.util
+    import subprocess
+
+    folders, notes = [], []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations or has_bytecode(name):
+            continue
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        note = folder / f"compiled-{name}-{version}-{sys.implementation.cache_tag}"
+        if not note.exists():
+            folders += list(spec.submodule_search_locations)
+            notes.append(str(note))
+    if not folders:
+        return None
+    workers = workers or max(1, (os.cpu_count() or 2) - 1)
+    code = ("import compileall, os, pathlib, sys; os.nice(10); folders, notes = sys.argv[1:3]; "
+            "[compileall.compile_dir(f, quiet=2, workers=int(sys.argv[3])) for f in folders.split(os.pathsep)]; "
+            "[pathlib.Path(n).touch() for n in notes.split(os.pathsep)]")
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(folder)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return subprocess.Popen([sys.executable, "-c", code, os.pathsep.join(folders), os.pathsep.join(notes), str(workers)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def has_bytecode(package: str) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -89,6 +91,27 @@ def test_a_package_has_bytecode_where_its_compiled_sources_lie_beside_them(tmp_p
     assert not has_bytecode("plainpackage")
     py_compile.compile(str(source))  # (into plainpackage/__pycache__, as pip's install does)
     assert has_bytecode("plainpackage")
+
+
+def test_a_packages_bytecode_is_compiled_into_the_cache_in_the_background_once(tmp_path, monkeypatch):
+    """The first command of a machine with cores to spare compiles the heavy packages' bytecode
+    in a process beside it: into the cache folder, each module once, not again the next time."""
+    import importlib.util
+
+    from gpuaccel.caches import compile_in_background
+    package = tmp_path / "src" / "heavypackage"
+    (package / "inner").mkdir(parents=True)
+    for source in (package / "__init__.py", package / "inner" / "__init__.py", package / "inner" / "deep.py"):
+        source.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    folder = tmp_path / "bytecode"
+    monkeypatch.setattr(sys, "pycache_prefix", str(folder))  # (where cache_from_source then points)
+    background = compile_in_background(folder, ["heavypackage", "no_such_package"], workers=2)
+    assert background.wait(timeout=60) == 0
+    for source in (package / "__init__.py", package / "inner" / "deep.py"):
+        assert os.path.exists(importlib.util.cache_from_source(str(source)))
+    assert not (package / "__pycache__").exists()
+    assert compile_in_background(folder, ["heavypackage"]) is None  # (done once: the note says so)
 
 
 def test_compiling_from_python_sets_the_bytecode_cache_up_before_importing_dynamo(monkeypatch):

@@ -82,6 +82,55 @@ def test_both_ways_of_writing_the_rotary_embedding_give_the_same_rotation(dtype)
     torch.testing.assert_close(torch.stack([turned[1], turned[5]]), expected.to(dtype).float(), atol=2e-2, rtol=1e-2)
 
 
+def test_cpu_dropout_draws_its_own_mask_and_is_pytorchs_dropout_elsewhere():
+    """layers.dropout on a CPU: each element kept with probability 1 - p and scaled by 1 / (1 - p),
+    its gradient the same mask; dropout_add is the residual plus that; without training, or
+    compiled, they are F.dropout's (no draw, no graph break)."""
+    from gpuaccel.models.layers import Dropout, dropout, dropout_add
+
+    p = 0.25
+    x = torch.randn(200, 500, requires_grad=True)
+    torch.manual_seed(3)
+    out = dropout(x, p, True)
+    torch.manual_seed(3)
+    mask = (torch.rand(200, 500) >= p) / (1 - p)
+    assert torch.equal(out, x * mask)
+    assert abs((out == 0).float().mean().item() - p) < 0.01
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert torch.equal(grad, mask)
+    residual = torch.randn(200, 500)
+    torch.manual_seed(3)
+    torch.testing.assert_close(dropout_add(x, residual, p, True), residual + x * mask)  # (one rounding, not two)
+    assert dropout(x, p, False) is x and torch.equal(dropout_add(x, residual, p, False), residual + x)
+    module = Dropout(p)
+    assert torch.equal(module.eval()(x), x)
+    assert torch._dynamo.explain(module.train())(x).graph_break_count == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cpu_attention_with_dropout_is_sdpas_reference_computation(causal):
+    """layers.attention with dropout on a CPU: softmax(q k^T / sqrt(d), masked) with
+    layers.dropout's mask, times v; without dropout it is F.scaled_dot_product_attention."""
+    from gpuaccel.models.layers import attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    attend = torch.rand(2, 1, 1, 7) > 0.3
+    attend[..., 0] = True  # (every query attends to something)
+    mask = None if causal else attend
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(attention(q, k, v, 0.2, False, causal=causal, attend=mask), expected)
+    torch.testing.assert_close(attention(q, k, v, 0.0, True, causal=causal, attend=mask), expected)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    blocked = torch.ones(7, 7, dtype=torch.bool).triu(1) if causal else ~attend
+    weights = scores.masked_fill(blocked, float("-inf")).softmax(-1)
+    torch.manual_seed(5)
+    out = attention(q, k, v, 0.2, True, causal=causal, attend=mask)
+    torch.manual_seed(5)
+    keep = (torch.rand(2, 3, 7, 7) >= 0.2) / 0.8
+    torch.testing.assert_close(out, (weights * keep) @ v)
+
+
 @pytest.mark.parametrize("shape, normalized", [((4, 16, 32), 32), ((3, 5, 6, 10), (6, 10))])
 def test_rmsnorm_with_its_gradient_by_hand_is_pytorchs_rmsnorm(shape, normalized):
     """layers.RMSNorm trains on a CPU through a hand-written gradient: the same outputs to the

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import GpuaccelError
-from .layers import RMSNorm
+from .layers import Dropout, RMSNorm, attention, dropout_add
 from .registry import register_model
 
 
@@ -114,8 +114,7 @@ class Attention(RotaryTables):
             causal = cache.position == 0  # a prompt attends causally; a new token sees every cached one
             k, v = cache.append(layer, k, v)
         with contextlib.nullcontext() if self.kernel is None or cache is not None else sdpa_kernel(self.kernel):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                               dropout_p=self.dropout if self.training else 0.0)
+            y = attention(q, k, v, self.dropout, self.training, causal=causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -140,11 +139,12 @@ class Block(nn.Module):
         self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
         self.attention = Attention(width, heads, dropout, context_length, kernel)
         self.mlp = MLP(width, mlp_ratio, activation)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x, cache=None, layer=0):
-        x = x + self.dropout(self.attention(self.norm1(x), cache, layer))
-        return x + self.dropout(self.mlp(self.norm2(x)))
+        p, training = self.dropout.p, self.dropout.training
+        x = dropout_add(self.attention(self.norm1(x), cache, layer), x, p, training)
+        return dropout_add(self.mlp(self.norm2(x)), x, p, training)
 
 
 class GPT(nn.Module):
@@ -163,7 +163,7 @@ class GPT(nn.Module):
         self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
         rows = -(-vocab_size // pad_vocab) * pad_vocab  # (rows past the vocabulary are never a target)
         self.embedding = nn.Embedding(rows, width)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         kernel = ATTENTION_KERNELS.get(attention)
         self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length, kernel)
                                     for _ in range(layers))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import GpuaccelError
 from .gpt import MLP, RotaryTables, rotary_tables, rotate
-from .layers import RMSNorm
+from .layers import Dropout, RMSNorm, attention, dropout_add
 from .registry import register_model
 
 _PAIR_PRIME = 1_000_003
@@ -78,16 +78,14 @@ class EncoderBlock(nn.Module):
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
         self.mlp = MLP(width, 4.0, "gelu")
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x, cos, sin, attend):
         b, t, c = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        y = attention(q, k, v, self.dropout, self.training, attend=attend)
+        x = dropout_add(self.proj(y.transpose(1, 2).reshape(b, t, c)), x, self.dropout, self.training)
+        return dropout_add(self.mlp(self.norm2(x)), x, self.dropout, self.training)
 
 
 class TextTransformer(RotaryTables):
@@ -103,7 +101,7 @@ class TextTransformer(RotaryTables):
         self.embedding = nn.Embedding(vocab_size, width, padding_idx=0)
         self.blocks = nn.ModuleList(EncoderBlock(width, heads, dropout) for _ in range(layers))
         self.norm = RMSNorm(width)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(2 * width if pooling == "mean_max" else width, num_classes)
         cos, sin = rotary_tables(context_length, width // heads)
         self.register_buffer("cos", cos, persistent=False)
