@@ -1,11 +1,11 @@
 """gpuaccel's ``gpt`` against nanoGPT's own model (cpu_baseline.py's ``NanoGPT``) of the same size,
-their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process;
-gpuaccel's as it is now (the rotary embedding one fused multiply-add with the halves swapped,
-RMSNorm's gradient written out: ``models.layers.RMSNorm``), with its rotary embedding as it was
-written before (a multiply and an add with the halves swapped; the halves split, rotated and
-joined again), and with PyTorch's ``nn.RMSNorm``; and, to
-say what the gap to nanoGPT is made of (not alternatives: they change the model), with LayerNorm
-in place of RMSNorm, without the rotary embedding, and with neither.
+their training steps alone (forward, loss, backward, AdamW) on a CPU, alternated in one process:
+gpuaccel's as it is now (dropout's masks drawn from uniform numbers, ``models.layers.dropout``;
+RMSNorm's gradient written out, ``models.layers.RMSNorm``; the rotary embedding one fused
+multiply-add with the halves swapped), with PyTorch's dropout (``F.dropout``, and SDPA's own on
+the attention weights: gpt before 2026-11-30), with PyTorch's ``nn.RMSNorm``; and, to say what
+the rest of the gap is made of (not alternatives: they change the model), with LayerNorm in place
+of RMSNorm, without the rotary embedding, and with neither.
 
     python benchmarks/cpu_baseline/rotary_swap.py --rounds 4 --steps 30 --out results/rotary_swap_cpu.json
 """
@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gpuaccel.models.gpt as gpt_module
+import gpuaccel.models.layers as layers_module
 from gpuaccel.models import create_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,21 +77,26 @@ def main():
     def unrotated(x, cos, sin):
         return x
 
-    def rolled_mul_add(x, cos, sin):  # (the rolled form before its fused multiply-add)
-        xf = x.float()
-        return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).type_as(x)
+    def torch_dropouts(on: bool) -> None:
+        """PyTorch's dropout everywhere in gpt (on), or gpuaccel's (off)."""
+        if on:
+            layers_module.dropout = F.dropout
+            gpt_module.dropout_add = lambda x, residual, p, training: residual + F.dropout(x, p, training)
+            gpt_module.attention = lambda q, k, v, p, training, causal: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, dropout_p=p if training else 0.0)
+        else:
+            layers_module.dropout, gpt_module.dropout_add, gpt_module.attention = ours_dropouts
 
-    runs = {"nanogpt": [], "gpt_split_rotate": [], "gpt_rolled_mul_add": [], "gpt_nn_rmsnorm": [], "gpt": [],
-            "gpt_layernorm": [], "gpt_no_rotary": [], "gpt_layernorm_no_rotary": []}
+    ours_dropouts = layers_module.dropout, gpt_module.dropout_add, gpt_module.attention
+    runs = {"nanogpt": [], "gpt": [], "gpt_torch_dropout": [], "gpt_nn_rmsnorm": [], "gpt_layernorm": [],
+            "gpt_no_rotary": [], "gpt_layernorm_no_rotary": []}
     for _ in range(args.rounds):
         runs["nanogpt"].append(tokens_per_second(nano, args.steps))
-        gpt_module.rotate = gpt_module.rotate_halves
-        runs["gpt_split_rotate"].append(tokens_per_second(ours, args.steps))
-        gpt_module.rotate = rolled_mul_add
-        runs["gpt_rolled_mul_add"].append(tokens_per_second(ours, args.steps))
-        gpt_module.rotate = now_rotate
-        runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))
         runs["gpt"].append(tokens_per_second(ours, args.steps))
+        torch_dropouts(True)
+        runs["gpt_torch_dropout"].append(tokens_per_second(ours, args.steps))
+        torch_dropouts(False)
+        runs["gpt_nn_rmsnorm"].append(tokens_per_second(torch_norms, args.steps))
         runs["gpt_layernorm"].append(tokens_per_second(layer_norms, args.steps))
         gpt_module.rotate = unrotated
         runs["gpt_no_rotary"].append(tokens_per_second(ours, args.steps))
