@@ -394,6 +394,23 @@ def test_a_tiny_sentence_classifier_beats_chance_and_infers_as_it_evaluated(tmp_
         assert len((tmp_path / "int8.csv").read_text().splitlines()) == 3
 
 
+def test_infer_reads_sentence_files_a_chunk_at_a_time(tmp_path):
+    """Plain sentence files are read as their chunks are used, in order across files: a bad
+    line further on stops the reading there, not before the first chunk; a missing file is an
+    error before any."""
+    from gpuaccel.deploy.text import sentence_chunks
+
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_bytes(b"\xef\xbb\xbfone\n\ntwo\nthree\n")  # (a byte order mark, a blank line)
+    second.write_bytes(b"four\nfive\nbad \xff\n")
+    chunks = sentence_chunks([str(first), str(second)], ["0", "1"], 2)
+    assert next(chunks) == (["one", "two"], None) and next(chunks) == (["three", "four"], None)
+    with pytest.raises(GpuaccelError, match="b.txt: line 3 is not UTF-8"):
+        next(chunks)
+    with pytest.raises(GpuaccelError, match="missing.txt is not a file"):
+        sentence_chunks([str(first), str(tmp_path / "missing.txt")], ["0", "1"], 2)
+
+
 def test_pooling_sees_words_only_and_word_dropout_leaves_every_sentence_a_word():
     from gpuaccel.models.text import masked_pool
 

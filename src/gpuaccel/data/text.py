@@ -251,9 +251,13 @@ def decode_utf8(data: bytes, path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise GpuaccelError(f"{path}: line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x}); convert the "
-                            f"file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise not_utf8(path, data[:exc.start].count(b"\n") + 1, data[exc.start]) from None
+
+
+def not_utf8(path: Path, line: int, byte: int) -> GpuaccelError:
+    """The error for a file whose ``line`` holds ``byte``, which is not UTF-8."""
+    return GpuaccelError(f"{path}: line {line} is not UTF-8 text (byte 0x{byte:02x}); convert the "
+                         f"file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 @dataclass

@@ -200,15 +200,15 @@ def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> Mo
     if runner.modality == "text":
         from ..data.sentences import pad
         from ..data.text import tokenizer_from_state
-        from .text import read_sentences
+        from .text import sentence_chunks
 
-        texts, labels = read_sentences(inputs, runner.classes)
+        chunks = sentence_chunks(inputs, runner.classes, CHUNK)  # (its inputs checked here)
         tokenizer = tokenizer_from_state(runner.inputs["tokenizer"])
 
         def sentences():
-            for chunk in in_chunks(texts, np.arange(len(texts)), labels):
-                ids, _ = pad([tokenizer.encode(t) for t in chunk.names], runner.inputs["max_tokens"])
-                yield Chunk(chunk.names, ids, chunk.labels)
+            for texts, labels in chunks:
+                ids, _ = pad([tokenizer.encode(t) for t in texts], runner.inputs["max_tokens"])
+                yield Chunk(texts, ids, labels)
         return ModelInputs(sentences, ids_for_model, "sentences")
     if runner.modality == "audio":
         from ..data.audio import decode_recordings, recording_files

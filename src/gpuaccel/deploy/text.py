@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 
 from ..data import parse_spec
 from ..data.sentences import read_labelled, sentence_files
-from ..data.text import read_text, tokenizer_from_state
+from ..data.text import not_utf8, tokenizer_from_state
 from ..train.config import saved_settings
 from ..device import resolve_device, resolve_precision, synchronize
 from ..errors import GpuaccelError
@@ -81,9 +82,11 @@ def text_classifier_state(run) -> tuple[dict, Path]:
     return state, path
 
 
-def read_sentences(inputs: list[str], classes: list[str]) -> tuple[list[str], np.ndarray | None]:
-    """(sentences, labels or None): a labelled file or folder (its evaluation split, or the
-    whole file) is scored against its labels; any other file gives one sentence per line."""
+def sentence_chunks(inputs: list[str], classes: list[str], size: int) -> Iterator[tuple[list[str], np.ndarray | None]]:
+    """(sentences, labels or None) ``size`` at a time: a labelled file or folder (its evaluation
+    split, or the whole file) is scored against its labels; any other file gives one sentence per
+    line, read as the chunks are used (memory does not grow with the files). Every input is
+    checked before the first chunk."""
     if len(inputs) == 1 and Path(inputs[0]).exists() and parse_spec(inputs[0])[0] == "sentences":
         train_file, eval_file = sentence_files(Path(inputs[0]))
         texts, raw = read_labelled(eval_file or train_file, None, None)
@@ -91,17 +94,38 @@ def read_sentences(inputs: list[str], classes: list[str]) -> tuple[list[str], np
         if unknown:
             raise GpuaccelError(f"{eval_file or train_file} has labels the model does not know: {unknown[:5]}; "
                                 f"its classes: {', '.join(classes)}")
-        return texts, np.array([classes.index(v) for v in raw])
-    texts = []
-    for name in inputs:
-        path = Path(name).expanduser()
+        labels = np.array([classes.index(v) for v in raw])
+        return ((texts[i:i + size], labels[i:i + size]) for i in range(0, len(texts), size))
+    paths = [Path(name).expanduser() for name in inputs]
+    for name, path in zip(inputs, paths):
         if not path.is_file():
             raise GpuaccelError(f"{name} is not a file; give text files (one sentence per line) or a labelled "
                                 f".tsv/.csv/.jsonl")
-        texts += [line.strip() for line in read_text(path).splitlines() if line.strip()]
-    if not texts:
-        raise GpuaccelError(f"no sentences in {', '.join(inputs)}")
-    return texts, None
+
+    def chunks():
+        chunk = []
+        for path in paths:
+            for sentence in sentences_in(path):
+                chunk.append(sentence)
+                if len(chunk) == size:
+                    yield chunk, None
+                    chunk = []
+        if chunk:
+            yield chunk, None
+    return chunks()
+
+
+def sentences_in(path: Path) -> Iterator[str]:
+    """A UTF-8 file's non-blank lines, stripped, read a line at a time; a line that is not UTF-8
+    is an error naming the file and the line."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise not_utf8(path, number, line[exc.start]) from None
+            if text:
+                yield text
 
 
 TEXT_FORMATS = ("onnx", "pt2")
