@@ -116,7 +116,7 @@ def test_cpu_attention_with_dropout_is_sdpas_reference_computation(causal):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
     attend = torch.rand(2, 1, 1, 7) > 0.3
-    attend[..., 0] = True  # (every query attends to something)
+    attend[..., 0] = True  # (as SDPA computes it: every query attends to something)
     mask = None if causal else attend
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(attention(q, k, v, 0.2, False, causal=causal, attend=mask), expected)
@@ -129,6 +129,8 @@ def test_cpu_attention_with_dropout_is_sdpas_reference_computation(causal):
     torch.manual_seed(5)
     keep = (torch.rand(2, 3, 7, 7) >= 0.2) / 0.8
     torch.testing.assert_close(out, (weights * keep) @ v)
+    if not causal:  # a query with nothing to attend to (an empty sentence) gets numbers, not NaN
+        assert attention(q, k, v, 0.2, True, attend=torch.zeros(2, 1, 1, 7, dtype=torch.bool)).isfinite().all()
 
 
 @pytest.mark.parametrize("shape, normalized", [((4, 16, 32), 32), ((3, 5, 6, 10), (6, 10))])

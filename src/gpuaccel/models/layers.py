@@ -277,7 +277,6 @@ class _RMSNormByHand(torch.autograd.Function):
         return grad_x, grad_weight, None, None
 
 
-
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with the mask drawn from uniform numbers on a CPU.
 
@@ -303,7 +302,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, train
     0, is_causal=causal)``; where :func:`dropout` draws its own mask, computed as SDPA's
     reference path does (on a CPU SDPA takes that path when it drops weights), with that mask:
     there ``bernoulli_`` over every weight took a tenth of an eager step. ``attend``: True where a
-    query may attend to a key; every query must have one."""
+    query may attend to a key."""
     if not _cpu_mask(q, p, training):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=p if training else 0.0,
                                               is_causal=causal)
@@ -311,8 +310,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, train
     if causal:
         t, s = scores.shape[-2:]
         scores.masked_fill_(torch.ones(t, s, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
-    if attend is not None:
-        scores.masked_fill_(~attend, float("-inf"))
+    if attend is not None:  # (a query with no key to attend to, an empty sentence's, sees them all, not NaN)
+        scores.masked_fill_(~(attend | ~attend.any(-1, keepdim=True)), float("-inf"))
     return dropout(scores.softmax(-1), p, True) @ v
 
 
