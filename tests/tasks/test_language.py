@@ -403,7 +403,7 @@ def test_infer_reads_sentence_files_a_chunk_at_a_time(tmp_path):
     first, second = tmp_path / "a.txt", tmp_path / "b.txt"
     first.write_bytes(b"\xef\xbb\xbfone\n\ntwo\nthree\n")  # (a byte order mark, a blank line)
     second.write_bytes(b"four\nfive\nbad \xff\n")
-    chunks = sentence_chunks([str(first), str(second)], ["0", "1"], 2)
+    chunks = sentence_chunks([str(first), str(second)], ["0", "1"], 2)()
     assert next(chunks) == (["one", "two"], None) and next(chunks) == (["three", "four"], None)
     with pytest.raises(GpuaccelError, match="b.txt: line 3 is not UTF-8"):
         next(chunks)

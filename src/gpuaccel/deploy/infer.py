@@ -206,7 +206,7 @@ def read_inputs(runner: Runner, inputs: list[str], skip_bad: bool = False) -> Mo
         tokenizer = tokenizer_from_state(runner.inputs["tokenizer"])
 
         def sentences():
-            for texts, labels in chunks:
+            for texts, labels in chunks():
                 ids, _ = pad([tokenizer.encode(t) for t in texts], runner.inputs["max_tokens"])
                 yield Chunk(texts, ids, labels)
         return ModelInputs(sentences, ids_for_model, "sentences")

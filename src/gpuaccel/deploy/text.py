@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,11 +82,12 @@ def text_classifier_state(run) -> tuple[dict, Path]:
     return state, path
 
 
-def sentence_chunks(inputs: list[str], classes: list[str], size: int) -> Iterator[tuple[list[str], np.ndarray | None]]:
-    """(sentences, labels or None) ``size`` at a time: a labelled file or folder (its evaluation
-    split, or the whole file) is scored against its labels; any other file gives one sentence per
-    line, read as the chunks are used (memory does not grow with the files). Every input is
-    checked before the first chunk."""
+def sentence_chunks(inputs: list[str], classes: list[str],
+                    size: int) -> Callable[[], Iterator[tuple[list[str], np.ndarray | None]]]:
+    """A function giving (sentences, labels or None) ``size`` at a time, on each call from the
+    start: a labelled file or folder (its evaluation split, or the whole file) is scored against
+    its labels; any other file gives one sentence per line, read as the chunks are used (memory
+    does not grow with the files). Every input is checked here, before any chunk."""
     if len(inputs) == 1 and Path(inputs[0]).exists() and parse_spec(inputs[0])[0] == "sentences":
         train_file, eval_file = sentence_files(Path(inputs[0]))
         texts, raw = read_labelled(eval_file or train_file, None, None)
@@ -95,7 +96,7 @@ def sentence_chunks(inputs: list[str], classes: list[str], size: int) -> Iterato
             raise GpuaccelError(f"{eval_file or train_file} has labels the model does not know: {unknown[:5]}; "
                                 f"its classes: {', '.join(classes)}")
         labels = np.array([classes.index(v) for v in raw])
-        return ((texts[i:i + size], labels[i:i + size]) for i in range(0, len(texts), size))
+        return lambda: ((texts[i:i + size], labels[i:i + size]) for i in range(0, len(texts), size))
     paths = [Path(name).expanduser() for name in inputs]
     for name, path in zip(inputs, paths):
         if not path.is_file():
@@ -112,7 +113,7 @@ def sentence_chunks(inputs: list[str], classes: list[str], size: int) -> Iterato
                     chunk = []
         if chunk:
             yield chunk, None
-    return chunks()
+    return chunks
 
 
 def sentences_in(path: Path) -> Iterator[str]:
