@@ -134,38 +134,92 @@ def import_cpp_extension_quietly() -> None:
             print(line, file=sys.stderr)
 
 
+class CompiledNote:
+    """Whether what ``identity`` names (JSON-able: what decides a model's compiled graphs, e.g.
+    the configuration, the model and its input shapes) has compiled on this machine: a note file
+    in Inductor's cache folder, so clearing that cache clears the notes (``path`` is None where
+    there is no cache folder to keep compiled graphs in). Beside it, while a background process
+    compiles the same graphs, a lock file names that process."""
+
+    def __init__(self, identity):
+        import torch
+
+        text = json.dumps([torch.__version__, identity], default=str, sort_keys=True)
+        folder = use_compile_cache()
+        self.path = None if folder is None else \
+            Path(folder) / "gpuaccel-compiled" / hashlib.sha256(text.encode()).hexdigest()[:32]
+        self.compiled_before = self.path is not None and self.path.exists()
+
+    def write(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
+        except OSError:  # a cache that became unwritable: the next run compiles with workers again
+            pass
+
+    @property
+    def lock(self) -> Path:
+        return self.path.with_suffix(".compiling")
+
+    def claim(self) -> bool:
+        """Takes the lock for a background compile of these graphs (the lock names this process
+        until :meth:`hand_over`); False while another live process holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                with open(self.lock, "x") as f:
+                    f.write(str(os.getpid()))
+                return True
+            except FileExistsError:
+                if _alive(self.lock):
+                    return False
+                self.lock.unlink(missing_ok=True)  # its process ended without removing it
+        return False
+
+    def hand_over(self, pid: int) -> None:
+        """The lock now names ``pid``, the process that compiles (and removes it when it ends)."""
+        tmp = self.lock.with_suffix(".tmp")
+        tmp.write_text(str(pid))
+        os.replace(tmp, self.lock)
+
+
+def _alive(lock: Path) -> bool:
+    """Whether the process a lock file names still runs (an unreadable lock counts as held)."""
+    try:
+        os.kill(int(lock.read_text()), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return lock.exists()
+    return True
+
+
+def compiling_in_background(folder) -> list[Path]:
+    """The lock files of the background compiles running on ``folder`` (Inductor's cache folder)."""
+    return [lock for lock in (Path(folder) / "gpuaccel-compiled").glob("*.compiling") if _alive(lock)]
+
+
 @contextlib.contextmanager
-def compile_workers_unless_cached(identity):
-    """Around the first steps of a compiled model: if the same ``identity`` (JSON-able: what
-    decides the compiled graphs, e.g. the configuration, the model and its input shapes) has
-    compiled on this machine before, Inductor compiles in this process, without its worker
-    processes; after a clean exit the identity is noted as compiled. Yields whether it had been.
+def compile_workers_unless_cached(note: CompiledNote):
+    """Around the first steps of a compiled model: if what ``note`` names has compiled on this
+    machine before, Inductor compiles in this process, without its worker processes; after a
+    clean exit it is noted as compiled. Yields ``note``.
 
     Why: whenever it compiles, Inductor starts one worker process per core, each importing
     torch. With every graph and kernel in its cache they have nothing to do, yet they take the
     CPU while the run warms up, and the process waits for them at exit. A compile that misses
     the cache all the same (say, after a model's code changed) runs in this process: slower,
-    never wrong. The notes live in Inductor's cache folder, so clearing that
-    cache clears them; ``TORCHINDUCTOR_COMPILE_THREADS``, where set, decides instead."""
-    import torch
+    never wrong. ``TORCHINDUCTOR_COMPILE_THREADS``, where set, decides instead."""
     import torch._inductor.config as inductor_config
 
-    text = json.dumps([torch.__version__, identity], default=str, sort_keys=True)
-    folder = use_compile_cache()
-    if folder is None:  # no cache to keep compiled graphs in: compile as PyTorch does
-        yield False
+    if note.path is None:  # no cache to keep compiled graphs in: compile as PyTorch does
+        yield note
         return
-    note = Path(folder) / "gpuaccel-compiled" / hashlib.sha256(text.encode()).hexdigest()[:32]
-    cached = note.exists() and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ
     threads = inductor_config.compile_threads
-    if cached:
+    if note.compiled_before and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
         inductor_config.compile_threads = 1
     try:
-        yield cached
-        try:
-            note.parent.mkdir(parents=True, exist_ok=True)
-            note.touch()
-        except OSError:  # a cache that became unwritable: the next run compiles with workers again
-            pass
+        yield note
+        note.write()
     finally:
         inductor_config.compile_threads = threads

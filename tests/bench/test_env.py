@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -150,20 +151,39 @@ def test_importing_gpuaccel_changes_nothing_in_the_importing_process(tmp_path):
 def test_a_setup_compiled_before_compiles_without_worker_processes(tmp_path, monkeypatch):
     import torch._inductor.config as inductor_config
 
-    from gpuaccel.compiling import compile_workers_unless_cached
+    from gpuaccel.compiling import CompiledNote, compile_workers_unless_cached
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     threads = inductor_config.compile_threads
-    with pytest.raises(RuntimeError), compile_workers_unless_cached({"model": "a"}):
+    with pytest.raises(RuntimeError), compile_workers_unless_cached(CompiledNote({"model": "a"})):
         raise RuntimeError("a compile that fails is not noted")
-    with compile_workers_unless_cached({"model": "a"}) as cached:
-        assert not cached and inductor_config.compile_threads == threads
-    with compile_workers_unless_cached({"model": "a"}) as cached:
-        assert cached and inductor_config.compile_threads == 1
+    with compile_workers_unless_cached(CompiledNote({"model": "a"})) as note:
+        assert not note.compiled_before and inductor_config.compile_threads == threads
+    with compile_workers_unless_cached(CompiledNote({"model": "a"})) as note:
+        assert note.compiled_before and inductor_config.compile_threads == 1
     assert inductor_config.compile_threads == threads
-    with compile_workers_unless_cached({"model": "b"}) as cached:  # another setup: its own note
-        assert not cached
+    with compile_workers_unless_cached(CompiledNote({"model": "b"})) as note:  # another setup: its own note
+        assert not note.compiled_before
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")  # the user's setting decides
-    with compile_workers_unless_cached({"model": "a"}) as cached:
-        assert not cached and inductor_config.compile_threads == threads
+    with compile_workers_unless_cached(CompiledNote({"model": "a"})) as note:
+        assert note.compiled_before and inductor_config.compile_threads == threads
+
+
+def test_one_background_compile_at_a_time(tmp_path, monkeypatch):
+    """A background compile's lock: taken once; held while the process it names lives, taken
+    over once that process has ended without removing it."""
+    from gpuaccel.compiling import CompiledNote, compiling_in_background
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    note = CompiledNote({"model": "a"})
+    assert note.claim() and not CompiledNote({"model": "a"}).claim()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        note.hand_over(sleeper.pid)
+        assert compiling_in_background(tmp_path) == [note.lock] and not note.claim()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert compiling_in_background(tmp_path) == [] and note.claim()  # (its process is gone)
+    assert note.lock.read_text() == str(os.getpid())

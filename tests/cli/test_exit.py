@@ -95,7 +95,7 @@ def test_a_signal_mid_training_ends_the_command(tmp_path, sig, code):
         _, err = proc.communicate(timeout=EXIT_BOUND + 30)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"the command did not end after {sig!r}")
+        pytest.fail(f"the command did not end after {sig!r}: {proc.communicate()[1][-3000:]}")
     assert proc.returncode == code, err
     assert "checkpoint saved" in err
 

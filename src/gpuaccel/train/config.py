@@ -187,6 +187,11 @@ class RuntimeSettings:
         False, "with --compile: compile a model's repeated block (a transformer's layer) once for all its "
         "copies instead of the whole model: a first compile several times shorter; what lies between the blocks "
         "runs eagerly (inside the step's CUDA graph where the step is captured)")
+    compile_background: bool = setting(
+        True, "with --compile and the whole step as one CUDA graph (--compile-mode reduce-overhead, one GPU): "
+        "a run whose compiled kernels this machine has not cached yet, and that would train in under a minute "
+        "uncompiled, trains uncompiled (its step still one CUDA graph) while a process in the background compiles "
+        "them for the runs after it; off: the run waits for its compile (docs/training.md)")
     compile_eval: bool = setting(
         True, "with --compile: compile the evaluation pass too (off: it runs eagerly, which spares "
         "tracing and loading a second graph: worth it for runs that evaluate once)")

@@ -17,7 +17,7 @@ from .run_dir import CHECKPOINT, RunDirectory
 RESUME_CHANGEABLE = frozenset({
     "epochs", "time_limit", "target", "target_acc", "device", "loader", "workers", "monitor", "profile",
     "tensorboard", "eval_every", "checkpoint_every", "checkpoint_seconds", "checkpoint_epochs", "cache_dir",
-    "compile", "activation_checkpointing", "overlap_gradients", "shard_unit_mb"})
+    "compile", "compile_background", "activation_checkpointing", "overlap_gradients", "shard_unit_mb"})
 
 
 def resumed_config(config, state: dict, overrides: dict, run_dir) -> tuple:

@@ -42,6 +42,7 @@ def summarise(trainer, stopped_by: str, wall_seconds: float) -> dict:
     summary = {
         "device": str(trainer.device), "device_name": device_name(trainer.device),
         "precision": trainer.precision.name, "channels_last": trainer.channels_last, "compile": config.runtime.compile,
+        "compile_plan": trainer.compile_plan,  # (None, "now", or "background": this run uncompiled)
         "step_graph": trainer.step_graph_off is None, "step_graph_off": trainer.step_graph_off,
         "model": config.model.name, "parameters": trainer.parameter_count, "task": trainer.task.name,
         "data": inputs.name, "train_samples": inputs.train_samples, "test_samples": inputs.test_samples,

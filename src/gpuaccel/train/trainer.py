@@ -15,7 +15,6 @@ may change in ``resume.py``; the warm-up before the clock starts in ``warmup.py`
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import time
@@ -28,7 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..accelerator import Accelerator
-from ..compiling import compile_module, compile_regions, compile_workers_unless_cached, import_compiler
+from ..compiling import CompiledNote, compile_module, compile_regions, import_compiler
 from ..data import resolved_spec
 from ..data.stream import JpegBatches
 from ..device import device_name, synchronize
@@ -108,6 +107,9 @@ class Trainer:
         self.acc.fit_precision_to(self.model)  # (a model with recurrent layers takes no autocast under 'auto')
         check_processes_agree(self)
         self._place_model(strategy)
+        self.compile_plan = self._first_compile_plan(
+            standalone=all(x is None for x in (model, train_data, eval_data, dataset, structure, strategy, loss_fn,
+                                               metrics)) and not isinstance(task, Task))
         self.times.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
                                              cudnn_benchmark=config.runtime.cudnn_benchmark)
@@ -117,6 +119,7 @@ class Trainer:
             import_compiler()
             self.times.phases.mark("importing torch.compile (Dynamo, Inductor)")
         self._wrap_model()
+        self._make_forwards()
         self._build_step()
         # where in the data order training stands, and what it has achieved so far
         self.state = RunState()
@@ -271,6 +274,10 @@ class Trainer:
                                 "some of them); leave out --ema, or train in one process")
         self.ema = WeightAverage(self.model, self.config.optimizer.ema, self.device) \
             if self.config.optimizer.ema else None
+
+    def _make_forwards(self) -> None:
+        """The forward passes of training and evaluation, and the loss: compiled in the run's mode
+        (``_compile_mode``), or as they are."""
         self.forward = self.strategy.training_forward(self._compiled)
         self.loss_fn = self._compiled(self.task.loss) if self.task.compile_loss else self.task.loss
         compile_for_eval = self._compiled if self.config.runtime.compile_eval else (lambda module, **_: module)
@@ -293,16 +300,40 @@ class Trainer:
                                  uncaptured=self.step_graph_off)
         self.metric_tracker = MetricTracker(self.task, self.device)
 
-    def compiling(self, inputs, targets):
-        """Around the steps that compile the model (gpuaccel.compiling.compile_workers_unless_cached):
-        what identifies the compiled graphs is the configuration (less the seed and where the run
-        writes), the model, its first batch's shapes and the device."""
-        if self._compile_mode is None:
-            return contextlib.nullcontext()
+    def _first_compile_plan(self, standalone: bool) -> str | None:
+        """How the model compiles, as far as known before the warm-up: None (it does not), "now"
+        (in this process, before training), or "deferred": uncompiled until the warm-up finds
+        whether this machine compiled the same graphs before (``compile_now``) or a process in the
+        background will, for the runs after this one (warmup.py). Deferring needs a run the
+        settings alone describe (that process rebuilds it from them), one process, and the whole
+        step as one CUDA graph (so that the uncompiled step is one launch, too); not with
+        --deterministic (the result would depend on the cache) nor --compile-regions (compiled in
+        place)."""
+        runtime = self.config.runtime
+        if not runtime.compile:
+            return None
+        deferrable = runtime.compile_background and standalone and self.step_graph_off is None and \
+            not self.dist.active and not runtime.deterministic and not runtime.compile_regions
+        return "deferred" if deferrable else "now"
+
+    def compiled_note(self, inputs, targets) -> CompiledNote | None:
+        """Whether this machine compiled this run's graphs before (gpuaccel.compiling): what
+        identifies them is the configuration (less the seed, where the run writes and whether it
+        may compile in the background), the model, its first batch's shapes and the device. None
+        when the model does not compile."""
+        if self.compile_plan is None:
+            return None
         config = {name: value for name, value in self.config.flat().items()
-                  if name != "seed" and SCHEMA[name].section != "logging"}
+                  if name not in ("seed", "compile_background") and SCHEMA[name].section != "logging"}
         shapes = [(tuple(t.shape), str(t.dtype)) for t in tree_flatten((inputs, targets))[0] if torch.is_tensor(t)]
-        return compile_workers_unless_cached([config, repr(self.model), shapes, device_name(self.device)])
+        return CompiledNote([config, repr(self.model), shapes, device_name(self.device)])
+
+    def compile_now(self) -> None:
+        """A deferred compile made in this process after all (its graphs were compiled before, or
+        training uncompiled would take long): the forward passes and the loss compiled."""
+        self.compile_plan = "now"
+        import_compiler()
+        self._make_forwards()
 
     def _compiled(self, module, split_bytes: int | None = None):
         """``module`` (or a function) compiled in the run's mode (``split_bytes``: see
@@ -322,7 +353,7 @@ class Trainer:
         inductor's kernels itself (mode default): torch.compile's own CUDA graphs (mode
         reduce-overhead) inside it would be graphs within a graph."""
         runtime = self.config.runtime
-        if not runtime.compile:
+        if self.compile_plan != "now":
             return None
         return "default" if self.step_graph_off is None else runtime.compile_mode
 
@@ -347,7 +378,7 @@ class Trainer:
         for line in start_lines(self):
             progress.log(line)
         try:
-            next_batches = self._first_batches(progress)  # the first epoch's: checked, warmed up on, going
+            next_batches = self.first_batches(progress)  # the first epoch's: checked, warmed up on, going
         except BaseException:  # (a check failed, Ctrl-C: the readers it started must not outlive it)
             stop_readers(self)
             self.run.unlock()
@@ -489,7 +520,7 @@ class Trainer:
             self.run.write_config(self.config.to_dict())
         self.run.lock()  # (a resumed trainer holds it already)
 
-    def _first_batches(self, progress: Progress):
+    def first_batches(self, progress: Progress):
         """The batches of the epoch training starts in, already going (a streaming loader fills
         meanwhile), after the task has been checked on the first of them and, where anything
         needs it, the warm-up (compiling, autotuning, recording the step) ran on it."""
@@ -505,6 +536,10 @@ class Trainer:
             done = "compilation, cuDNN autotuning, graph capture" if self.device.type == "cuda" else "compilation"
             progress.log(f"warm-up ({done}) took {self.times.warmup_seconds:.1f} s; "
                          f"not counted as training time")
+            if self.compile_plan == "background":
+                progress.log("this machine has not compiled this model yet: this run trains uncompiled (each step "
+                             "still one CUDA graph) while a background process compiles it for the runs after it "
+                             "(--no-compile-background: wait for the compile instead)")
         return itertools.chain([first], batches)
 
     @property

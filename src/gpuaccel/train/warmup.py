@@ -5,19 +5,27 @@ state is put back as it was, and the step is recorded where the restored state l
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from typing import NamedTuple
 
-
+from ..compiling import compile_workers_unless_cached
 from ..data import ImageDataset
 from ..data.augment import parse_size_schedule, resize
 from ..device import synchronize
 from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
 from ..runtime.state import rng_state, set_rng_state, snapshot
+from .precompile import compile_in_background
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
 FIRST_STEP = "the first training step per shape (compiling or loading compiled kernels, autotuning, first collectives)"
+# A run that uncompiled would train longer than this compiles before it trains, even where it
+# could leave the compile to a background process: a cold compile costs 10-45 s (the recipes'
+# on an H200, docs/results.md), and compiled steps save about half of a step's time where the
+# model is large enough for that to matter
+UNCOMPILED_SECONDS = 60.0
 
 
 class WarmedUp(NamedTuple):
@@ -44,14 +52,20 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> WarmedUp:
     if trainer.dist.active:  # (a process that set up slower holds the others at the first collective)
         by_process = trainer.dist.gather(trainer.times.phases.table())  # (and says why)
         done("waiting for the slowest process to arrive")
-    with trainer.compiling(inputs, targets):
-        for shaped in training_shapes(trainer, inputs, targets):
+    shapes = training_shapes(trainer, inputs, targets)
+    note = trainer.compiled_note(inputs, targets)  # (None when nothing compiles)
+    if trainer.compile_plan == "deferred":
+        _plan_compile(trainer, note, shapes[0])
+        done("deciding where to compile (an uncompiled step timed, where it was compiled before neither)")
+    compiling = trainer.compile_plan == "now"
+    with compile_workers_unless_cached(note) if compiling else contextlib.nullcontext():
+        for shaped in shapes:
             micro_batches = [shaped] * trainer.config.optimizer.grad_accum  # (one optimizer step's)
             trainer.step.warm(micro_batches, steps=1)
             done(FIRST_STEP)
             trainer.step.warm(micro_batches, steps=STEPS - 1)
             done(f"{STEPS - 1} more training steps per shape")
-        if evaluate and (trainer.config.runtime.compile_eval or not trainer.config.runtime.compile):
+        if evaluate and (trainer.config.runtime.compile_eval or not compiling):
             trainer.evaluate(each_shape=True)  # (--no-compile-eval: cuDNN's first calls are left to the first)
             done("an evaluation")
     _restore(trainer, saved)
@@ -59,6 +73,30 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> WarmedUp:
     trainer.step.record()  # last: it records where the restored state lives
     done("recording the step graph")
     return WarmedUp(time.perf_counter() - start, parts.table(), by_process)
+
+
+def _plan_compile(trainer, note, batch) -> None:
+    """Where a deferred compile happens (``Trainer.compile_plan`` "deferred"): in this process
+    (plan "now") when this machine compiled the same graphs before, so that they load from the
+    cache, or when the run would train uncompiled for longer than :data:`UNCOMPILED_SECONDS`;
+    otherwise the run trains uncompiled while a background process compiles for the runs after
+    it (plan "background", ``precompile.compile_in_background``), unless that cannot start."""
+    if note.compiled_before or note.path is None:
+        trainer.compile_now()
+        return
+    micro_batches = [batch] * trainer.config.optimizer.grad_accum
+    trainer.step.warm(micro_batches, steps=1)
+    synchronize(trainer.device)
+    start = time.perf_counter()
+    trainer.step.warm(micro_batches, steps=2)
+    synchronize(trainer.device)
+    step_seconds = (time.perf_counter() - start) / 2  # (not yet one CUDA graph: an overestimate)
+    steps = math.ceil(trainer.config.loop.epochs * trainer.steps_per_epoch) - trainer.state.global_step
+    uncompiled = min(steps * step_seconds, trainer.config.loop.time_limit or math.inf)
+    if uncompiled > UNCOMPILED_SECONDS or not compile_in_background(trainer, note):
+        trainer.compile_now()
+    else:
+        trainer.compile_plan = "background"
 
 
 def training_shapes(trainer, inputs, targets) -> list[tuple]:
