@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import signal
 import struct
 import tarfile
 from pathlib import Path
@@ -24,6 +25,15 @@ CLASSES = ["circle", "square", "stripe"]
 if os.environ.get("PYTHONPATH"):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         os.path.abspath(entry) if entry else entry for entry in os.environ["PYTHONPATH"].split(os.pathsep))
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a command that a test stops with a signal: SIGINT and SIGTERM handled
+    and unblocked in it, as in a command typed at a terminal, whatever this test process holds
+    (a library in it may have left them ignored or blocked, and a child inherits both)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def pytest_collection_modifyitems(config, items):

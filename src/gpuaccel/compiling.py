@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -181,6 +182,33 @@ class CompiledNote:
         tmp = self.lock.with_suffix(".tmp")
         tmp.write_text(str(pid))
         os.replace(tmp, self.lock)
+
+
+# the background process: niced, as the run that started it trains meanwhile
+BACKGROUND = "import os; os.nice(10); from {entry} import main; main()"
+
+
+def start_background_compile(note: CompiledNote, entry: str, settings: dict) -> bool:
+    """Starts ``entry`` (a module with a ``main()``: gpuaccel.train.precompile) in a process of its
+    own that compiles what ``note`` names: niced, in a session of its own (it outlives this one), ``settings`` written to ``NOTE.json`` for it, its output to ``NOTE.log``;
+    the process holds the note's lock and removes it as it ends. True where one is now compiling
+    it (this one, or another run's found running); False where none can start."""
+    try:
+        if not note.claim():
+            return True  # another run's process compiles the same graphs
+    except OSError:
+        return False
+    try:
+        note.path.with_suffix(".json").write_text(json.dumps(settings, default=str))
+        with open(note.path.with_suffix(".log"), "w") as log:
+            process = subprocess.Popen([sys.executable, "-c", BACKGROUND.format(entry=entry), str(note.path)],
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        note.hand_over(process.pid)
+    except OSError:
+        note.lock.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def _alive(lock: Path) -> bool:

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import as_from_a_terminal
 
 EXIT_BOUND = 30  # seconds from the summary to the end of the process (a normal exit takes 1-3 s here)
 
@@ -86,7 +87,8 @@ def test_a_signal_mid_training_ends_the_command(tmp_path, sig, code):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", pool, "train", "--data", "digits", "--model", "mlp",
                              "--epochs", "500", "--no-monitor", "--checkpoint-every", "5", "--run-dir", str(run_dir)],
-                            env=_fresh_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_fresh_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.time() + 120
     while not (run_dir / "checkpoint.json").exists() and time.time() < deadline:
         time.sleep(0.05)

@@ -12,9 +12,12 @@ import time
 import pytest
 import torch
 
-from gpuaccel.compiling import compiling_in_background
-from gpuaccel.train import TrainConfig, Trainer
-from gpuaccel.train import precompile, warmup
+from gpuaccel.compiling import (
+    CompiledNote,
+    compiling_in_background,
+    start_background_compile,
+)
+from gpuaccel.train import TrainConfig, Trainer, precompile, warmup
 
 
 @pytest.fixture
@@ -94,6 +97,23 @@ def test_the_background_process_compiles_the_graphs_the_run_would(tmp_path, comp
     assert note.path.exists() and compiled_calls
     assert not note.lock.exists() and not note.path.with_suffix(".json").exists()
     assert trainer.compiled_note(*_first(trainer)).compiled_before
+
+
+def test_the_background_process_starts_from_the_run_settings_and_ends_by_removing_its_lock(tmp_path, monkeypatch):
+    """The process itself (here a run with nothing to compile, on the CPU): started detached from
+    the settings, it writes its log and removes its settings and its lock as it ends."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("GPUACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    config = TrainConfig(data="digits", model="mlp", device="cpu", epochs=1, monitor=False)
+    note = CompiledNote({"model": "spawned"})
+    assert start_background_compile(note, "gpuaccel.train.precompile", config.to_dict())
+    assert compiling_in_background(tmp_path / "inductor") == [note.lock]
+    deadline = time.time() + 240
+    while note.lock.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    log = note.path.with_suffix(".log").read_text()
+    assert not note.lock.exists() and "compiled in" in log, log[-2000:]
+    assert not note.path.with_suffix(".json").exists()
 
 
 @pytest.mark.gpu

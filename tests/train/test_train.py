@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import as_from_a_terminal
 
 from gpuaccel import GpuaccelError, TrainConfig, Trainer, load_dataset
 from gpuaccel.train import checkpoint
@@ -195,7 +196,7 @@ def test_resume_after_sigkill_ends_with_identical_weights(tmp_path):
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     run_dir = tmp_path / "interrupted"
     proc = subprocess.Popen(_train_command(run_dir, epochs=200), env=_env(),
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     deadline = time.time() + 120
     while not (run_dir / "checkpoint.json").exists() and time.time() < deadline:
         time.sleep(0.02)

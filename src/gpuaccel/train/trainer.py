@@ -335,6 +335,10 @@ class Trainer:
         import_compiler()
         self._make_forwards()
 
+    def train_uncompiled(self) -> None:
+        """A deferred compile left to a background process (warmup.py): this run trains uncompiled."""
+        self.compile_plan = "background"
+
     def _compiled(self, module, split_bytes: int | None = None):
         """``module`` (or a function) compiled in the run's mode (``split_bytes``: see
         ``compile_module``); as it is without ``compile``."""

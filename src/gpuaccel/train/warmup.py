@@ -10,14 +10,15 @@ import math
 import time
 from typing import NamedTuple
 
-from ..compiling import compile_workers_unless_cached
+import torch
+
+from ..compiling import compile_workers_unless_cached, start_background_compile
 from ..data import ImageDataset
 from ..data.augment import parse_size_schedule, resize
 from ..device import synchronize
 from ..monitor.phases import PhaseClock
 from ..runtime.capture import signature
 from ..runtime.state import rng_state, set_rng_state, snapshot
-from .precompile import compile_in_background
 
 STEPS = 3  # torch.compile records its CUDA graphs (mode reduce-overhead) on a function's third call
 FIRST_STEP = "the first training step per shape (compiling or loading compiled kernels, autotuning, first collectives)"
@@ -26,6 +27,9 @@ FIRST_STEP = "the first training step per shape (compiling or loading compiled k
 # on an H200, docs/results.md), and compiled steps save about half of a step's time where the
 # model is large enough for that to matter
 UNCOMPILED_SECONDS = 60.0
+# what a background compile needs on the GPU beyond what this process reserved at its peak (its
+# own CUDA context, and room for Inductor's autotuning)
+SPARE_BYTES = 1 << 30
 
 
 class WarmedUp(NamedTuple):
@@ -80,7 +84,7 @@ def _plan_compile(trainer, note, batch) -> None:
     (plan "now") when this machine compiled the same graphs before, so that they load from the
     cache, or when the run would train uncompiled for longer than :data:`UNCOMPILED_SECONDS`;
     otherwise the run trains uncompiled while a background process compiles for the runs after
-    it (plan "background", ``precompile.compile_in_background``), unless that cannot start."""
+    it (plan "background", :func:`compile_in_background`), unless that cannot start."""
     if note.compiled_before or note.path is None:
         trainer.compile_now()
         return
@@ -96,7 +100,17 @@ def _plan_compile(trainer, note, batch) -> None:
     if uncompiled > UNCOMPILED_SECONDS or not compile_in_background(trainer, note):
         trainer.compile_now()
     else:
-        trainer.compile_plan = "background"
+        trainer.train_uncompiled()
+
+
+def compile_in_background(trainer, note) -> bool:
+    """Starts the background compile of ``trainer``'s graphs (gpuaccel.train.precompile), or
+    finds one running; False where the GPU lacks the memory for a second copy of the step
+    (measured after the steps just taken) or none can start."""
+    free, _ = torch.cuda.mem_get_info(trainer.device)
+    if free < torch.cuda.max_memory_reserved(trainer.device) + SPARE_BYTES:
+        return False
+    return start_background_compile(note, "gpuaccel.train.precompile", trainer.config.to_dict())
 
 
 def training_shapes(trainer, inputs, targets) -> list[tuple]:
