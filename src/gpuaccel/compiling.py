@@ -1,5 +1,6 @@
-"""torch.compile's modes as gpuaccel names them (PyTorch's own, plus "tuned"), and how many
-processes compile."""
+"""torch.compile's modes as gpuaccel names them (PyTorch's own, plus "tuned"), how many
+processes compile, and the notes of what this machine compiled before (a background compile's
+among them)."""
 
 from __future__ import annotations
 
@@ -190,9 +191,10 @@ BACKGROUND = "import os; os.nice(10); from {entry} import main; main()"
 
 def start_background_compile(note: CompiledNote, entry: str, settings: dict) -> bool:
     """Starts ``entry`` (a module with a ``main()``: gpuaccel.train.precompile) in a process of its
-    own that compiles what ``note`` names: niced, in a session of its own (it outlives this one), ``settings`` written to ``NOTE.json`` for it, its output to ``NOTE.log``;
-    the process holds the note's lock and removes it as it ends. True where one is now compiling
-    it (this one, or another run's found running); False where none can start."""
+    own that compiles what ``note`` names: niced, in a session of its own (it outlives this one),
+    ``settings`` written to ``NOTE.json`` for it, its output to ``NOTE.log``; the process holds
+    the note's lock and removes it as it ends. True where one is now compiling it (this one, or
+    another run's found running); False where none can start."""
     try:
         if not note.claim():
             return True  # another run's process compiles the same graphs

@@ -60,7 +60,7 @@ def warm_up(trainer, evaluate: bool = True, batch=None) -> WarmedUp:
     note = trainer.compiled_note(inputs, targets)  # (None when nothing compiles)
     if trainer.compile_plan == "deferred":
         _plan_compile(trainer, note, shapes[0])
-        done("deciding where to compile (an uncompiled step timed, where it was compiled before neither)")
+        done("deciding where to compile (importing torch.compile, or timing uncompiled steps)")
     compiling = trainer.compile_plan == "now"
     with compile_workers_unless_cached(note) if compiling else contextlib.nullcontext():
         for shaped in shapes:
