@@ -45,7 +45,7 @@ def use_bytecode_cache() -> str | None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children write into the folder, not beside sources
     if (os.cpu_count() or 1) >= 4:
-        compile_in_background(folder, BYTECODE_PACKAGES)
+        compile_bytecode_in_background(folder, BYTECODE_PACKAGES)
     return str(folder)
 
 
@@ -54,7 +54,19 @@ def use_bytecode_cache() -> str | None:
 BYTECODE_PACKAGES = ("torch", "triton", "sympy")
 
 
-def compile_in_background(folder: Path, packages, workers: int | None = None):
+def start_niced(code: str, args: list[str], *, env: dict | None = None, output=None):
+    """``python -c CODE ARGS``, niced, in a session of its own, its output to ``output`` (a file;
+    by default discarded); returns the process. For work the command leaves for later: it must
+    neither slow the command nor end with it (bytecode here, a model's compile in
+    gpuaccel.compiling)."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", f"import os; os.nice(10); {code}", *args], env=env,
+                            stdin=subprocess.DEVNULL, stdout=output or subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT if output else subprocess.DEVNULL, start_new_session=True)
+
+
+def compile_bytecode_in_background(folder: Path, packages, workers: int | None = None):
     """Starts compiling the bytecode of each of ``packages`` that lacks its own into ``folder``,
     in a process of its own (niced) with ``workers`` processes (default: the cores less one),
     once per installed version of a package (a note in ``folder`` says it was done); returns the
@@ -68,7 +80,6 @@ def compile_in_background(folder: Path, packages, workers: int | None = None):
     to spare: :func:`use_bytecode_cache` starts this from four."""
     import importlib.metadata
     import importlib.util
-    import subprocess
 
     folders, notes = [], []
     for name in packages:
@@ -86,14 +97,12 @@ def compile_in_background(folder: Path, packages, workers: int | None = None):
     if not folders:
         return None
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
-    code = ("import compileall, os, pathlib, sys; os.nice(10); folders, notes = sys.argv[1:3]; "
+    code = ("import compileall, pathlib, sys; folders, notes = sys.argv[1:3]; "
             "[compileall.compile_dir(f, quiet=2, workers=int(sys.argv[3])) for f in folders.split(os.pathsep)]; "
             "[pathlib.Path(n).touch() for n in notes.split(os.pathsep)]")
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(folder)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return subprocess.Popen([sys.executable, "-c", code, os.pathsep.join(folders), os.pathsep.join(notes), str(workers)],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    return start_niced(code, [os.pathsep.join(folders), os.pathsep.join(notes), str(workers)], env=env)
 
 
 def has_bytecode(package: str) -> bool:

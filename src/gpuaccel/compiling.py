@@ -10,11 +10,10 @@ import io
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from .caches import use_bytecode_cache, use_compile_cache
+from .caches import start_niced, use_bytecode_cache, use_compile_cache
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "tuned")
 
@@ -185,10 +184,6 @@ class CompiledNote:
         os.replace(tmp, self.lock)
 
 
-# the background process: niced, as the run that started it trains meanwhile
-BACKGROUND = "import os; os.nice(10); from {entry} import main; main()"
-
-
 def start_background_compile(note: CompiledNote, entry: str, settings: dict) -> bool:
     """Starts ``entry`` (a module with a ``main()``: gpuaccel.train.precompile) in a process of its
     own that compiles what ``note`` names: niced, in a session of its own (it outlives this one),
@@ -203,9 +198,7 @@ def start_background_compile(note: CompiledNote, entry: str, settings: dict) -> 
     try:
         note.path.with_suffix(".json").write_text(json.dumps(settings, default=str))
         with open(note.path.with_suffix(".log"), "w") as log:
-            process = subprocess.Popen([sys.executable, "-c", BACKGROUND.format(entry=entry), str(note.path)],
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = start_niced(f"from {entry} import main; main()", [str(note.path)], output=log)
         note.hand_over(process.pid)
     except OSError:
         note.lock.unlink(missing_ok=True)

@@ -99,7 +99,7 @@ def test_a_packages_bytecode_is_compiled_into_the_cache_in_the_background_once(t
     in a process beside it: into the cache folder, each module once, not again the next time."""
     import importlib.util
 
-    from gpuaccel.caches import compile_in_background
+    from gpuaccel.caches import compile_bytecode_in_background
     package = tmp_path / "src" / "heavypackage"
     (package / "inner").mkdir(parents=True)
     for source in (package / "__init__.py", package / "inner" / "__init__.py", package / "inner" / "deep.py"):
@@ -107,12 +107,12 @@ def test_a_packages_bytecode_is_compiled_into_the_cache_in_the_background_once(t
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     folder = tmp_path / "bytecode"
     monkeypatch.setattr(sys, "pycache_prefix", str(folder))  # (where cache_from_source then points)
-    background = compile_in_background(folder, ["heavypackage", "no_such_package"], workers=2)
+    background = compile_bytecode_in_background(folder, ["heavypackage", "no_such_package"], workers=2)
     assert background.wait(timeout=60) == 0
     for source in (package / "__init__.py", package / "inner" / "deep.py"):
         assert os.path.exists(importlib.util.cache_from_source(str(source)))
     assert not (package / "__pycache__").exists()
-    assert compile_in_background(folder, ["heavypackage"]) is None  # (done once: the note says so)
+    assert compile_bytecode_in_background(folder, ["heavypackage"]) is None  # (done once: the note says so)
 
 
 def test_compiling_from_python_sets_the_bytecode_cache_up_before_importing_dynamo(monkeypatch):

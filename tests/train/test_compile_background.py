@@ -48,7 +48,7 @@ def _deferred_trainer(tmp_path, **settings) -> Trainer:
 def test_a_short_run_not_compiled_before_trains_uncompiled_and_leaves_the_compile(tmp_path, compiled_calls,
                                                                                  monkeypatch):
     started = []
-    monkeypatch.setattr(warmup, "compile_in_background", lambda trainer, note: started.append(note) or True)
+    monkeypatch.setattr(warmup, "compile_model_in_background", lambda trainer, note: started.append(note) or True)
     trainer = _deferred_trainer(tmp_path, epochs=1)
     compiled_calls.clear()
     trainer.warm_up()
@@ -60,7 +60,7 @@ def test_a_short_run_not_compiled_before_trains_uncompiled_and_leaves_the_compil
 
 
 def test_a_run_compiles_itself_when_compiled_before_long_or_alone(tmp_path, compiled_calls, monkeypatch):
-    monkeypatch.setattr(warmup, "compile_in_background", lambda trainer, note: True)
+    monkeypatch.setattr(warmup, "compile_model_in_background", lambda trainer, note: True)
     monkeypatch.setattr(warmup, "UNCOMPILED_SECONDS", 0.0)  # any run is long
     long = _deferred_trainer(tmp_path)
     compiled_calls.clear()
@@ -74,7 +74,7 @@ def test_a_run_compiles_itself_when_compiled_before_long_or_alone(tmp_path, comp
     again.warm_up()
     assert again.compile_plan == "now" and compiled_calls
 
-    monkeypatch.setattr(warmup, "compile_in_background", lambda trainer, note: False)  # (no room for it)
+    monkeypatch.setattr(warmup, "compile_model_in_background", lambda trainer, note: False)  # (no room for it)
     alone = _deferred_trainer(tmp_path, epochs=2)
     alone.warm_up()
     assert alone.compile_plan == "now"

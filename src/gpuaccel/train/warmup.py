@@ -84,7 +84,7 @@ def _plan_compile(trainer, note, batch) -> None:
     (plan "now") when this machine compiled the same graphs before, so that they load from the
     cache, or when the run would train uncompiled for longer than :data:`UNCOMPILED_SECONDS`;
     otherwise the run trains uncompiled while a background process compiles for the runs after
-    it (plan "background", :func:`compile_in_background`), unless that cannot start."""
+    it (plan "background", :func:`compile_model_in_background`), unless that cannot start."""
     if note.compiled_before or note.path is None:
         trainer.compile_now()
         return
@@ -97,13 +97,13 @@ def _plan_compile(trainer, note, batch) -> None:
     step_seconds = (time.perf_counter() - start) / 2  # (not yet one CUDA graph: an overestimate)
     steps = math.ceil(trainer.config.loop.epochs * trainer.steps_per_epoch) - trainer.state.global_step
     uncompiled = min(steps * step_seconds, trainer.config.loop.time_limit or math.inf)
-    if uncompiled > UNCOMPILED_SECONDS or not compile_in_background(trainer, note):
+    if uncompiled > UNCOMPILED_SECONDS or not compile_model_in_background(trainer, note):
         trainer.compile_now()
     else:
         trainer.train_uncompiled()
 
 
-def compile_in_background(trainer, note) -> bool:
+def compile_model_in_background(trainer, note) -> bool:
     """Starts the background compile of ``trainer``'s graphs (gpuaccel.train.precompile), or
     finds one running; False where the GPU lacks the memory for a second copy of the step
     (measured after the steps just taken) or none can start."""
