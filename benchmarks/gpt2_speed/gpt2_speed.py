@@ -4,6 +4,11 @@ gpt2-small``, side by side on one GPU, on the same token ids, for the same numbe
     PYTHONPATH=src python benchmarks/gpt2_speed/gpt2_speed.py --data tinyshakespeare.txt --nanogpt NANOGPT \\
         --tokenizer bpe --steps 300 --out gpt2_speed.json [--variant NAME="--model-args ..."]
 
+A variant whose options start with ``@SCRIPT`` runs that script with the command's arguments in
+place of ``python -m gpuaccel`` (``fp8_linear.py``: the recipe's model with FP8 linear layers).
+``--eval-every N`` evaluates the gpuaccel runs every N steps too, each evaluation's training and
+validation loss in the JSON (not counted as training time).
+
 ``NANOGPT``: a checkout of github.com/karpathy/nanoGPT (its train.py, model.py and
 configurator.py are copied into the work folder and run as published). Both read the token ids
 that gpuaccel's corpus reader makes (``--tokenizer char`` or ``bpe``: a byte-level BPE
@@ -90,16 +95,20 @@ def nanogpt(source: Path, corpus, steps: int, skip: int, eval_iters: int, work: 
             "command_seconds": round(seconds, 1), "timed_steps": [first, last]}
 
 
-def gpuaccel(data: str, tokenizer: str, corpus, steps: int, extra: list[str], work: Path) -> dict:
-    """``gpuaccel train --recipe gpt2-small`` for ``steps`` steps, evaluated once at the end."""
+def gpuaccel(data: str, tokenizer: str, corpus, steps: int, eval_every: int, extra: list[str], work: Path) -> dict:
+    """``gpuaccel train --recipe gpt2-small`` for ``steps`` steps, evaluated every ``eval_every``
+    steps and at the end (the evaluations' time is not training time)."""
     per_epoch = ((len(corpus.train) - 1) // CONTEXT) // BATCH
     epochs = (steps - 0.5) / per_epoch  # (the loop runs ceil(epochs x steps per epoch) steps)
     run_dir = work / "gpuaccel-run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "gpuaccel", "train", "--recipe", "gpt2-small", "--data", data,
+    # (options starting with @SCRIPT: that script takes the command's arguments instead of gpuaccel's CLI)
+    script = extra[0][1:] if extra and extra[0].startswith("@") else None
+    entry, extra = ([script], extra[1:]) if script else (["-m", "gpuaccel"], extra)
+    command = [sys.executable, *entry, "train", "--recipe", "gpt2-small", "--data", data,
                "--tokenizer", tokenizer, "--epochs", f"{epochs:.6f}", "--warmup-epochs", f"{epochs / 10:.6f}",
-               "--eval-every", str(steps), "--run-dir", str(run_dir), "--cache-dir", str(work / "cache"),
-               "--json", *extra]
+               "--eval-every", str(eval_every), "--run-dir", str(run_dir), "--cache-dir", str(work / "cache"),
+               "--json", "--no-compile-background", *extra]  # (the compiled speed, on a cold cache too)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -110,7 +119,10 @@ def gpuaccel(data: str, tokenizer: str, corpus, steps: int, extra: list[str], wo
     return {"steps": s["steps"], "tokens_per_second": rate, "ms_per_step": round(1000 * BATCH * CONTEXT / rate, 2),
             "mfu": round(rate * flops_per_token(corpus.vocab_size) / PEAK_FLOPS, 4),
             "val_loss": s["metrics"]["loss"], "command_seconds": round(seconds, 1),
-            "warmup_seconds": s["warmup_seconds"], "train_seconds": s["train_seconds"]}
+            "warmup_seconds": s["warmup_seconds"], "train_seconds": s["train_seconds"],
+            "evaluations": [{"step": r["step"], "val_loss": round(r["loss"], 4),
+                             "train_loss": None if r["train_loss"] is None else round(r["train_loss"], 4)}
+                            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]}
 
 
 def main() -> None:
@@ -122,6 +134,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--skip", type=int, default=20, help="steps left out of the tokens/s (compiling, settling)")
     p.add_argument("--eval-iters", type=int, default=20, help="nanoGPT: batches in its validation estimate")
+    p.add_argument("--eval-every", type=int, help="gpuaccel: evaluate every this many steps too (default: at the end)")
     p.add_argument("--repeats", type=int, default=1, help="each run this many times, alternated")
     p.add_argument("--variant", action="append", default=[], metavar='NAME="OPTIONS"',
                    help="also run gpuaccel with these options (the recipe itself is variant 'recipe')")
@@ -142,10 +155,11 @@ def main() -> None:
                                              "batch": BATCH}, "runs": {}}
     runs = [] if args.no_nanogpt else [("nanogpt", None)]
     runs += [("recipe", [])] + [(v.partition("=")[0], shlex.split(v.partition("=")[2])) for v in args.variant]
+    eval_every = args.eval_every or args.steps
     for _ in range(args.repeats):
         for name, extra in runs:
             row = nanogpt(Path(args.nanogpt), corpus, args.steps, args.skip, args.eval_iters, work) if extra is None \
-                else {"options": extra, **gpuaccel(args.data, args.tokenizer, corpus, args.steps, extra, work)}
+                else {"options": extra, **gpuaccel(args.data, args.tokenizer, corpus, args.steps, eval_every, extra, work)}
             result["runs"].setdefault(name, []).append(row)
             print(name, json.dumps(row)[:3000], flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))

@@ -171,7 +171,8 @@ def train(recipe: str, data: str, seed: int, extra: list[str], work: Path) -> tu
     subprocess.run(["rm", "-rf", str(run_dir)])
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "gpuaccel", "train", "--recipe", recipe, "--data", data,
-                           "--seed", str(seed), "--run-dir", str(run_dir), "--json", *extra],
+                           "--seed", str(seed), "--run-dir", str(run_dir), "--json", "--no-compile-background",
+                           *extra],
                           capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:

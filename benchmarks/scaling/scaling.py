@@ -66,7 +66,7 @@ def train(gpus: int | None, run_dir: Path, args: list[str]) -> dict:
     gpus = gpus or 1
     launch = ["--gpus", str(gpus)] if gpus > 1 else []
     return run_and_summarise(gpus, run_dir, [sys.executable, "-m", "gpuaccel", "train", *launch, "--run-dir",
-                                             str(run_dir), "--quiet", "--no-monitor", *args])
+                                             str(run_dir), "--quiet", "--no-monitor", "--no-compile-background", *args])
 
 
 def train_script(gpus: int, run_dir: Path, script: Path, args: list[str]) -> dict:

@@ -259,7 +259,7 @@ def recipe_runs(recipe: str, root: Path, seeds: list[int], runs: Path, metric: s
         run_dir = runs / f"{recipe}-{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)  # (an earlier command's run there would be refused)
         config = TrainConfig(**{**settings, "data": str(root), "seed": seed, "run_dir": str(run_dir),
-                                "monitor": False})
+                                "monitor": False, "compile_background": False})  # (compiled, on a cold cache too)
         trainer = Trainer(config, quiet=True)
         summary = trainer.fit()
         results.append({"seed": seed, "train_seconds": summary["train_seconds"],
