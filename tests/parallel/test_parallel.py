@@ -1,6 +1,8 @@
-"""Data parallel on CPUs with gloo, started by PyTorch's own launcher (torch.distributed.run):
-equivalence with one process, gradient accumulation without all-reduce, elastic restart
-with resume, and the launcher's errors."""
+"""Data parallel on CPUs with gloo: equivalence with one process, gradient accumulation without
+all-reduce, elastic restart with resume, and the launcher's errors. What is about launching
+(restarts, a killed launcher, one process's error stopping the others, Slurm) runs under
+PyTorch's own launcher (torch.distributed.run); what the processes compute together runs in
+processes forked with torchrun's environment (tests/launch.py: seconds of imports less a launch)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_user_error
+from launch import run_processes
 
 from gpuaccel import TrainConfig, Trainer, create_model
 from gpuaccel.errors import GpuaccelError
@@ -89,7 +92,7 @@ def assert_same_training(reference: Path, run: Path, *, processes: int, global_b
                          ids=["accumulation", "sharded", "global-batch"])
 def test_two_processes_train_like_one_with_the_whole_batch(tmp_path, one_process_run, per_process):
     single, double = one_process_run, tmp_path / "two"
-    torchrun(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
+    run_processes(*COMMON, *per_process, "--epochs", "2", "--run-dir", str(double))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert not list(double.glob("gpu1*"))  # rank 0 alone writes the run directory
 
@@ -100,8 +103,8 @@ def test_step_graph_averages_gradients_like_one_process_with_the_whole_batch(tmp
     from the backward pass as it finishes them, on the last micro-batch of an accumulation only),
     run eagerly on CPUs, trains like one process with the whole batch. (One launch for the three.)"""
     runs = {"one-all-reduce": "32", "buckets": "32:0.001:1", "buckets-accumulation": "16:0.001:2"}
-    done = torchrun("2", *(f"{tmp_path / name}:{spec}" for name, spec in runs.items()),
-                    program=(str(TESTS / "step_graph_worker.py"),))
+    done = run_processes("2", *(f"{tmp_path / name}:{spec}" for name, spec in runs.items()),
+                         program=(str(TESTS / "step_graph_worker.py"),))
     for name in runs:
         assert_same_training(one_process_run, tmp_path / name, processes=2, global_batch=64, atol=2e-5)
     for name in ("buckets", "buckets-accumulation"):  # plain_cnn's gradients from the last layer's: 1.3, 65.7, 0.3 kB
@@ -127,7 +130,7 @@ def test_dlrm_tables_updated_in_the_backward_pass_train_on_two_processes_like_on
     every process's rows and gradients); either way the update is the one a process with the
     whole batch takes, and model.pt holds the whole tables. (One launch for the four.)"""
     single, kinds = dlrm_one_process, ["ddp", "graph", "graph-chunks", "ddp-replicated"]
-    torchrun(str(tmp_path), "32", ",".join(kinds), program=(str(TESTS / "dlrm_worker.py"),))
+    run_processes(str(tmp_path), "32", ",".join(kinds), program=(str(TESTS / "dlrm_worker.py"),))
     reference = json.loads((single / "summary.json").read_text())["metrics"]
     for kind in kinds:
         double = tmp_path / kind
@@ -143,7 +146,7 @@ def test_dlrm_tables_sharded_over_more_processes_than_tables_train_like_one(tmp_
     """3 tables on 4 processes: one process holds no table (its slot looks up the spare row).
     (One launch for both kinds.)"""
     single, kinds = dlrm_one_process, ["graph", "graph-chunks"]
-    torchrun(str(tmp_path), "16", ",".join(kinds), nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
+    run_processes(str(tmp_path), "16", ",".join(kinds), nproc=4, program=(str(TESTS / "dlrm_worker.py"),))
     reference = json.loads((single / "summary.json").read_text())["metrics"]
     for kind in kinds:
         assert_same_training(single, tmp_path / kind, processes=4, global_batch=64, atol=2e-5)
@@ -157,14 +160,14 @@ def test_sharded_tables_update_only_their_own_rows_and_save_and_load_whole_table
     processes have one blank slot between them, on 4 one process holds no table. Their state is
     the whole tables, and loading whole tables keeps each process's share. (One launch for both:
     a launch costs seconds on a CPU.)"""
-    torchrun(str(tmp_path), "8", "tables", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
+    run_processes(str(tmp_path), "8", "tables", nproc=processes, program=(str(TESTS / "dlrm_worker.py"),))
     back = torch.load(tmp_path / "state.pt", weights_only=True)
     assert torch.equal(back["weight"], torch.arange(800.0).view(100, 8))
     assert torch.equal(back["accumulator"], torch.arange(100.0))
 
 
 def test_a_weight_average_of_sharded_tables_is_refused_on_every_process(tmp_path):
-    done = torchrun(str(tmp_path / "run"), "32", "ema", program=(str(TESTS / "dlrm_worker.py"),))
+    done = run_processes(str(tmp_path / "run"), "32", "ema", program=(str(TESTS / "dlrm_worker.py"),))
     # (the two processes share the output: their lines may interleave)
     assert sorted(re.findall(r"rank (\d) refused", done.stdout)) == ["0", "1"], done.stdout
     assert "ema cannot average embedding tables sharded across processes" in done.stdout
@@ -183,15 +186,9 @@ def test_a_run_directory_refused_on_rank_0_stops_every_process_with_one_line(tmp
     """Rank 0 alone looks at the run directory; its refusal reaches the others, which would
     otherwise wait for rank 0 in a collective (with NCCL, until the process group's timeout)."""
     train_one_process(tmp_path / "taken", model=MODEL, batch_size=64, epochs=1)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "gpuaccel", "train", *COMMON, "--run-dir", str(tmp_path / "taken")],
-                          env=env, capture_output=True, text=True, timeout=120)
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
+    output = run_processes(*COMMON, "--run-dir", str(tmp_path / "taken"), exit_codes=[2, 2], timeout=120).stdout
     assert output.count("gpuaccel: error: ") == 2 and output.count("already holds a run") == 2, output[-3000:]
-    assert "]: Traceback" not in output, output[-3000:]  # (a worker's; torchrun's own reports the exit status)
+    assert "Traceback" not in output, output[-3000:]
 
 
 def _workers_of(agent_pid: int) -> list[int]:
@@ -306,14 +303,11 @@ def test_processes_given_different_data_stop_at_start_with_one_line(tmp_path, di
             shutil.rmtree(sorted((other / split).iterdir())[-1])
     script = tmp_path / "rank_data.py"
     script.write_text(RANK_DATA)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "GPUACCEL_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(first), str(other), *COMMON, "--epochs", "1", "--run-dir",
-                           str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300, check=False)
-    output = done.stdout + done.stderr  # (the two processes' lines may interleave)
-    assert done.returncode != 0 and output.count("gpuaccel: error: the processes of this run disagree") == 2, \
-        output[-3000:]
+    done = run_processes(str(first), str(other), *COMMON, "--epochs", "1", "--run-dir", str(tmp_path / "run"),
+                         program=(str(script),), env={"GPUACCEL_CACHE_DIR": str(tmp_path / "cache")},
+                         exit_codes=[2, 2])
+    output = done.stdout
+    assert output.count("gpuaccel: error: the processes of this run disagree") == 2, output[-3000:]
     assert "this process (rank 1) was given other data than rank 0" in output
     assert "another process was given other data or model than this one (rank 0)" in output
     assert "site-packages/gpuaccel" not in output and "src/gpuaccel" not in output  # no traceback through gpuaccel
@@ -377,9 +371,9 @@ def test_a_sharded_run_resumes_to_the_same_weights_from_its_shards_and_saves_a_w
     # 359 test images in batches of 179: one rank evaluates 180 images in 2 batches, the other 1 batch
     common = [*COMMON, "--shard", "--batch-size", "16", "--schedule", "constant", "--warmup-epochs", "0",
               "--eval-batch-size", "179"]
-    torchrun(*common, "--epochs", "3", "--run-dir", str(straight))
-    torchrun(*common, "--epochs", "1", "--run-dir", str(resumed))
-    torchrun("--resume", str(resumed), "--epochs", "3", "--quiet", "--no-monitor")
+    run_processes(*common, "--epochs", "3", "--run-dir", str(straight))
+    run_processes(*common, "--epochs", "1", "--run-dir", str(resumed))
+    run_processes("--resume", str(resumed), "--epochs", "3", "--quiet", "--no-monitor")
     assert_same_training(straight, resumed, processes=2, global_batch=32, atol=1e-6)
     # the checkpoint keeps each process's shards (DCP) in a folder it names, the last one only;
     # model.pt is whole: it loads into the plain model
@@ -414,7 +408,7 @@ def test_sharded_blocks_in_units_of_several_train_on_two_processes_like_one(tmp_
     single, double = tmp_path / "one", tmp_path / "two"
     train_one_process(single, model="plain_models:residual_mlp", batch_size=64, epochs=1)
     # blocks of 4,224 bytes in units of 0.005 MiB (5,243 bytes): blocks (1, 2) and (3)
-    torchrun(*COMMON, "--model", "plain_models:residual_mlp", "--shard", "--shard-unit-mb", "0.005",
+    run_processes(*COMMON, "--model", "plain_models:residual_mlp", "--shard", "--shard-unit-mb", "0.005",
              "--batch-size", "32", "--epochs", "1", "--run-dir", str(double))
     assert_same_training(single, double, processes=2, global_batch=64, atol=2e-5)
     assert "FSDP (2 units)" in json.loads((double / "summary.json").read_text())["strategy"]
@@ -467,8 +461,8 @@ def test_pipeline_stages_match_accumulating_the_same_micro_batches_and_resume(tm
     train_one_process(single, data=str(mnist_dir), model="plain_models:bn_cnn", batch_size=16, grad_accum=2,
                       epochs=2, eval_batch_size=50, schedule="constant", warmup_epochs=0, grad_clip=0.3)
     piped_args = [*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--grad-clip", "0.3"]
-    torchrun(*piped_args, "--epochs", "1", "--run-dir", str(piped))
-    torchrun("--resume", str(piped), "--epochs", "2", "--quiet", "--no-monitor")
+    run_processes(*piped_args, "--epochs", "1", "--run-dir", str(piped))
+    run_processes("--resume", str(piped), "--epochs", "2", "--quiet", "--no-monitor")
     assert_same_training(single, piped, processes=2, global_batch=32, atol=1e-5)  # batch-norm statistics too
     a, b = (json.loads((d / "summary.json").read_text()) for d in (single, piped))
     assert b["steps"] == a["steps"] and b["metrics"]["accuracy"] == pytest.approx(a["metrics"]["accuracy"])
@@ -491,10 +485,10 @@ def test_a_gpt_split_into_two_pipeline_stages_trains_like_one_process(tmp_path):
     gpt = dict(model="gpt", model_args={"layers": 2, "heads": 2, "width": 32, "dropout": 0.0}, context=32)
     train_one_process(single, data=str(text), **gpt, batch_size=8, grad_accum=2, epochs=1, schedule="constant",
                       warmup_epochs=0)
-    torchrun("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
-             "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size", "16",
-             "--microbatches", "2", "--epochs", "1", "--schedule", "constant", "--warmup-epochs", "0",
-             "--lr", "0.05", "--run-dir", str(piped))
+    run_processes("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
+                  "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size",
+                  "16", "--microbatches", "2", "--epochs", "1", "--schedule", "constant", "--warmup-epochs", "0",
+                  "--lr", "0.05", "--run-dir", str(piped))
     assert_same_training(single, piped, processes=2, global_batch=16, atol=1e-5)
 
 
@@ -504,9 +498,9 @@ def test_a_gpt_in_pipeline_stages_trains_in_bf16(tmp_path):
     (torch 2.13: an error at the first step)."""
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i % 17}: the quick brown fox jumps over the lazy dog.\n" for i in range(96)))
-    torchrun("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
-             "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size", "16",
-             "--precision", "bf16", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
+    run_processes("--device", "cpu", "--quiet", "--no-monitor", "--data", str(text), "--model", "gpt", "--model-args",
+                  "layers=2,heads=2,width=32,dropout=0", "--context", "32", "--pipeline-stages", "2", "--batch-size",
+                  "16", "--precision", "bf16", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["precision"] == "bf16" and summary["steps"] > 0 and math.isfinite(summary["metrics"]["loss"])
 
@@ -557,7 +551,7 @@ def test_a_stage_traced_on_one_device_runs_on_another():
 def test_a_pipeline_takes_batches_with_gaps_between_rows():
     """A language model's tokens are a view (x = window[:, :-1]): its rows are 1,025 apart, not
     1,024, and the pipeline's stages refused them (stride mismatch) on the GPU."""
-    torchrun(program=(str(TESTS / "pipeline_worker.py"),))
+    run_processes(program=(str(TESTS / "pipeline_worker.py"),))
 
 
 def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir):
@@ -566,8 +560,8 @@ def test_two_pipelines_of_two_stages_train_like_one_process(tmp_path, mnist_dir)
     common = [*PIPELINE, "--data", str(mnist_dir), "--model", MODEL, "--epochs", "1"]
     train_one_process(single, data=str(mnist_dir), model=MODEL, batch_size=64, epochs=1, eval_batch_size=50,
                       schedule="constant", warmup_epochs=0)
-    torchrun(*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--split-points", "3",
-             "--pipeline-schedule", "gpipe", "--run-dir", str(piped), nproc=4)
+    run_processes(*common, "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--split-points",
+                  "3", "--pipeline-schedule", "gpipe", "--run-dir", str(piped), nproc=4)
     assert_same_training(single, piped, processes=4, global_batch=64, atol=1e-5)
 
 
@@ -580,9 +574,10 @@ def test_pipeline_stages_checkpoint_their_blocks(tmp_path, mnist_dir):
     train_one_process(single, data=str(mnist_dir), model=model, batch_size=16, grad_accum=2, epochs=1,
                       eval_batch_size=50, schedule="constant", warmup_epochs=0, activation_checkpointing=True)
     loud = [arg for arg in PIPELINE if arg != "--quiet"]
-    done = torchrun(*loud, "--data", str(mnist_dir), "--model", model, "--activation-checkpointing", "--epochs", "1",
-                    "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2", "--run-dir", str(piped))
-    log = done.stdout + done.stderr  # (progress lines go to stderr)
+    done = run_processes(*loud, "--data", str(mnist_dir), "--model", model, "--activation-checkpointing", "--epochs",
+                         "1", "--pipeline-stages", "2", "--batch-size", "32", "--microbatches", "2",
+                         "--run-dir", str(piped))
+    log = done.stdout  # (each process's output and errors; progress lines go to stderr)
     assert "split before stages.1.0" in log and "1 block checkpointed" in log
     one, two = weights(single), weights(piped)
     for key in one:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from gpuaccel import GpuaccelError
 TESTS = Path(__file__).resolve().parents[1]  # (the helpers beside conftest.py)
 sys.path.insert(0, str(TESTS))
 import accelerator_loop  # noqa: E402
+from launch import run_processes  # noqa: E402
 
 
 def _result(path):
@@ -81,13 +81,8 @@ def test_a_plain_port_runs_the_same_operations_a_step_as_the_loop_it_ports():
     assert port == plain
 
 
-def _torchrun(out, mode="fsdp-resume", *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(TESTS / "accelerator_loop.py"), out, mode, *args], env=env, capture_output=True,
-                          text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+def _two_processes(out, mode="fsdp-resume", *args):
+    run_processes(out, mode, *args, program=(str(TESTS / "accelerator_loop.py"),), timeout=120)
 
 
 @pytest.mark.parametrize("mode", ["acc", "acc-accumulate", "acc-capture", "acc-captured"])
@@ -95,7 +90,7 @@ def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_pat
     """On two GPUs (GPUACCEL_LOOP_DEVICE=cuda) the captured modes record the gradient all-reduce
     inside their graphs; on the CPU they run uncaptured."""
     accelerator_loop.main(str(tmp_path / "one.pt"), "plain", 32, 5)
-    _torchrun(str(tmp_path / "two.pt"), mode, "32", "5")
+    _two_processes(str(tmp_path / "two.pt"), mode, "32", "5")
     one, two = _result(tmp_path / "one.pt"), _result(tmp_path / "two.pt")
     on_gpus = os.environ.get("GPUACCEL_LOOP_DEVICE", "cpu").startswith("cuda")
     assert two["captured"] == (on_gpus and mode in ("acc-capture", "acc-captured"))
@@ -104,7 +99,7 @@ def test_two_processes_with_half_the_batch_train_like_one_with_all_of_it(tmp_pat
 
 
 def test_a_sharded_save_is_written_by_every_process_and_resumes_to_identical_weights(tmp_path):
-    _torchrun(str(tmp_path / "fsdp.pt"))
+    _two_processes(str(tmp_path / "fsdp.pt"))
     result = _result(tmp_path / "fsdp.pt")
     after, again = result["ends"]
     for key, value in after.items():

@@ -3,13 +3,12 @@ boxes and masks with the pixels, COCO mAP and mIoU on cases with known answers, 
 and a segmenter trained, exported and run on CPU-sized scenes."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import run
 
 from gpuaccel.data.scene_loader import SceneAugment, SceneBatches, scene_tensors
 from gpuaccel.data.scenes import load_scenes, scene_kind
@@ -362,41 +361,42 @@ def test_segmentation_tta_averages_the_mirror_images_logits_mirrored_back(scenes
 
 # --- train, export, infer ---------------------------------------------------------------------------
 
-def _gpuaccel(*args, cwd):
-    done = subprocess.run([sys.executable, "-m", "gpuaccel", *map(str, args)], check=False, capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+def _gpuaccel(capsys, *args) -> str:
+    """A gpuaccel command in this process (a process of its own would add seconds of imports);
+    its output."""
+    code, out, err = run(capsys, *map(str, args))
+    assert code == 0, err[-3000:]
+    return out
 
 
-def test_a_detector_learns_exports_and_infers(scenes, tmp_path):
-    _gpuaccel("train", "--data", scenes, "--model", "centernet", "--model-args", "width=8,channels=32",
+def test_a_detector_learns_exports_and_infers(scenes, tmp_path, capsys):
+    _gpuaccel(capsys, "train", "--data", scenes, "--model", "centernet", "--model-args", "width=8,channels=32",
               "--epochs", 14, "--batch-size", 16, "--optimizer", "adamw", "--lr", "3e-3", "--schedule", "onecycle",
               "--flip", "random", "--eval-every", 14, "--target", "map50=0.3", "--run-dir", tmp_path / "run",
-              "--no-monitor", "--quiet", cwd=tmp_path)
+              "--no-monitor", "--quiet")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["metrics"]["map50"] >= 0.3, summary["metrics"]  # chance is about 0
     assert summary["stopped_by"] == "target"
-    export = _gpuaccel("export", tmp_path / "run", "--format", "onnx", cwd=tmp_path)
-    assert "boxes within" in export.stdout
-    _gpuaccel("infer", tmp_path / "run" / "model.onnx", scenes / "images" / "val", "--out", tmp_path / "boxes.csv",
-              "--overlay", tmp_path / "overlays", cwd=tmp_path)
+    export = _gpuaccel(capsys, "export", tmp_path / "run", "--format", "onnx")
+    assert "boxes within" in export
+    _gpuaccel(capsys, "infer", tmp_path / "run" / "model.onnx", scenes / "images" / "val", "--out",
+              tmp_path / "boxes.csv", "--overlay", tmp_path / "overlays")
     lines = (tmp_path / "boxes.csv").read_text().splitlines()
     assert lines[0] == "image,class,score,x,y,w,h" and len(lines) > 20
     assert {line.split(",")[1] for line in lines[1:]} <= set(CLASSES)
     assert len(list((tmp_path / "overlays").glob("*.png"))) == 30
 
 
-def test_a_segmenter_learns_exports_and_writes_masks(scenes, tmp_path):
-    _gpuaccel("train", "--data", scenes, "--task", "segmentation", "--model", "unet", "--model-args",
+def test_a_segmenter_learns_exports_and_writes_masks(scenes, tmp_path, capsys):
+    _gpuaccel(capsys, "train", "--data", scenes, "--task", "segmentation", "--model", "unet", "--model-args",
               "width=8,levels=3", "--epochs", 6, "--batch-size", 16, "--optimizer", "adamw", "--lr", "3e-3",
-              "--eval-every", 1000, "--run-dir", tmp_path / "run", "--no-monitor", "--quiet", cwd=tmp_path)
+              "--eval-every", 1000, "--run-dir", tmp_path / "run", "--no-monitor", "--quiet")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["metrics"]["miou"] > 0.6, summary["metrics"]  # all background scores about 0.3
-    export = _gpuaccel("export", tmp_path / "run", "--format", "onnx", cwd=tmp_path)
-    assert "class maps agree" in export.stdout
-    _gpuaccel("infer", tmp_path / "run" / "model.onnx", scenes / "images" / "val" / "0003.png", "--out",
-              tmp_path / "masks", cwd=tmp_path)
+    export = _gpuaccel(capsys, "export", tmp_path / "run", "--format", "onnx")
+    assert "class maps agree" in export
+    _gpuaccel(capsys, "infer", tmp_path / "run" / "model.onnx", scenes / "images" / "val" / "0003.png", "--out",
+              tmp_path / "masks")
     mask = np.asarray(Image.open(tmp_path / "masks" / "0003.png"))
     truth = np.asarray(Image.open(scenes / "masks" / "val" / "0003.png"))
     assert mask.shape == truth.shape and (mask == truth).mean() > 0.9
