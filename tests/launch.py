@@ -71,14 +71,15 @@ def run_processes(*args: str, nproc: int = 2, program=("-m", "gpuaccel", "train"
     outputs = [Path(os.environ.get("TMPDIR", "/tmp")) / f"rank{rank}-{port}.log" for rank in range(nproc)]
     processes = []
     for rank in range(nproc):
-        worker_env = {**(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-               "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+        worker_env = {**(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                      "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TORCHELASTIC_RESTART_COUNT": "0",
+                      "TORCHELASTIC_MAX_RESTARTS": "0"}
         process = context.Process(target=_process, args=(list(program), list(args), worker_env, str(outputs[rank])))
         process.start()
         processes.append(process)
     for process in processes:
-        process.join(timeout)
+        process.join(timeout)  # (one still running then is killed; the outputs show where each one was)
     for process in processes:
         if process.is_alive():
             process.kill()
