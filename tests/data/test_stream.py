@@ -42,17 +42,37 @@ def chw(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
-_INTERPRETED_KERNEL = ("import sys, torch; from gpuaccel.data import crops; args, form = torch.load(sys.argv[1], "
-                       "weights_only=False); torch.save(crops.resample_boxes(*args, method='kernel', **form), "
-                       "sys.argv[2])")
+# One process runs the kernel through Triton's interpreter for the whole module (each call in a new
+# one paid seconds of imports): a line "INPUTS OUTPUT" in, the result saved to OUTPUT, a line out.
+_INTERPRETED_KERNEL = """
+import sys, traceback, torch
+from gpuaccel.data import crops
+for line in sys.stdin:
+    inputs, output = line.split()
+    try:
+        args, form = torch.load(inputs, weights_only=False)
+        torch.save(crops.resample_boxes(*args, method="kernel", **form), output)
+        print("ok", flush=True)
+    except Exception:
+        print(repr(traceback.format_exc()), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    process = subprocess.Popen([sys.executable, "-c", _INTERPRETED_KERNEL], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    yield process
+    process.stdin.close()
+    process.wait(timeout=60)
 
 
 @pytest.fixture(params=["matrices", "kernel"])
 def resample(request, tmp_path):
     """Each resampler with resample_boxes' signature. The Triton kernel runs compiled where
     there is a GPU, otherwise through Triton's interpreter, which must be chosen before Triton
-    is imported: so in a child process. (Triton 3.6's interpreter cannot run the kernel's
-    loops with run-time bounds; 3.9's can.)"""
+    is imported: so in a child process (``interpreter``). (Triton 3.6's interpreter cannot run
+    the kernel's loops with run-time bounds; 3.9's can.)"""
     if request.param == "matrices":
         return functools.partial(resample_boxes, method="matrices")
     pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
@@ -68,11 +88,15 @@ def resample(request, tmp_path):
             return resample_boxes(on_gpu(images), boxes, size, flip, method="kernel", **form).cpu()
         return compiled
 
+    process = request.getfixturevalue("interpreter")
+
     def interpreted(images, boxes, size, flip=None, **form):
         inputs, output = tmp_path / "inputs.pt", tmp_path / "output.pt"
         torch.save(((images, boxes, size, flip), form), inputs)
-        subprocess.run([sys.executable, "-c", _INTERPRETED_KERNEL, str(inputs), str(output)],
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+        process.stdin.write(f"{inputs} {output}\n")
+        process.stdin.flush()
+        answer = process.stdout.readline().strip()
+        assert answer == "ok", answer or "the interpreter's process ended"
         return torch.load(output)
     return interpreted
 
