@@ -31,7 +31,7 @@ def _context():
     return context
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -67,7 +67,7 @@ def run_processes(*args: str, nproc: int = 2, program=("-m", "gpuaccel", "train"
     environment; fails with each process's output unless they exit with ``exit_codes`` (0 each by
     default). Returns the outputs, rank after rank, as ``stdout``, and the largest exit code."""
     context = _context()
-    port = _free_port()
+    port = free_port()
     outputs = [Path(os.environ.get("TMPDIR", "/tmp")) / f"rank{rank}-{port}.log" for rank in range(nproc)]
     processes = []
     for rank in range(nproc):
