@@ -162,3 +162,22 @@ def test_rmsnorm_with_its_gradient_by_hand_is_pytorchs_rmsnorm(shape, normalized
     assert torch.autograd.gradcheck(lambda v, w: _RMSNormByHand.apply(v, w, 1e-6, dims),
                                     (torch.randn(*shape, dtype=torch.double, requires_grad=True),
                                      torch.randn(ours.weight.shape, dtype=torch.double, requires_grad=True)))
+
+
+def test_gpt_draws_every_weight_itself_from_the_seed():
+    """GPT's linear layers skip PyTorch's own initialisation (models/gpt.py, ``linear``): every
+    weight must still be drawn, GPT-2's way, and the same seed must give the same weights."""
+    from gpuaccel.models.gpt import gpt
+
+    def build():
+        torch.manual_seed(3)
+        return gpt(100, 16, layers=4, heads=2, width=64)
+
+    first, second = build(), build()
+    for (name, p), q in zip(first.named_parameters(), second.parameters()):
+        assert torch.equal(p, q), name
+        if p.ndim == 2:  # N(0, 0.02); the projections into the residual stream 0.02 / sqrt(2 x layers)
+            std = 0.02 / math.sqrt(8) if name.endswith(("proj.weight", "down.weight")) else 0.02
+            assert abs(p.std().item() - std) < 0.15 * std and abs(p.mean().item()) < 0.1 * std, name
+        else:
+            assert torch.equal(p, torch.ones_like(p)), name  # the norms' gains
