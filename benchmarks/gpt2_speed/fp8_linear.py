@@ -56,10 +56,10 @@ class _Float8Product(torch.autograd.Function):
     """y = x W^T (``x`` 2-D) in FP8; the input's gradient in FP8 or in ``dtype``; the weight's in
     ``dtype`` (bf16 under autocast).
 
-    Neither ``forward`` nor ``backward`` returns a view or an alias of a tensor it made on the way
-    (no ``.to()`` that may hand back its argument): under torch.compile on PyTorch 2.11 such an
-    alias routed the gradient to the wrong output (pytorch/pytorch#180642), and every block of
-    the compiled model got a zero gradient while eager mode was right."""
+    ``forward`` returns the product itself and saves its inputs as they came: written with
+    ``.to()`` calls that hand back their argument, the function gave every block of the compiled
+    model a zero gradient on PyTorch 2.11 while eager mode was right (cf. pytorch/pytorch#180642,
+    aliases in compiled autograd functions); :func:`check_gradients` guards against it."""
 
     @staticmethod
     def forward(ctx, x, weight, dtype, fp8_input_gradient):
