@@ -42,7 +42,8 @@ def summarise(path: str, marker: str) -> dict:
     starts = [b for a, b in zip([-100] + marked, marked) if b - a > 20]  # each burst's first kernel
     steps = len(starts) - 1
     if steps < 1:
-        sys.exit(f"kernel_summary: fewer than two bursts of kernels named like {marker!r} in {path}")
+        sys.exit(f"kernel_summary: fewer than two bursts of kernels named like {marker!r} in {path}; name a kernel "
+                 f"that runs once at each step's end with --step-marker (e.g. a part of the optimizer's kernel's name)")
     kernels = kernels[starts[0]:starts[-1]]
     by_kind, by_name, count = collections.Counter(), collections.Counter(), collections.Counter()
     for e in kernels:
