@@ -459,9 +459,13 @@ class ScriptedEvaluations(Trainer):
         return result if each_shape else {**result, "accuracy": self.script.pop(0)}
 
 
-def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_path, device):
+    """(On a GPU the kept weights are the host copy that gathering the state made; on the CPU,
+    where that state is the live weights, a copy of it: ``Trainer.keep_best``.)"""
     def train(run, accuracies, **kw):
-        config = TrainConfig(data="digits", epochs=len(accuracies), device="cpu", monitor=False, run_dir=str(run), **kw)
+        config = TrainConfig(data="digits", epochs=len(accuracies), device=device, monitor=False, run_dir=str(run),
+                             **kw)
         return ScriptedEvaluations(config, accuracies, quiet=True).fit()
 
     summary = train(tmp_path / "peak", [0.5, 0.9, 0.7])
