@@ -22,6 +22,24 @@ def test_digits_is_embedded_and_split_stratified():
     assert ds.train_images.max() > 200  # scaled from 0..16 to 0..255
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """``formats.bundled_digits`` reads the file scikit-learn ships (importing ``sklearn.datasets``
+    cost every digits command 1.5 s): the same arrays as ``load_digits``, and no scikit-learn import."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    images, labels = formats.bundled_digits()
+    reference = load_digits()
+    np.testing.assert_array_equal(images, reference.images)
+    np.testing.assert_array_equal(labels, reference.target)
+    assert images.dtype == reference.images.dtype and labels.dtype == reference.target.dtype
+    check = ("import sys; from gpuaccel.data.formats import bundled_digits; bundled_digits(); "
+             "sys.exit('sklearn' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", check]).returncode == 0, "reading the digits imported scikit-learn"
+
+
 def test_mnist_idx_gz_and_raw(mnist_dir, tmp_path):
     ds = load_dataset(str(mnist_dir))
     assert ds.name == "mnist" and ds.train_images.shape == (300, 1, 16, 16) and ds.test_images.shape == (90, 1, 16, 16)
