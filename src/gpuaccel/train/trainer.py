@@ -598,7 +598,7 @@ class Trainer:
         if self.device.type != "cuda" or self.collective_state:
             return False
         modules = [self.model] + ([self.ema.module] if self.ema else [])
-        return all(t.is_cuda for m in modules for t in m.state_dict().values())
+        return all(torch.is_tensor(t) and t.is_cuda for m in modules for t in m.state_dict().values())
 
     def _save_best(self) -> None:
         if self.state.best_weights is not None:
