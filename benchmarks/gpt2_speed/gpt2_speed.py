@@ -158,8 +158,11 @@ def main() -> None:
     eval_every = args.eval_every or args.steps
     for _ in range(args.repeats):
         for name, extra in runs:
-            row = nanogpt(Path(args.nanogpt), corpus, args.steps, args.skip, args.eval_iters, work) if extra is None \
-                else {"options": extra, **gpuaccel(args.data, args.tokenizer, corpus, args.steps, eval_every, extra, work)}
+            if extra is None:
+                row = nanogpt(Path(args.nanogpt), corpus, args.steps, args.skip, args.eval_iters, work)
+            else:
+                row = {"options": extra,
+                       **gpuaccel(args.data, args.tokenizer, corpus, args.steps, eval_every, extra, work)}
             result["runs"].setdefault(name, []).append(row)
             print(name, json.dumps(row)[:3000], flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
