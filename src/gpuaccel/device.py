@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -169,3 +170,45 @@ def cpu_name() -> str:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory, where the system says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class PinnedCopies:
+    """Host copies of GPU tensors in page-locked buffers made at the first copy and refilled at
+    each one after: ``copies(tensor)`` starts a copy and returns its buffer, ``finish()`` waits
+    for them all. Each source tensor (its memory, shape and type) has one buffer, so tensors
+    that share memory share a buffer, and a buffer whose source was not copied since the last
+    ``finish`` is let go.
+
+    Why: a copy to new pageable memory (``tensor.cpu()``) moved GPT-2 small's 400 MB in 0.27 s
+    on an H200's host (about 1.5 GB/s: the driver stages it, and each new page faults); into
+    page-locked memory it runs at the link's speed. Worth it for copies repeated through a run
+    (the best weights at each better evaluation); each buffer holds its memory until the
+    object goes."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._copied: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        buffer = self._copied.get(key)
+        if buffer is None:
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buffer.copy_(tensor.detach(), non_blocking=True)
+            self._copied[key] = buffer
+        return buffer
+
+    def finish(self) -> None:
+        torch.cuda.current_stream(self.device).synchronize()
+        self._buffers, self._copied = self._copied, {}

@@ -415,3 +415,22 @@ def test_a_prepared_loader_says_whether_its_data_set_is_on_the_device():
     resident = acc.prepare(DataLoader(data, batch_size=8))
     streamed = acc.prepare(DataLoader(data, batch_size=8), device_resident=False)
     assert resident.resident is True and streamed.resident is False
+
+
+@pytest.mark.gpu
+def test_pinned_copies_reuse_one_buffer_per_tensor_and_let_go_of_those_not_copied():
+    from gpuaccel.device import PinnedCopies
+
+    device = torch.device("cuda")
+    weight, other = torch.randn(64, 32, device=device), torch.randn(8, device=device)
+    copies = PinnedCopies(device)
+    first = copies(weight)
+    assert copies(weight) is first  # a tensor named twice (tied weights) is copied once
+    copies(other)
+    copies.finish()
+    assert first.is_pinned() and torch.equal(first, weight.cpu())
+    weight.add_(1)
+    assert copies(weight) is first  # refilled, not made again
+    copies.finish()
+    assert torch.equal(first, weight.cpu())
+    assert len(copies._buffers) == 1  # the buffer of the tensor not copied since went

@@ -460,15 +460,25 @@ class ScriptedEvaluations(Trainer):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_path, device):
-    """(On a GPU the kept weights are the host copy that gathering the state made; on the CPU,
-    where that state is the live weights, a copy of it: ``Trainer.keep_best``.)"""
+def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_path, device, monkeypatch):
+    """(On a GPU the kept weights are copied into page-locked buffers reused at each better
+    evaluation; on the CPU, where the gathered state is the live weights, a copy of it:
+    ``Trainer.keep_best``.) best.pt is written at checkpoints, except the last one where the
+    last evaluation is the best: model.pt holds those weights."""
+    from gpuaccel.train.run_dir import RunDirectory
+
+    written = []  # the accuracy of each best.pt written
+    save_best = RunDirectory.save_best
+    monkeypatch.setattr(RunDirectory, "save_best",
+                        lambda run, state: written.append(state["metrics"]["accuracy"]) or save_best(run, state))
+
     def train(run, accuracies, **kw):
         config = TrainConfig(data="digits", epochs=len(accuracies), device=device, monitor=False, run_dir=str(run),
                              **kw)
-        return ScriptedEvaluations(config, accuracies, quiet=True).fit()
+        trainer = ScriptedEvaluations(config, accuracies, quiet=True)
+        return trainer.fit(), trainer
 
-    summary = train(tmp_path / "peak", [0.5, 0.9, 0.7])
+    summary, _ = train(tmp_path / "peak", [0.5, 0.9, 0.7])
     assert summary["best_model"]["file"] == "best.pt" and summary["best_model"]["value"] == 0.9
     best = torch.load(tmp_path / "peak" / "best.pt", weights_only=False)
     last = torch.load(tmp_path / "peak" / "model.pt", weights_only=False)
@@ -476,11 +486,16 @@ def test_the_best_evaluation_is_kept_in_best_pt_where_it_is_not_the_last(tmp_pat
     steps_per_epoch = summary["steps"] // 3
     assert summary["best_model"]["step"] == 2 * steps_per_epoch
     assert any(not torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
-    summary = train(tmp_path / "rising", [0.5, 0.7, 0.9])
+    assert written == [0.5, 0.9]
+    written.clear()
+    summary, trainer = train(tmp_path / "rising", [0.5, 0.7, 0.9])
     assert summary["best_model"] == {"file": "model.pt", "step": summary["steps"], "metric": "accuracy", "value": 0.9}
-    assert not (tmp_path / "rising" / "best.pt").exists()
+    assert not (tmp_path / "rising" / "best.pt").exists() and written == [0.5, 0.7]
+    last = torch.load(tmp_path / "rising" / "model.pt", weights_only=False)  # (the kept best weights)
+    assert last["metrics"]["accuracy"] == 0.9
+    assert all(torch.equal(last["model"][k], v.cpu()) for k, v in trainer.model.state_dict().items())
     # ranked by the target's metric where there is one (here the loss: lower is better)
-    summary = train(tmp_path / "target", [0.5, 0.9], target="loss=0.0001")
+    summary, _ = train(tmp_path / "target", [0.5, 0.9], target="loss=0.0001")
     assert summary["best_model"]["metric"] == "loss"
 
 

@@ -40,11 +40,12 @@ def rotary_tables(length: int, head_dim: int, base: float = 10000.0) -> tuple[to
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (batch, heads, time, head_dim) at the positions of ``cos``/``sin``
     (:func:`rotary_tables`): each pair (x1, x2) of a head's two halves becomes (x1 cos - x2 sin,
-    x2 cos + x1 sin). Two ways to write it, equal up to one rounding: off a GPU as one fused
+    x2 cos + x1 sin). Two ways to write it, equal up to one rounding: eagerly as one fused
     multiply-add with the halves swapped (two kernels and a roll, where splitting and joining
-    the halves take eight, and an eager step on a CPU pays for each); on a GPU, where
-    torch.compile fuses either, with the halves (the rolled form's steps were slower there)."""
-    return rotate_halves(x, cos, sin) if x.is_cuda else rotate_rolled(x, cos, sin)
+    the halves take eight, and an eager step pays for each, on a CPU or on a GPU); compiled on
+    a GPU, where torch.compile fuses either, with the halves (the rolled form's steps were
+    slower there)."""
+    return rotate_halves(x, cos, sin) if x.is_cuda and torch.compiler.is_compiling() else rotate_rolled(x, cos, sin)
 
 
 def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -104,9 +104,12 @@ class Strategy:
     def clip_gradients(self, max_norm: float) -> None:
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
-    def gather_state(self, optimizer: torch.optim.Optimizer | None):
-        """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0."""
-        model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+    def gather_state(self, optimizer: torch.optim.Optimizer | None, to_host=None):
+        """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0; each
+        model tensor copied by ``to_host`` where given (e.g. into reused page-locked buffers:
+        ``device.PinnedCopies``), else to new host memory."""
+        to_host = to_host or (lambda t: t.detach().cpu())
+        model_state = {k: to_host(v) for k, v in self.model.state_dict().items()}
         return model_state, None if optimizer is None else optimizer.state_dict()
 
     def load_state(self, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state) -> None:

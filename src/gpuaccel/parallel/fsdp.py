@@ -198,8 +198,8 @@ class Sharded(Strategy):
         self.model.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def gather_state(self, optimizer):
-        return full_state(self.model, optimizer)
+    def gather_state(self, optimizer, to_host=None):
+        return full_state(self.model, optimizer)  # (gathered into new host memory: ``to_host`` is not used)
 
     def save_shards(self, path, optimizer) -> None:
         """Each process writes its shards of the model and ``optimizer`` into the folder ``path``."""

@@ -498,9 +498,9 @@ class PipelineParallel(Strategy):
     def clip_gradients(self, max_norm):
         self.pipeline.clip_gradients(max_norm)  # the norm of the whole model's gradient, over all stages
 
-    def gather_state(self, optimizer):
+    def gather_state(self, optimizer, to_host=None):
         """The whole model's state (and each stage's optimizer state, as a list by stage) on rank
-        0; empty elsewhere. A collective."""
+        0; empty elsewhere. A collective (into new host memory: ``to_host`` is not used)."""
         from torch.utils._pytree import tree_map_only
 
         mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(),

@@ -25,21 +25,24 @@ def load(path: Path, map_location="cpu") -> dict:
 
 # ---------------------------------------------------------------------- what a checkpoint holds
 
-def training_state(trainer, full: bool) -> dict:
+def training_state(trainer, full: bool, to_host=None) -> dict:
     """What checkpoint.pt (``full``: everything to continue) and model.pt (the model and what
     rebuilding, exporting and inferring with it needs) hold. Where the strategy gathers its state
     (pipelines, and FSDP for model.pt) this is a collective; FSDP's checkpoint.pt names its
-    shards folder instead of holding the model and optimizer (``Trainer.save_checkpoint`` writes it)."""
+    shards folder instead of holding the model and optimizer (``Trainer.save_checkpoint`` writes it).
+    ``to_host`` copies the model's and the weight average's tensors to the host where the
+    strategy does not gather them (default: ``.cpu()``)."""
     shards = full and trainer.strategy.shards_state  # (the model and optimizer: each process's part, beside)
     model_state, optimizer_state = (None, None) if shards else \
-        trainer.strategy.gather_state(trainer.optimizer if full else None)
+        trainer.strategy.gather_state(trainer.optimizer if full else None, to_host=to_host)
+    to_host = to_host or (lambda t: t.detach().cpu())
     inputs, config = trainer.inputs, trainer.config
     state = {"model_name": config.model.name, "model_args": trainer.model_args, "model_path": config.model.model_path,
              "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
              "tokenizer": inputs.tokenizer, "audio": inputs.audio, "ratings": inputs.ratings,
              "data_kind": inputs.data_kind, **inputs.record,
              "data_identity": inputs.identity, "config": config.to_dict(), "model": model_state,
-             "ema_model": {k: v.detach().cpu() for k, v in trainer.ema.module.state_dict().items()}
+             "ema_model": {k: to_host(v) for k, v in trainer.ema.module.state_dict().items()}
              if trainer.ema else None,
              "accuracy": trainer.state.last_eval.get("accuracy"), "metrics": trainer.state.last_eval,
              "gpuaccel": trainer.version,
