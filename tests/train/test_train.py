@@ -216,7 +216,7 @@ def test_the_training_clock_waits_for_queued_steps_before_pausing_for_a_checkpoi
     events = []
     monkeypatch.setattr(trainer_module, "synchronize", lambda device: events.append("sync"))
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (events.append("save"), save(self))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, **kw: (events.append("save"), save(self, **kw))[1])
     Trainer(TrainConfig(data="digits", epochs=3, eval_every=10**6, monitor=False, run_dir=str(tmp_path / "r")),
             quiet=True).fit()
     saves = [i for i, event in enumerate(events) if event == "save"]
@@ -228,8 +228,8 @@ def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monke
     checkpoint recorded, also when it was saved between two evaluations."""
     recorded = []
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (
-        recorded.append((self.state.global_step, self.state.train_seconds)), save(self))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, **kw: (
+        recorded.append((self.state.global_step, self.state.train_seconds)), save(self, **kw))[1])
     fit(tmp_path / "r", digits, model="mlp", epochs=2, eval_every=10**6, checkpoint_every=5, monitor=False)
     between = [(step, seconds) for step, seconds in recorded if step % 5 == 0 and step < recorded[-1][0]]
     assert between and all(seconds > 0 for _, seconds in between)
@@ -239,7 +239,7 @@ def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monke
 def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path, digits):
     saved_at = []
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (saved_at.append(self.state.epoch), save(self))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, **kw: (saved_at.append(self.state.epoch), save(self, **kw))[1])
     for every, expected in ((1, [1, 2, 3, 4]), (2, [2, 4]), (0, [4])):  # (the end is always saved)
         saved_at.clear()
         fit(tmp_path / str(every), digits, model="mlp", epochs=4, eval_every=10**6, monitor=False,
@@ -365,6 +365,7 @@ def test_the_summary_accounts_for_the_process_time_phase_by_phase(tmp_path):
     phases = summary["phases"]
     assert list(phases)[:3] == [BEFORE, "device (CUDA initialisation)", "reading the data"]
     assert phases["training"] == pytest.approx(summary["train_seconds"], abs=0.01)
+    assert phases["checkpoints during the loop"] > 0  # (the end's checkpoint, apart from the evaluations)
     assert sum(phases.values()) == pytest.approx(process_age(), abs=0.5)  # no second left out
 
 

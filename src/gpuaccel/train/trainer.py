@@ -390,7 +390,7 @@ class Trainer:
             raise
         cadence = Cadence(cfg, self.dist, self.device, collective_checkpoints=self.collective_state)
         clock = TrainingClock(self.state.train_seconds)
-        stopped_by = None
+        stopped_by, checkpointing = None, 0.0  # (seconds spent writing checkpoints in the loop)
         self.times.phases.mark("run directory, first batch, task check")
         with fit_context(self, progress, clock) as context:
             if cfg.loop.time_limit is not None:  # (the time left says how long the run has, when that is less)
@@ -432,14 +432,18 @@ class Trainer:
                         synchronize(self.device)
                         self.state.train_seconds = clock.training_seconds()  # (what the checkpoint records)
                         with clock.paused():
+                            saving = time.perf_counter()
                             self.save_checkpoint(last=last)
+                            checkpointing += time.perf_counter() - saving
                         cadence.checkpointed()
                     if last or end_of_epoch:
                         break
             stopped_by = stopped_by or "epochs"
         self.step.release()  # before the process group goes; a later fit() records the step again
         self.times.phases.add("training", clock.trained)
-        self.times.phases.add("evaluations, checkpoints and logs during the loop", context.wall_seconds - clock.trained)
+        self.times.phases.add("evaluations and logs during the loop",
+                              context.wall_seconds - clock.trained - checkpointing)
+        self.times.phases.add("checkpoints during the loop", checkpointing)
         self.times.phases.restart()
         return self._finish(stopped_by, context.wall_seconds)
 
