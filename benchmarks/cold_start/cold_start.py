@@ -5,9 +5,11 @@ user types it, timed from the shell's side, with its phases from the run's summa
         --run shakespeare-char=tinyshakespeare.txt --warm 2 --out cold_start.json
 
 Cold: gpuaccel's cache folder (``GPUACCEL_CACHE_DIR``: the decoded data, the interpreter's
-bytecode for Dynamo and Inductor, Inductor's compiled graphs and kernels) and Triton's own
-(``TRITON_CACHE_DIR``) are new and empty, as on a machine that never ran gpuaccel; the
-operating system's file cache is not emptied. Warm: the same command again with those folders
+bytecode for Dynamo and Inductor, Inductor's compiled graphs and kernels), Triton's own
+(``TRITON_CACHE_DIR``) and the CUDA driver's (``CUDA_CACHE_PATH``: the kernels built at run time,
+such as cuDNN's attention) are new and empty, as on a machine that never ran gpuaccel; the
+operating system's file cache is not emptied (it is filled with torch's sources before the
+first command, so that no tree compared pays for reading them). Warm: the same command again with those folders
 as the cold run left them (``--warm`` times). ``--run NAME=DATA:OPTIONS`` adds options to a
 recipe's command (after a colon, shell-quoted).
 
@@ -51,7 +53,8 @@ def background_compiles(cache: Path) -> float:
 
 def whole_command(recipe: str, data: str, options: list[str], cache: Path, run_dir: Path, src: str | None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
-    env = {**os.environ, "GPUACCEL_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+    env = {**os.environ, "GPUACCEL_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
+           "CUDA_CACHE_PATH": str(cache / "cuda")}
     if src:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)

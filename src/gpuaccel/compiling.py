@@ -90,6 +90,24 @@ def compile_regions(module, mode: str, tune_kernels: bool = False) -> int:
     return len(blocks)
 
 
+def attention_without_runtime_compiles() -> bool:
+    """Turns cuDNN's attention kernels off (``torch.backends.cuda.enable_cudnn_sdp``) for a run
+    that may train uncompiled; returns whether they were on, to put back where the run compiles
+    after all (``Trainer.compile_now``). Where the run compiles, the compiled graph and the
+    background compile keep PyTorch's choice.
+
+    Why: cuDNN builds its attention kernels at run time, for each shape, and the CUDA driver
+    keeps them in its cache (``~/.nv/ComputeCache``). On a machine that had not run them yet,
+    shakespeare-char on an H200 spent 1.3-1.4 s of its first uncompiled steps and 0.6-1.0 s of
+    its task check building them, and 0.4 s and 0.2 s with the cache filled; with flash
+    attention (compiled into PyTorch) 0.2 s and 0.2 s (benchmarks/cold_start/README.md)."""
+    import torch
+
+    was_on = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return was_on
+
+
 def import_compiler() -> None:
     """Imports what ``torch.compile`` imports on its first call, Dynamo and Inductor, with their
     kernel cache set up first. It is most of what setting a compiled run up costs besides the

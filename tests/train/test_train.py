@@ -564,3 +564,23 @@ def test_ranks_writing_parts_of_a_checkpoint_agree_on_when_by_the_clock():
     assert sharded.checkpoint_due(5, 0, False, True) and len(ranks.sent) == 3  # the last step: all know it
     replicated = Cadence(config, TwoRanks(), torch.device("cpu"))
     assert not replicated.checkpoint_due(32, 0, False, False)
+
+
+@pytest.mark.gpu
+def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_compiles(tmp_path):
+    """(cuDNN builds its attention kernels at run time: seconds of a first uncompiled run;
+    ``compiling.attention_without_runtime_compiles``.)"""
+    text = tmp_path / "play.txt"
+    text.write_text("to be or not to be, that is the question. " * 400)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    config = TrainConfig(data=str(text), model="gpt", model_args={"layers": 1, "heads": 2, "width": 32}, context=32,
+                         compile=True, compile_mode="reduce-overhead", epochs=1, monitor=False, run_dir=None)
+    trainer = Trainer(config, quiet=True)
+    try:
+        assert trainer.compile_plan == "deferred" and not torch.backends.cuda.cudnn_sdp_enabled()
+        trainer.compile_now()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    compiled = Trainer(config.replace(compile_background=False), quiet=True)
+    assert compiled.compile_plan == "now" and torch.backends.cuda.cudnn_sdp_enabled()

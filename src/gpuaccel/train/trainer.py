@@ -27,7 +27,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..accelerator import Accelerator
-from ..compiling import CompiledNote, compile_module, compile_regions, import_compiler
+from ..compiling import CompiledNote, attention_without_runtime_compiles, compile_module, compile_regions, \
+    import_compiler
 from ..data import resolved_spec
 from ..data.stream import JpegBatches
 from ..device import PinnedCopies, device_name, host_memory_bytes, synchronize
@@ -110,6 +111,8 @@ class Trainer:
         self.compile_plan = self._first_compile_plan(
             standalone=all(x is None for x in (model, train_data, eval_data, dataset, structure, strategy, loss_fn,
                                                metrics)) and not isinstance(task, Task))
+        # cuDNN's attention put back when the run compiles (None: never turned off)
+        self._cudnn_attention = attention_without_runtime_compiles() if self.compile_plan == "deferred" else None
         self.times.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
                                              cudnn_benchmark=config.runtime.cudnn_benchmark)
@@ -333,6 +336,8 @@ class Trainer:
         """A deferred compile made in this process after all (its graphs were compiled before, or
         training uncompiled would take long): the forward passes and the loss compiled."""
         self.compile_plan = "now"
+        if self._cudnn_attention is not None:
+            torch.backends.cuda.enable_cudnn_sdp(self._cudnn_attention)
         import_compiler()
         self._make_forwards()
 
