@@ -97,10 +97,10 @@ def attention_without_runtime_compiles() -> bool:
     background compile keep PyTorch's choice.
 
     Why: cuDNN builds its attention kernels at run time, for each shape, and the CUDA driver
-    keeps them in its cache (``~/.nv/ComputeCache``). On a machine that had not run them yet,
-    shakespeare-char on an H200 spent 1.3-1.4 s of its first uncompiled steps and 0.6-1.0 s of
-    its task check building them, and 0.4 s and 0.2 s with the cache filled; with flash
-    attention (compiled into PyTorch) 0.2 s and 0.2 s (benchmarks/cold_start/README.md)."""
+    keeps them in its cache (``~/.nv/ComputeCache``): on a machine that had not run them yet,
+    gpt2-small's first uncompiled steps took 1.49 s and its task check 0.60 s on an H200, with
+    flash attention (compiled into PyTorch) 0.36 s and 0.22 s; its uncompiled training, 4% longer,
+    gave that back in part (benchmarks/cold_start/README.md)."""
     import torch
 
     was_on = torch.backends.cuda.cudnn_sdp_enabled()
