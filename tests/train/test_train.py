@@ -239,7 +239,8 @@ def test_a_checkpoint_between_evaluations_records_the_training_time_so_far(monke
 def test_checkpoint_epochs_sets_which_epoch_ends_are_saved(monkeypatch, tmp_path, digits):
     saved_at = []
     save = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, **kw: (saved_at.append(self.state.epoch), save(self, **kw))[1])
+    monkeypatch.setattr(Trainer, "save_checkpoint",
+                        lambda self, **kw: (saved_at.append(self.state.epoch), save(self, **kw))[1])
     for every, expected in ((1, [1, 2, 3, 4]), (2, [2, 4]), (0, [4])):  # (the end is always saved)
         saved_at.clear()
         fit(tmp_path / str(every), digits, model="mlp", epochs=4, eval_every=10**6, monitor=False,
@@ -567,7 +568,7 @@ def test_ranks_writing_parts_of_a_checkpoint_agree_on_when_by_the_clock():
 
 
 @pytest.mark.gpu
-def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_compiles(tmp_path):
+def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_compiles_or_ends(tmp_path):
     """(cuDNN builds its attention kernels at run time: seconds of a first uncompiled run;
     ``compiling.attention_without_runtime_compiles``.)"""
     text = tmp_path / "play.txt"
@@ -580,7 +581,14 @@ def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_co
         assert trainer.compile_plan == "deferred" and not torch.backends.cuda.cudnn_sdp_enabled()
         trainer.compile_now()
         assert torch.backends.cuda.cudnn_sdp_enabled()
+        compiled = Trainer(config.replace(compile_background=False), quiet=True)
+        assert compiled.compile_plan == "now" and torch.backends.cuda.cudnn_sdp_enabled()
+        # back on for what follows a run, however it ended
+        ended = Trainer(config, quiet=True)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        ended._fit = lambda: 1 / 0
+        with pytest.raises(ZeroDivisionError):
+            ended.fit()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
-    compiled = Trainer(config.replace(compile_background=False), quiet=True)
-    assert compiled.compile_plan == "now" and torch.backends.cuda.cudnn_sdp_enabled()
