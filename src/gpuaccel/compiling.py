@@ -90,11 +90,14 @@ def compile_regions(module, mode: str, tune_kernels: bool = False) -> int:
     return len(blocks)
 
 
-def attention_without_runtime_compiles() -> bool:
+_CUDNN_ATTENTION_BEFORE: list[bool] = []  # the setting attention_without_runtime_compiles changed, until put back
+
+
+def attention_without_runtime_compiles() -> None:
     """Turns cuDNN's attention kernels off (``torch.backends.cuda.enable_cudnn_sdp``) for a run
-    that may train uncompiled; returns whether they were on, to put back where the run compiles
-    after all (``Trainer.compile_now``). Where the run compiles, the compiled graph and the
-    background compile keep PyTorch's choice.
+    that may train uncompiled, until :func:`restore_attention` (``Trainer.compile_now``, and the
+    end of ``Trainer.fit``). Where the run compiles, the compiled graph and the background
+    compile keep PyTorch's choice.
 
     Why: cuDNN builds its attention kernels at run time, for each shape, and the CUDA driver
     keeps them in its cache (``~/.nv/ComputeCache``): on a machine that had not run them yet,
@@ -103,9 +106,18 @@ def attention_without_runtime_compiles() -> bool:
     gave that back in part (benchmarks/cold_start/README.md)."""
     import torch
 
-    was_on = torch.backends.cuda.cudnn_sdp_enabled()
+    if not _CUDNN_ATTENTION_BEFORE:
+        _CUDNN_ATTENTION_BEFORE.append(torch.backends.cuda.cudnn_sdp_enabled())
     torch.backends.cuda.enable_cudnn_sdp(False)
-    return was_on
+
+
+def restore_attention() -> None:
+    """cuDNN's attention kernels as they were before :func:`attention_without_runtime_compiles`
+    (nothing where it did not run)."""
+    if _CUDNN_ATTENTION_BEFORE:
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(_CUDNN_ATTENTION_BEFORE.pop())
 
 
 def import_compiler() -> None:

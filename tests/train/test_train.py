@@ -576,19 +576,29 @@ def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_co
     assert torch.backends.cuda.cudnn_sdp_enabled()
     config = TrainConfig(data=str(text), model="gpt", model_args={"layers": 1, "heads": 2, "width": 32}, context=32,
                          compile=True, compile_mode="reduce-overhead", epochs=1, monitor=False, run_dir=None)
-    trainer = Trainer(config, quiet=True)
     try:
+        trainer = Trainer(config, quiet=True)
         assert trainer.compile_plan == "deferred" and not torch.backends.cuda.cudnn_sdp_enabled()
         trainer.compile_now()
         assert torch.backends.cuda.cudnn_sdp_enabled()
         compiled = Trainer(config.replace(compile_background=False), quiet=True)
         assert compiled.compile_plan == "now" and torch.backends.cuda.cudnn_sdp_enabled()
-        # back on for what follows a run, however it ended
-        ended = Trainer(config, quiet=True)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_cudnns_attention_is_put_back_however_a_run_ends(monkeypatch):
+    """(Turned off while a run may train uncompiled, ``compiling.attention_without_runtime_compiles``:
+    a later run in the process would compile with another attention kernel otherwise.)"""
+    from gpuaccel.compiling import attention_without_runtime_compiles
+
+    trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
+    attention_without_runtime_compiles()  # (as a GPU run whose compile is deferred does)
+    try:
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        ended._fit = lambda: 1 / 0
+        monkeypatch.setattr(trainer, "_fit", lambda: 1 / 0)
         with pytest.raises(ZeroDivisionError):
-            ended.fit()
+            trainer.fit()
         assert torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)

@@ -24,6 +24,7 @@ class RunState:
     # the weights of the best evaluation since the last checkpoint, on the host, until written to
     # best.pt (not part of a checkpoint's progress: best.pt holds them)
     best_weights: dict | None = None
+    best_copies: object | None = None  # on a GPU: the page-locked buffers they are copied into (device.PinnedCopies)
 
     def position(self) -> dict:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step}

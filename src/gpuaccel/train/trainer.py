@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .. import __version__
 from ..accelerator import Accelerator
 from ..compiling import CompiledNote, attention_without_runtime_compiles, compile_module, compile_regions, \
-    import_compiler
+    import_compiler, restore_attention
 from ..data import resolved_spec
 from ..data.stream import JpegBatches
 from ..device import PinnedCopies, device_name, host_memory_bytes, synchronize
@@ -111,8 +111,8 @@ class Trainer:
         self.compile_plan = self._first_compile_plan(
             standalone=all(x is None for x in (model, train_data, eval_data, dataset, structure, strategy, loss_fn,
                                                metrics)) and not isinstance(task, Task))
-        # cuDNN's attention put back when the run compiles (None: never turned off)
-        self._cudnn_attention = attention_without_runtime_compiles() if self.compile_plan == "deferred" else None
+        if self.compile_plan == "deferred":  # (until it compiles, or the run ends)
+            attention_without_runtime_compiles()
         self.times.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
                                              cudnn_benchmark=config.runtime.cudnn_benchmark)
@@ -127,7 +127,6 @@ class Trainer:
         # where in the data order training stands, and what it has achieved so far
         self.state = RunState()
         self.run: RunDirectory | None = None
-        self._best_copies: PinnedCopies | None = None  # keep_best's host buffers, made at its first call
         self.times.setup_seconds = time.perf_counter() - setup_start
         self.times.phases.mark("parallel strategy, optimizer, training step")
 
@@ -336,16 +335,9 @@ class Trainer:
         """A deferred compile made in this process after all (its graphs were compiled before, or
         training uncompiled would take long): the forward passes and the loss compiled."""
         self.compile_plan = "now"
-        self._restore_attention()
+        restore_attention()
         import_compiler()
         self._make_forwards()
-
-    def _restore_attention(self) -> None:
-        """cuDNN's attention kernels as they were before a run that might train uncompiled turned
-        them off (``compiling.attention_without_runtime_compiles``)."""
-        if self._cudnn_attention is not None:
-            torch.backends.cuda.enable_cudnn_sdp(self._cudnn_attention)
-            self._cudnn_attention = None
 
     def train_uncompiled(self) -> None:
         """A deferred compile left to a background process (warmup.py): this run trains uncompiled."""
@@ -390,7 +382,7 @@ class Trainer:
         try:
             return self._fit()
         finally:
-            self._restore_attention()  # (off while the run might train uncompiled: not for what follows it)
+            restore_attention()  # (cuDNN's attention, off while the run might train uncompiled: not after it)
 
     def _fit(self) -> dict:
         cfg, main = self.config, self.dist.is_main
@@ -613,10 +605,10 @@ class Trainer:
                 # into page-locked buffers made once (beyond an eighth of the host's memory they
                 # would starve it): 0.008 s for GPT-2 small's 400 MB on an H200's host, where new
                 # pageable memory took 0.29 s at every better evaluation
-                if self._best_copies is None:
-                    self._best_copies = PinnedCopies(self.device)
-                state = checkpoint.training_state(self, full=False, to_host=self._best_copies)
-                self._best_copies.finish()
+                if self.state.best_copies is None:
+                    self.state.best_copies = PinnedCopies(self.device)
+                state = checkpoint.training_state(self, full=False, to_host=self.state.best_copies)
+                self.state.best_copies.finish()
             else:
                 state = checkpoint.training_state(self, full=False)
                 if on_gpu is None:  # a gathered tensor may be the live one itself (a model on the CPU)
