@@ -670,6 +670,7 @@ class Trainer:
             self.state.best_weights = None  # the last weights are the best: model.pt is both
             self.run.remove_best()
         self._save_best()
+        self.state.best_copies = None  # (their page-locked memory back to PyTorch's host allocator)
         self.times.phases.mark("writing model.pt")
         summary = summarise(self, stopped_by, wall_seconds)
         self.run.write_summary(summary)
