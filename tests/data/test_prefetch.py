@@ -94,15 +94,19 @@ def test_the_threads_make_batches_before_the_first_is_asked_for():
 
 
 def test_an_iterator_dropped_unread_stops_its_threads():
-    closed = threading.Event()
+    started, closed = threading.Event(), threading.Event()
 
     def steps():
+        started.set()
         try:
             yield from range(1000)
         finally:
             closed.set()
 
     batches = in_threads(steps(), slow_square, [None] * 2, depth=2)
+    # (a generator closed before a thread first read it never ran its body: nothing to clean up,
+    # and on a busy machine the threads may not have read yet)
+    assert started.wait(5)
     del batches  # the threads hold the shared state, not the iterator: it is collected, and stops them
     assert closed.wait(5) and not prefetch_threads_alive()
 
