@@ -9,8 +9,8 @@ bytecode for Dynamo and Inductor, Inductor's compiled graphs and kernels), Trito
 (``TRITON_CACHE_DIR``) and the CUDA driver's (``CUDA_CACHE_PATH``: the kernels built at run time,
 such as cuDNN's attention) are new and empty, as on a machine that never ran gpuaccel; the
 operating system's file cache is not emptied (it is filled with torch's sources before the
-first command, so that no tree compared pays for reading them). Warm: the same command again with those folders
-as the cold run left them (``--warm`` times). ``--run NAME=DATA:OPTIONS`` adds options to a
+first command, so that no tree compared pays for reading them). Warm: the same command again
+with those folders as the cold run left them (``--warm`` times). ``--run NAME=DATA:OPTIONS`` adds options to a
 recipe's command (after a colon, shell-quoted).
 
 Reported per command: the whole command's seconds, and from the summary the start-up (the

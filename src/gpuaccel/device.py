@@ -172,6 +172,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def new_host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied to new host memory (or itself where it is there already): how a state
+    goes to the host unless a caller copies otherwise (``PinnedCopies``)."""
+    return tensor.detach().cpu()
+
+
 def host_memory_bytes() -> int | None:
     """The host's physical memory, where the system says (None elsewhere)."""
     try:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..device import new_host_copy
 from ..errors import GpuaccelError
 
 
@@ -108,8 +109,7 @@ class Strategy:
         """(model state, optimizer state or None) for a checkpoint, on the CPU of rank 0; each
         model tensor copied by ``to_host`` where given (e.g. into reused page-locked buffers:
         ``device.PinnedCopies``), else to new host memory."""
-        to_host = to_host or (lambda t: t.detach().cpu())
-        model_state = {k: to_host(v) for k, v in self.model.state_dict().items()}
+        model_state = {k: (to_host or new_host_copy)(v) for k, v in self.model.state_dict().items()}
         return model_state, None if optimizer is None else optimizer.state_dict()
 
     def load_state(self, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state) -> None:

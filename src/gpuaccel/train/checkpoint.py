@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..device import new_host_copy
 from ..errors import GpuaccelError
 from ..files import atomic_write, write_json  # noqa: F401  (run files are written through these)
 from ..runtime.state import FORMAT, VERSION, read_state, rng_state, set_rng_state, write_state  # noqa: F401
@@ -35,7 +36,7 @@ def training_state(trainer, full: bool, to_host=None) -> dict:
     shards = full and trainer.strategy.shards_state  # (the model and optimizer: each process's part, beside)
     model_state, optimizer_state = (None, None) if shards else \
         trainer.strategy.gather_state(trainer.optimizer if full else None, to_host=to_host)
-    to_host = to_host or (lambda t: t.detach().cpu())
+    to_host = to_host or new_host_copy
     inputs, config = trainer.inputs, trainer.config
     state = {"model_name": config.model.name, "model_args": trainer.model_args, "model_path": config.model.model_path,
              "task": trainer.task.describe(), "classes": inputs.classes, "mean": inputs.mean, "std": inputs.std,
