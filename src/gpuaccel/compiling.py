@@ -90,20 +90,24 @@ def compile_regions(module, mode: str, tune_kernels: bool = False) -> int:
     return len(blocks)
 
 
-_CUDNN_ATTENTION_BEFORE: list[bool] = []  # the setting attention_without_runtime_compiles changed, until put back
+_CUDNN_ATTENTION_BEFORE: list[bool] = []  # cuDNN attention's setting before avoid_runtime_compiles, until put back
 
 
-def attention_without_runtime_compiles() -> None:
-    """Turns cuDNN's attention kernels off (``torch.backends.cuda.enable_cudnn_sdp``) for a run
-    that may train uncompiled, until :func:`restore_attention` (``Trainer.compile_now``, and the
-    end of ``Trainer.fit``). Where the run compiles, the compiled graph and the background
-    compile keep PyTorch's choice.
+def avoid_runtime_compiles() -> None:
+    """For a run that may train uncompiled, until :func:`allow_runtime_compiles`
+    (``Trainer.compile_now``, and the end of ``Trainer.fit``): the kernels built at their first
+    use are left for prebuilt ones. cuDNN's attention is turned off
+    (``torch.backends.cuda.enable_cudnn_sdp``) and ``layers.TritonMaxPool2d`` pools with ATen's
+    kernels (:func:`runtime_compiles_avoided`). Where the run compiles, the compiled graph and the
+    background compile keep them.
 
-    Why: cuDNN builds its attention kernels at run time, for each shape, and the CUDA driver
-    keeps them in its cache (``~/.nv/ComputeCache``): on a machine that had not run them yet,
+    Why: cuDNN builds its attention kernels at run time, for each shape, and the CUDA driver keeps
+    them in its cache (``~/.nv/ComputeCache``): on a machine that had not run them yet,
     gpt2-small's first uncompiled steps took 1.49 s and its task check 0.60 s on an H200, with
     flash attention (compiled into PyTorch) 0.36 s and 0.22 s; its uncompiled training, 4% longer,
-    gave that back in part (benchmarks/cold_start/README.md)."""
+    gave that back in part. Triton compiles the max-pooling kernels at their first call, forward
+    and backward, with and without gradients: a second or more of cifar10-fast's first uncompiled
+    command (benchmarks/cold_start/README.md)."""
     import torch
 
     if not _CUDNN_ATTENTION_BEFORE:
@@ -111,9 +115,13 @@ def attention_without_runtime_compiles() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def restore_attention() -> None:
-    """cuDNN's attention kernels as they were before :func:`attention_without_runtime_compiles`
-    (nothing where it did not run)."""
+def runtime_compiles_avoided() -> bool:
+    """Whether a run that may train uncompiled asked for prebuilt kernels (:func:`avoid_runtime_compiles`)."""
+    return bool(_CUDNN_ATTENTION_BEFORE)
+
+
+def allow_runtime_compiles() -> None:
+    """The kernels as they were before :func:`avoid_runtime_compiles` (nothing where it did not run)."""
     if _CUDNN_ATTENTION_BEFORE:
         import torch
 

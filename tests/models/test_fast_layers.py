@@ -117,6 +117,26 @@ def test_the_stem_on_a_gpu_matches_pytorch_in_bf16_and_under_compile():
         assert torch.equal(stem[1](y), ref)
 
 
+@pytest.mark.gpu
+def test_a_run_avoiding_runtime_compiles_pools_with_atens_kernels_until_it_compiles(monkeypatch):
+    """(Triton compiles the pooling kernels at their first call: seconds of a first uncompiled run,
+    ``compiling.avoid_runtime_compiles``.)"""
+    from gpuaccel.compiling import allow_runtime_compiles, avoid_runtime_compiles
+    from gpuaccel.models import max_pool_kernel
+
+    pool = TritonMaxPool2d(2)
+    x = torch.randn(4, 8, 16, 16, device="cuda").to(memory_format=torch.channels_last).requires_grad_()
+    calls = []
+    monkeypatch.setattr(max_pool_kernel, "max_pool2d", lambda *a: calls.append(a) or (F.max_pool2d(*a),))
+    avoid_runtime_compiles()
+    try:
+        assert torch.equal(pool(x), F.max_pool2d(x, 2, 2, 0)) and not calls
+    finally:
+        allow_runtime_compiles()
+    pool(x)
+    assert len(calls) == 1  # (the Triton kernels again once the run may compile)
+
+
 def test_the_tuned_compile_mode_is_inductors_default_with_tuned_kernels():
     assert compile_arguments("tuned") == {"options": {"coordinate_descent_tuning": True}}
     assert compile_arguments("reduce-overhead") == {"mode": "reduce-overhead"}

@@ -32,6 +32,18 @@ def test_registry_lists_builtins():
     assert {"mlp", "lenet5", "resnet18", "resnet34", "resnet50", "mobilenet_v2"} <= set(list_models())
 
 
+def test_only_models_that_ask_for_it_are_built_on_their_gpu():
+    from gpuaccel.models.registry import builds_on_device
+    from gpuaccel.runtime import holds_whole_model
+    from gpuaccel.train import TrainConfig
+
+    assert builds_on_device("gpt") and not builds_on_device("resnet50") and not builds_on_device("dlrm")
+    assert holds_whole_model(TrainConfig(data="digits")) and holds_whole_model(TrainConfig(data="digits", shard=True))
+    # (a pipeline stage, or shards offloaded to the host: only part of the model on each GPU)
+    assert not holds_whole_model(TrainConfig(data="digits", pipeline_stages=2))
+    assert not holds_whole_model(TrainConfig(data="digits", shard=True, offload="cpu"))
+
+
 def test_unknown_model_lists_valid_names():
     with pytest.raises(GpuaccelError, match="unknown model 'resnet9000'.*lenet5.*resnet18"):
         create_model("resnet9000")

@@ -220,6 +220,20 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_last_checkpoi
     assert (run / "checkpoint.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
 
 
+def test_states_are_written_without_zip_checksums_and_read_back(tmp_path):
+    """(torch.load never checks them, and computing them took a third of torch.save's time.)"""
+    import zipfile
+
+    from gpuaccel.runtime.state import read_state, write_state
+
+    weights = torch.arange(10_000.0)
+    write_state(tmp_path / "state.pt", {"w": weights})
+    assert torch.equal(read_state(tmp_path / "state.pt")["w"], weights)
+    assert torch.serialization.get_crc32_options()  # (PyTorch's own setting, put back)
+    with zipfile.ZipFile(tmp_path / "state.pt") as archive:
+        assert archive.testzip() is not None  # (the first record whose checksum is not its bytes')
+
+
 def test_an_interrupt_mid_write_stays_an_interrupt_and_leaves_the_old_file(tmp_path):
     """torch.save's zip writer turns a Ctrl-C that arrives mid-write into a RuntimeError as it
     closes; the command must still see the interrupt (and end with 130, checkpoint saved)."""

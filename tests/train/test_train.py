@@ -570,7 +570,7 @@ def test_ranks_writing_parts_of_a_checkpoint_agree_on_when_by_the_clock():
 @pytest.mark.gpu
 def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_compiles_or_ends(tmp_path):
     """(cuDNN builds its attention kernels at run time: seconds of a first uncompiled run;
-    ``compiling.attention_without_runtime_compiles``.)"""
+    ``compiling.avoid_runtime_compiles``.)"""
     text = tmp_path / "play.txt"
     text.write_text("to be or not to be, that is the question. " * 400)
     assert torch.backends.cuda.cudnn_sdp_enabled()
@@ -587,13 +587,32 @@ def test_a_run_that_may_train_uncompiled_leaves_cudnns_attention_off_until_it_co
         torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+@pytest.mark.gpu
+def test_a_gpt_is_built_on_the_gpu_that_trains_it(tmp_path):
+    """(Its initial values drawn there, not on the host: ``registry.builds_on_device``.)"""
+    from gpuaccel.models.gpt import GPT
+
+    text = tmp_path / "play.txt"
+    text.write_text("to be or not to be, that is the question. " * 400)
+    config = TrainConfig(data=str(text), model="gpt", model_args={"layers": 1, "heads": 2, "width": 32}, context=32,
+                         epochs=1, seed=3, monitor=False, run_dir=None)
+    trainer = Trainer(config, quiet=True)
+    torch.manual_seed(3)
+    with torch.device("cuda"):
+        expected = GPT(trainer.model.vocab_size, 32, layers=1, heads=2, width=32)
+    built = dict(trainer.model.named_parameters())
+    assert built.keys() == dict(expected.named_parameters()).keys()
+    for name, value in expected.named_parameters():
+        assert torch.equal(built[name], value), name
+
+
 def test_cudnns_attention_is_put_back_however_a_run_ends(monkeypatch):
-    """(Turned off while a run may train uncompiled, ``compiling.attention_without_runtime_compiles``:
+    """(Turned off while a run may train uncompiled, ``compiling.avoid_runtime_compiles``:
     a later run in the process would compile with another attention kernel otherwise.)"""
-    from gpuaccel.compiling import attention_without_runtime_compiles
+    from gpuaccel.compiling import avoid_runtime_compiles
 
     trainer = Trainer(TrainConfig(data="digits", epochs=1, device="cpu", monitor=False, run_dir=None), quiet=True)
-    attention_without_runtime_compiles()  # (as a GPU run whose compile is deferred does)
+    avoid_runtime_compiles()  # (as a GPU run whose compile is deferred does)
     try:
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         monkeypatch.setattr(trainer, "_fit", lambda: 1 / 0)

@@ -254,7 +254,7 @@ class GPT(nn.Module):
         return idx
 
 
-@register_model("gpt")
+@register_model("gpt", builds_on_device=True)
 def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
         mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0, attention: str = "auto",
         pad_vocab: int = 1) -> GPT:

@@ -15,8 +15,8 @@ from .capture import CapturedStep, make_capturable
 from .loaders import (HostPasses, PrefetchLoader, ResidentLoader, dataset_loader, image_loader, prepare_loader,
                       resident_bytes, user_loader)
 from .placement import Placement
-from .strategy import STRATEGIES, choose_strategy, training_strategy
+from .strategy import STRATEGIES, choose_strategy, holds_whole_model, training_strategy
 
 __all__ = ["CapturedStep", "HostPasses", "Placement", "PrefetchLoader", "ResidentLoader", "STRATEGIES",
            "choose_strategy", "dataset_loader", "image_loader", "make_capturable", "prepare_loader", "resident_bytes",
-           "training_strategy", "user_loader"]
+           "holds_whole_model", "training_strategy", "user_loader"]

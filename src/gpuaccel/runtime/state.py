@@ -26,8 +26,21 @@ RNG = "_rng"  # the key under which a file keeps the random number generators' s
 
 
 def write_state(path: Path, state: dict) -> None:
-    """Writes ``state`` (names to states) with the format's header, atomically."""
-    atomic_write(Path(path), lambda f: torch.save({"format": FORMAT, "version": VERSION, **state}, f))
+    """Writes ``state`` (names to states) with the format's header, atomically, and without the
+    zip records' CRC-32 checksums: ``torch.load`` never checks them (a changed byte loads as it
+    is, checksum or not), and computing them took a third of ``torch.save``'s time on a host
+    (benchmarks/cold_start/host_copies.py). Unzipping the file by hand warns about them."""
+    atomic_write(Path(path), lambda f: save_without_checksums({"format": FORMAT, "version": VERSION, **state}, f))
+
+
+def save_without_checksums(obj, f) -> None:
+    """``torch.save`` with ``torch.serialization.set_crc32_options(False)``, put back after."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(obj, f)
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 def read_state(path: Path, map_location="cpu", *, unversioned=None) -> dict:

@@ -53,6 +53,13 @@ def choose_strategy(placement: Placement, name: str = "auto", *, captured_step: 
     return SingleDevice(**where)
 
 
+def holds_whole_model(config) -> bool:
+    """Whether the strategy :func:`training_strategy` picks for a TrainConfig holds the whole model
+    on each process's device (one device, data parallel, FSDP without offload) before it trains,
+    rather than one pipeline stage or shards kept in host memory: a model can be built there."""
+    return config.parallel.pipeline_stages == 1 and config.parallel.offload != "cpu"
+
+
 def training_strategy(config, placement: Placement, *, captured_step: bool, channels_last: bool) -> Strategy:
     """:func:`choose_strategy` for a TrainConfig's parallel section: pipeline stages, FSDP
     (``shard``), or data parallel / one device."""

@@ -15,6 +15,7 @@ may change in ``resume.py``; the warm-up before the clock starts in ``warmup.py`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -27,17 +28,17 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import __version__
 from ..accelerator import Accelerator
-from ..compiling import CompiledNote, attention_without_runtime_compiles, compile_module, compile_regions, \
-    import_compiler, restore_attention
+from ..compiling import CompiledNote, allow_runtime_compiles, avoid_runtime_compiles, compile_module, \
+    compile_regions, import_compiler
 from ..data import resolved_spec
 from ..data.stream import JpegBatches
 from ..device import PinnedCopies, device_name, host_memory_bytes, synchronize
 from ..errors import GpuaccelError
-from ..models.registry import add_search_dir, model_source_dir
+from ..models.registry import add_search_dir, builds_on_device, model_source_dir
 from ..models.structure import apply_structure
 from ..monitor.phases import SetupTimes
 from ..parallel import Strategy, apply_activation_checkpointing
-from ..runtime import CapturedStep, training_strategy
+from ..runtime import CapturedStep, holds_whole_model, training_strategy
 from ..tasks import MetricTracker, Task, resolve_task
 from ..tasks.base import CustomTask, takes_labels, training_loss
 from ..tasks.base import leading_size
@@ -112,7 +113,7 @@ class Trainer:
             standalone=all(x is None for x in (model, train_data, eval_data, dataset, structure, strategy, loss_fn,
                                                metrics)) and not isinstance(task, Task))
         if self.compile_plan == "deferred":  # (until it compiles, or the run ends)
-            attention_without_runtime_compiles()
+            avoid_runtime_compiles()
         self.times.phases.mark("building and placing the model")
         self.acc.placement.configure_kernels(deterministic=config.runtime.deterministic,
                                              cudnn_benchmark=config.runtime.cudnn_benchmark)
@@ -220,8 +221,11 @@ class Trainer:
                 raise GpuaccelError(f"this run trained a model passed as an object ({config.model.name[7:]}); pass "
                                     f"the same model again (model=...)")
             add_search_dir(config.model.model_path)
-            model = create_for_data(config.model.name, self.inputs, self.model_args,
-                                    tuple(config.model.model_args or ()))
+            # made on the GPU that trains it, where the model allows it (registry.builds_on_device)
+            in_place = self.device.type == "cuda" and builds_on_device(config.model.name) and holds_whole_model(config)
+            with torch.device(self.device) if in_place else contextlib.nullcontext():
+                model = create_for_data(config.model.name, self.inputs, self.model_args,
+                                        tuple(config.model.model_args or ()))
             if config.model.model_path is None:
                 config.model.model_path = model_source_dir(config.model.name)
             if structure:
@@ -335,7 +339,7 @@ class Trainer:
         """A deferred compile made in this process after all (its graphs were compiled before, or
         training uncompiled would take long): the forward passes and the loss compiled."""
         self.compile_plan = "now"
-        restore_attention()
+        allow_runtime_compiles()
         import_compiler()
         self._make_forwards()
 
@@ -382,7 +386,7 @@ class Trainer:
         try:
             return self._fit()
         finally:
-            restore_attention()  # (cuDNN's attention, off while the run might train uncompiled: not after it)
+            allow_runtime_compiles()  # (prebuilt kernels while the run might train uncompiled: not after it)
 
     def _fit(self) -> dict:
         cfg, main = self.config, self.dist.is_main
