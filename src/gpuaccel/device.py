@@ -193,8 +193,8 @@ class PinnedCopies:
     that share memory share a buffer, and a buffer whose source was not copied since the last
     ``finish`` is let go.
 
-    Why: a copy to new pageable memory (``tensor.cpu()``) moved GPT-2 small's 400 MB in 0.29 s
-    on an H200's host, into page-locked memory in 0.008 s; allocating that memory took 0.37 s
+    Why: a copy to new pageable memory (``tensor.cpu()``) moved GPT-2 small's 400 MB in 0.25 s
+    on an H200's host, into page-locked memory in 0.008 s; allocating that memory took 0.20 s
     the first time (benchmarks/cold_start/results/host_copies_h200.json). Worth it for copies
     repeated through a run (the best weights at each better evaluation); each buffer holds its
     memory until the object goes."""
