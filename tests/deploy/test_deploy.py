@@ -449,6 +449,25 @@ def test_infer_on_a_folder_of_class_folders_scores_its_held_out_split_and_says_w
     assert len(out.strip().splitlines()) == 1 + 3 and "accuracy" not in err
 
 
+def test_inputs_are_decoded_one_chunk_ahead_of_the_model_not_more():
+    """(Decoders faster than the model had filled a third chunk while the model worked on the first.)"""
+    import time
+
+    from gpuaccel.deploy.infer import ahead
+
+    made = []
+
+    def chunks():
+        for i in range(5):
+            made.append(i)
+            yield i
+
+    for chunk in ahead(chunks()):
+        time.sleep(0.05)  # (the model, slower than the decoders)
+        assert max(made) <= chunk + 1, (chunk, made)
+    assert made == list(range(5))
+
+
 def test_infer_memory_does_not_grow_with_the_number_of_inputs(run_dir, tmp_path, capsys, monkeypatch):
     """Files are read, run and written a chunk at a time: five times the frames take no more memory
     (each frame's RGB-to-grey conversion alone is 49 KB of floats: all at once they would)."""

@@ -51,21 +51,23 @@ def in_chunks(names: list[str], samples: np.ndarray, labels: np.ndarray | None =
 
 
 def ahead(chunks: Iterator, depth: int = 1) -> Iterator:
-    """``chunks``, each made in a background thread while the caller works on the one before (the
-    decoders run in their own processes; the thread only waits for them)."""
+    """``chunks``, ``depth`` of them made in a background thread while the caller works on the one
+    before (the decoders run in their own processes; the thread only waits for them). A chunk is
+    asked for only once the caller has the one before: ``depth`` + 1 chunks are held at most, where
+    decoders faster than the model would otherwise fill one more."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = []
+        pending = [pool.submit(next, chunks, None) for _ in range(depth)]
         while True:
-            while len(pending) <= depth:
-                pending.append(pool.submit(next, chunks, None))
             item = pending.pop(0).result()
             if item is None:
                 for future in pending:
                     future.cancel()
                 return
+            pending.append(pool.submit(next, chunks, None))
             yield item
+            item = None  # (the caller's, not this generator's, while it waits for the next)
 
 
 def image_files(inputs: list[str]) -> list[str] | None:
