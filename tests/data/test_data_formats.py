@@ -232,6 +232,25 @@ def test_decoders_at_a_given_size_write_into_shared_memory_or_send_their_images(
         assert not os.path.exists(path) or "gpuaccel-decoded" not in os.readlink(path)
 
 
+def test_decoded_images_can_be_the_decoders_shared_memory_itself(tmp_path):
+    """``view=True`` (infer's chunks): no second copy laid out as (N, C, H, W); where an image is
+    grey or bad, a copy as before."""
+    from gpuaccel.data import images as readers
+
+    probe = readers._shared_rows(1, 1)
+    if probe is None:
+        pytest.skip("no anonymous memory files here (Linux's memfd_create and /proc)")
+    os.close(probe[0])
+    root = make_image_folder(tmp_path / "many", per_class=(200, 0), size=8, split=False)
+    sources = [readers.ImageSource(str(p), str(p)) for p in sorted(root.rglob("*.png"))]
+    copied = readers.decode_images(sources, image_size=6, workers=2)[0]
+    seen = readers.decode_images(sources, image_size=6, workers=2, view=True)[0]
+    np.testing.assert_array_equal(seen, copied)
+    assert copied.flags.c_contiguous and not seen.flags.c_contiguous and seen.strides[1] == 1  # (channels last)
+    Image.fromarray(np.full((8, 8), 77, np.uint8)).save(sources[3].path)  # grayscale: laid out anew
+    assert readers.decode_images(sources, image_size=6, workers=2, view=True)[0].flags.c_contiguous
+
+
 def test_spec_detection(mnist_dir, cifar_dir, image_folder, npz_file, tmp_path):
     assert parse_spec("digits") == ("digits", None)
     assert parse_spec(str(mnist_dir))[0] == "mnist"

@@ -369,7 +369,7 @@ def _gpuaccel(capsys, *args) -> str:
     return out
 
 
-def test_a_detector_learns_exports_and_infers(scenes, tmp_path, capsys):
+def test_a_detector_learns_exports_and_infers(scenes, tmp_path, capsys, monkeypatch):
     _gpuaccel(capsys, "train", "--data", scenes, "--model", "centernet", "--model-args", "width=8,channels=32",
               "--epochs", 14, "--batch-size", 16, "--optimizer", "adamw", "--lr", "3e-3", "--schedule", "onecycle",
               "--flip", "random", "--eval-every", 14, "--target", "map50=0.3", "--run-dir", tmp_path / "run",
@@ -385,6 +385,13 @@ def test_a_detector_learns_exports_and_infers(scenes, tmp_path, capsys):
     assert lines[0] == "image,class,score,x,y,w,h" and len(lines) > 20
     assert {line.split(",")[1] for line in lines[1:]} <= set(CLASSES)
     assert len(list((tmp_path / "overlays").glob("*.png"))) == 30
+    # in chunks decoded by a pool of processes into shared memory, read from there as it is: the same boxes
+    from gpuaccel.deploy import infer
+
+    monkeypatch.setattr(infer, "CHUNK", 16)
+    _gpuaccel(capsys, "infer", tmp_path / "run" / "model.onnx", scenes / "images" / "val", "--out",
+              tmp_path / "chunked.csv")
+    assert (tmp_path / "chunked.csv").read_text().splitlines() == lines
 
 
 def test_a_segmenter_learns_exports_and_writes_masks(scenes, tmp_path, capsys):

@@ -180,21 +180,25 @@ def _decode_on_gpu(sources: list[ImageSource], device, batch: int = 2048):
 
 
 def decode_images(sources: list[ImageSource], *, image_size: int | None = None, skip_bad: bool = False,
-                  workers: int | None = None, device=None, pool=None, sizes: bool = False):
+                  workers: int | None = None, device=None, pool=None, sizes: bool = False, view: bool = False):
     """Decodes ``sources`` into one (N, C, H, W) uint8 array: JPEGs on the GPU in batches when
     ``device`` is a CUDA device and torchvision is installed, otherwise on every CPU core.
 
     Returns (images, kept_indices, bad_names), and with ``sizes`` the kept images' own (width,
     height), upright, before any resizing. A file that cannot be decoded raises a GpuaccelError
     naming it, unless ``skip_bad``, which drops and reports it. ``pool``: a process pool to decode
-    on (a caller decoding chunk after chunk keeps one), instead of a new one.
+    on (a caller decoding chunk after chunk keeps one), instead of a new one. ``view``: where the
+    decoding processes wrote every image, in colour, into the shared memory of :func:`_shared_rows`,
+    the array is that memory seen as (N, C, H, W) (channels-last strides), not a copy laid out anew:
+    a caller that reads it a batch at a time holds one copy of the images, not two.
     """
     if not sources:
         raise GpuaccelError("no images to decode")
+    whole = None  # (every image, (N, H, W, 3), where the decoders wrote them into shared memory)
     if gpu_jpeg_decoder_available(device) and all(_is_jpeg(s) for s in sources):
         results = _decode_on_gpu(sources, device)
     else:
-        results = _decode_on_cpu(sources, image_size, workers, pool)
+        results, whole = _decode_on_cpu(sources, image_size, workers, pool)
 
     arrays, kept, bad, own_sizes = [], [], [], []
     for index, (source, (array, reason, *upright)) in enumerate(zip(sources, results)):
@@ -217,6 +221,10 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
         odd = sum(n for s, n in shapes.items() if s != target)
         warnings.warn(f"{odd} of {len(arrays)} images are not {target[1]}x{target[0]}; resized to it "
                       f"(pass --image-size N to choose the size)", stacklevel=2)
+    if view and whole is not None and len(arrays) == len(sources) and channels == 3 and \
+            all(a.shape == (*target, 3) for a in arrays):
+        out = whole.transpose(0, 3, 1, 2)
+        return (out, kept, bad, own_sizes) if sizes else (out, kept, bad)
     out = np.empty((len(arrays), channels, target[0], target[1]), dtype=np.uint8)
     if all(a.shape == (*target, channels) for a in arrays):  # (the usual case: one copy, in C)
         np.stack([a.transpose(2, 0, 1) for a in arrays], out=out)
@@ -229,18 +237,20 @@ def decode_images(sources: list[ImageSource], *, image_size: int | None = None, 
 
 
 def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: int | None, pool=None):
+    """(each source's (image or None, why not, upright size), and the (N, H, W, 3) array in shared
+    memory that the images are views of where the decoders wrote them there, else None)."""
     workers = workers or os.cpu_count() or 1
     chunk = max(1, min(256, len(sources) // (workers * 4) or 1))
     starts = range(0, len(sources), chunk)
     if pool is None and (workers == 1 or len(sources) < 512):
-        return [r for i in starts for r in _decode_chunk((sources[i:i + chunk], image_size))]
+        return [r for i in starts for r in _decode_chunk((sources[i:i + chunk], image_size))], None
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
         shared = _shared_rows(len(sources), image_size) if image_size is not None else None
         if shared is None:
             return [r for part in pool.map(_decode_chunk, [(sources[i:i + chunk], image_size) for i in starts])
-                    for r in part]
+                    for r in part], None
         fd, rows = shared
         try:
             parts = pool.map(_decode_chunk_into, [(sources[i:i + chunk], image_size, rows, len(sources), i)
@@ -251,7 +261,7 @@ def _decode_on_cpu(sources: list[ImageSource], image_size: int | None, workers: 
         finally:
             os.close(fd)  # (the mapping stays readable until its last view is gone; then the memory is freed)
     return [(images[i, :, :, :channels] if channels else None, reason, upright)
-            for i, (channels, reason, upright) in enumerate(results)]
+            for i, (channels, reason, upright) in enumerate(results)], images
 
 
 def _shared_rows(count: int, size: int) -> tuple[int, str] | None:

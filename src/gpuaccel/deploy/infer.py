@@ -28,7 +28,7 @@ from ..errors import GpuaccelError
 from .runners import Runner
 
 
-CHUNK = 4096  # samples read, run and written at a time
+CHUNK = 4096  # samples read, run and written at a time (the model's, and the next decoded meanwhile)
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _decoded(files, skip_bad, image_size, size, pool) -> Iterator[Chunk]:
         part = files[start:start + size]
         try:
             images, kept, bad, sizes = decode_images([ImageSource(f, f) for f in part], image_size=image_size,
-                                                     skip_bad=skip_bad, pool=pool, sizes=True)
+                                                     skip_bad=skip_bad, pool=pool, sizes=True, view=True)
         except GpuaccelError as exc:
             if skip_bad and "none of the" in str(exc):  # (a chunk of bad files only: each named, none kept)
                 warn_skipped(part)
