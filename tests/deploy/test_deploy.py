@@ -449,6 +449,19 @@ def test_infer_on_a_folder_of_class_folders_scores_its_held_out_split_and_says_w
     assert len(out.strip().splitlines()) == 1 + 3 and "accuracy" not in err
 
 
+def test_inputs_are_fitted_to_the_model_a_part_at_a_time_with_the_same_result(monkeypatch):
+    """(Grey and resized a few images at a time: a whole chunk's float copies were 8-16x its bytes.)"""
+    from gpuaccel.deploy import infer
+
+    images = np.random.default_rng(0).integers(0, 256, (20, 3, 12, 10), dtype=np.uint8)
+    with pytest.warns(UserWarning):
+        whole = infer.fit_to_model(images, 1, 8)
+    monkeypatch.setattr(infer, "FITTED_AT_ONCE", 7)
+    with pytest.warns(UserWarning):
+        parts = infer.fit_to_model(images, 1, 8)
+    assert whole.shape == (20, 1, 8, 8) and whole.dtype == np.uint8 and np.array_equal(parts, whole)
+
+
 def test_inputs_are_decoded_one_chunk_ahead_of_the_model_not_more():
     """(Decoders faster than the model had filled a third chunk while the model worked on the first.)"""
     import time

@@ -149,23 +149,37 @@ def warn_skipped(bad: list[str]) -> None:
         warnings.warn(f"skipped {name}: {why_unreadable(name)}", stacklevel=3)
 
 
+FITTED_AT_ONCE = 256  # images converted at a time: the float copies of a whole chunk were 8-16x its bytes
+
+
 def fit_to_model(images: np.ndarray, channels: int, size: int) -> np.ndarray:
-    """Converts channel count (with a note) and size (with a warning) to what the model takes."""
+    """Converts channel count (with a note) and size (with a warning) to what the model takes,
+    ``FITTED_AT_ONCE`` images at a time."""
     have = images.shape[1]
     if have != channels:
         warnings.warn(f"images have {have} channel(s), the model takes {channels}: converted", stacklevel=2)
         if channels == 1:
             weights = np.array([0.299, 0.587, 0.114], dtype=np.float32).reshape(1, 3, 1, 1)
-            images = (images.astype(np.float32) * weights).sum(1, keepdims=True).round().astype(np.uint8)
+            images = _in_parts(images, 1, images.shape[2:], lambda part: (
+                part.astype(np.float32) * weights).sum(1, keepdims=True).round())
         else:
             images = np.repeat(images[:, :1], channels, axis=1)
     if images.shape[2:] != (size, size):
         warnings.warn(f"images are {images.shape[3]}x{images.shape[2]}, the model takes {size}x{size}: resized",
                       stacklevel=2)
-        t = torch.from_numpy(images).float()
-        images = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
-                               align_corners=False).round().clamp(0, 255).to(torch.uint8).numpy()
+        images = _in_parts(images, images.shape[1], (size, size), lambda part: F.interpolate(
+            torch.from_numpy(part).float(), size=(size, size), mode="bilinear", antialias=True,
+            align_corners=False).round().clamp(0, 255).numpy())
     return images
+
+
+def _in_parts(images: np.ndarray, channels: int, hw: tuple[int, int], convert) -> np.ndarray:
+    """uint8 (N, ``channels``, *``hw``) images: ``convert`` (to values in 0-255) of each part of
+    ``FITTED_AT_ONCE`` of ``images``."""
+    out = np.empty((len(images), channels, *hw), dtype=np.uint8)
+    for start in range(0, len(images), FITTED_AT_ONCE):
+        out[start:start + FITTED_AT_ONCE] = convert(images[start:start + FITTED_AT_ONCE])
+    return out
 
 
 def images_for_model(images: np.ndarray) -> np.ndarray:
