@@ -40,6 +40,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..device import new_host_copy
 from ..errors import GpuaccelError
 from .base import Strategy, refuse_backward_updates
 from .checkpointing import checkpoint_submodules, is_block, no_blocks_error
@@ -503,7 +504,7 @@ class PipelineParallel(Strategy):
         0; empty elsewhere. A collective (into new host memory: ``to_host`` is not used)."""
         from torch.utils._pytree import tree_map_only
 
-        mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(),
+        mine = tree_map_only(torch.Tensor, new_host_copy,
                              (self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
         parts = self.pipeline.gather_to_first(mine)
         if parts is None:
