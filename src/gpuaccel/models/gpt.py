@@ -3,7 +3,8 @@
 Pre-norm blocks (RMSNorm: :class:`layers.RMSNorm`), causal self-attention through
 ``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position embeddings,
 an MLP, and an output layer tied to the token embedding. The model returns logits (batch, time,
-vocabulary); the language-modelling task computes the loss. ``generate`` samples with a
+vocabulary), or, given ``labels``, its loss (the trainer passes them, as it does to HuggingFace's
+models: the output layer and the loss are then one operator on GPUs). ``generate`` samples with a
 key/value cache, so each new token costs one position's work, not the whole prefix's.
 ``attention`` picks the attention kernel (PyTorch's choice by default); ``pad_vocab`` rounds the
 embedding's rows up to a multiple (a learned vocabulary has any size, and an odd one keeps the
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import GpuaccelError
+from .cross_entropy_kernel import linear_cross_entropy
 from .layers import Dropout, RMSNorm, attention, dropout_add
 from .registry import register_model
 
@@ -198,7 +200,11 @@ class GPT(nn.Module):
                 std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "down.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, labels: torch.Tensor | None = None):
+        """The logits (batch, time, vocabulary); with ``labels`` (the next token at each
+        position), ``{"loss": the mean cross-entropy}`` instead, computed with the output layer in
+        one operator where Triton runs (:mod:`cross_entropy_kernel`): the padded logits are never
+        sliced, and their gradient is written by the pass that reads them."""
         t = idx.shape[1]
         start = cache.position if cache is not None else 0
         if start + t > self.context_length:
@@ -208,6 +214,8 @@ class GPT(nn.Module):
             x = block(x, cache, i)
         if cache is not None:
             cache.position += t
+        if labels is not None:
+            return {"loss": linear_cross_entropy(self.norm(x), self.head.weight, labels, self.vocab_size)}
         logits = self.head(self.norm(x))
         return logits if logits.shape[-1] == self.vocab_size else logits[..., :self.vocab_size]
 

@@ -1,0 +1,114 @@
+"""The output layer and its cross-entropy, forward and backward, at a language model's step shape:
+compiled PyTorch (``F.linear``, the vocabulary's slice of the padded logits, float32
+``F.cross_entropy``: what the GPT's step ran before) against gpuaccel's operator
+(models/cross_entropy_kernel.py); and the operator's kernel alone on bf16 logits, with its default
+settings and others (columns per block, warps per row). Each call is replayed from a CUDA graph (as
+the trainer's step is: launching the kernels one by one from Python would be timed instead where
+they are short); CUDA events, bf16 autocast; the median and range of ``--repeats`` timings of
+``--iters`` replays each.
+
+    PYTHONPATH=src python benchmarks/gpt2_speed/loss_kernel.py --out loss_kernel.json
+
+Shapes (rows = batch x context): GPT-2 small on tiny Shakespeare's 20,319 BPE tokens (padded to
+20,352), on GPT-2's own 50,257 (50,304), on smaller vocabularies (where the operator starts to
+pay), and shakespeare-char's 65 characters at width 384.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpuaccel.models import cross_entropy_kernel
+
+SHAPES = {"gpt2_small_tiny_shakespeare_bpe": (16384, 768, 20319, 20352),
+          "gpt2_small_gpt2_vocabulary": (16384, 768, 50257, 50304),
+          "vocabulary_8192": (16384, 768, 8192, 8192), "vocabulary_4096": (16384, 768, 4096, 4096),
+          "vocabulary_2048": (16384, 768, 2048, 2048),
+          "vocabulary_512": (16384, 384, 512, 512), "shakespeare_char": (16384, 384, 65, 65)}
+SETTINGS = [(2048, 4), (4096, 8), (8192, 8), (32768, 32)]
+
+
+def compiled_reference(hidden, weight, targets, vocab):
+    logits = F.linear(hidden, weight)
+    return F.cross_entropy((logits if logits.shape[-1] == vocab else logits[:, :vocab]).float(), targets)
+
+
+def graphed(call):
+    """``call`` recorded in a CUDA graph (after warming up on a side stream): its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+def timed(call, iters: int, repeats: int) -> dict:
+    call = graphed(call)
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return {"ms_median": round(statistics.median(times), 4), "ms_range": [round(min(times), 4), round(max(times), 4)]}
+
+
+def forward_backward(loss_fn, hidden, weight, targets, vocab):
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(hidden, weight, targets, vocab)
+        torch.autograd.grad(loss, (hidden, weight))
+    return step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
+    compiled_op = torch.compile(cross_entropy_kernel.fused_linear_cross_entropy)
+    for name, (rows, width, vocab, padded) in SHAPES.items():
+        torch.manual_seed(0)
+        hidden = torch.randn(rows, width, device="cuda", requires_grad=True)
+        weight = (0.02 * torch.randn(padded, width, device="cuda")).requires_grad_()
+        targets = torch.randint(vocab, (rows,), device="cuda")
+        row = {"rows": rows, "width": width, "vocab": vocab, "padded": padded,
+               "default_settings": cross_entropy_kernel.kernel_settings(padded)}
+        for label, fn in {"compiled_pytorch": torch.compile(compiled_reference), "operator": compiled_op}.items():
+            row[label] = timed(forward_backward(fn, hidden, weight, targets, vocab), args.iters, args.repeats)
+        row["speedup"] = round(row["compiled_pytorch"]["ms_median"] / row["operator"]["ms_median"], 3)
+        logits = (hidden.detach() @ weight.detach().T).bfloat16()
+        for block, warps in SETTINGS:
+            if block // 2 < padded:  # (a block twice the row reads nothing more)
+                row[f"kernel_block{block}_warps{warps}"] = timed(
+                    lambda s=(block, warps): cross_entropy_kernel.loss_and_gradient(logits, targets, vocab, s),
+                    args.iters, args.repeats)
+        result["shapes"][name] = row
+        print(name, json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
