@@ -1,7 +1,8 @@
 """The output layer and cross-entropy as one operator (models/cross_entropy_kernel.py) give
 ``F.cross_entropy`` of the vocabulary's logits, values and gradients: on the CPU through Triton's
-interpreter, and on a GPU compiled under bf16 autocast; GPT's forward with ``labels`` returns the
-loss the language-modelling task computes from its logits, and the trainer passes the labels."""
+interpreter, and on a GPU compiled under bf16 autocast (where a large vocabulary takes the
+operator); GPT's forward with ``labels`` returns the loss the language-modelling task computes from
+its logits, and the trainer passes the labels."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ for rows, width, padded, vocab in [(37, 16, 64, 50), (9, 8, 7, 7), (3, 4, 40000,
     targets = torch.randint(vocab, (rows,), generator=generator)
     targets[1] = -100  # ignored, as F.cross_entropy ignores it
     targets[0] = vocab - 1  # the last column inside the vocabulary
-    loss = cross_entropy_kernel.linear_cross_entropy(hidden, weight, targets, vocab)
+    loss = cross_entropy_kernel.fused_linear_cross_entropy(hidden, weight, targets, vocab)
     got = torch.autograd.grad(loss * 0.5, (hidden, weight))
     ref = F.cross_entropy((hidden @ weight.T)[:, :vocab], targets)
     expected = torch.autograd.grad(ref * 0.5, (hidden, weight))
@@ -36,6 +37,7 @@ for rows, width, padded, vocab in [(37, 16, 64, 50), (9, 8, 7, 7), (3, 4, 40000,
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
     assert got[1][vocab:].abs().max() == 0 if padded > vocab else True  # padding rows learn nothing
+assert cross_entropy_kernel.usable(hidden) and cross_entropy_kernel.FUSED_FROM_VOCAB <= 33000
 torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy,
                       (torch.randn(6, 8, requires_grad=True), torch.randn(24, 8, requires_grad=True),
                        torch.randint(20, (6,)), 20))
