@@ -4,12 +4,12 @@ Pre-norm blocks (RMSNorm: :class:`layers.RMSNorm`), causal self-attention throug
 ``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position embeddings,
 an MLP, and an output layer tied to the token embedding. The model returns logits (batch, time,
 vocabulary), or, given ``labels``, its loss (the trainer passes them, as it does to HuggingFace's
-models: the output layer and the loss are then one operator on GPUs). ``generate`` samples with a
-key/value cache, so each new token costs one position's work, not the whole prefix's.
-``attention`` picks the attention kernel (PyTorch's choice by default); ``pad_vocab`` rounds the
-embedding's rows up to a multiple (a learned vocabulary has any size, and an odd one keeps the
-output layer's matrix products off the tensor cores' fast path; the logits stay the
-vocabulary's).
+models: on GPUs, for 1,024 tokens or more, the output layer and the loss are then one operator).
+``generate`` samples with a key/value cache, so each new token costs one position's work, not the
+whole prefix's. ``attention`` picks the attention kernel (PyTorch's choice by default);
+``pad_vocab`` rounds the embedding's rows up to a multiple (a learned vocabulary has any size, and
+an odd one keeps the output layer's matrix products off the tensor cores' fast path; the logits
+stay the vocabulary's).
 """
 
 from __future__ import annotations
@@ -203,8 +203,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, labels: torch.Tensor | None = None):
         """The logits (batch, time, vocabulary); with ``labels`` (the next token at each
         position), ``{"loss": the mean cross-entropy}`` instead, computed with the output layer in
-        one operator where Triton runs (:mod:`cross_entropy_kernel`): the padded logits are never
-        sliced, and their gradient is written by the pass that reads them."""
+        one operator where Triton runs and the vocabulary is large (:mod:`cross_entropy_kernel`):
+        the padded logits are never sliced, and their gradient is written by the pass that reads them."""
         t = idx.shape[1]
         start = cache.position if cache is not None else 0
         if start + t > self.context_length:
