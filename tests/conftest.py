@@ -7,6 +7,8 @@ import os
 import pickle
 import signal
 import struct
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -163,3 +165,13 @@ def assert_user_error(capsys, argv, *needles):
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def assert_runs_interpreted(program: str, done_marker: str) -> None:
+    """Runs ``program`` in a child Python with ``TRITON_INTERPRET=1`` (the variable must be set
+    before Triton is imported: gpuaccel's Triton kernels then run on CPU tensors through Triton's
+    interpreter) and checks that it printed ``done_marker``."""
+    pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0 and done_marker in done.stdout, done.stderr[-3000:]

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpuaccel.bench.timing import cuda_times_ms, graph_replay
 from gpuaccel.models import cross_entropy_kernel
 
 SHAPES = {"gpt2_small_tiny_shakespeare_bpe": (16384, 768, 20319, 20352),
@@ -41,34 +42,15 @@ def compiled_reference(hidden, weight, targets, vocab):
     return F.cross_entropy((logits if logits.shape[-1] == vocab else logits[:, :vocab]).float(), targets)
 
 
-def graphed(call):
-    """``call`` recorded in a CUDA graph (after warming up on a side stream): its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
-
-
 def timed(call, iters: int, repeats: int) -> dict:
-    call = graphed(call)
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
+    """Milliseconds per replay of ``call``'s CUDA graph: the median and range of ``repeats`` timings
+    of ``iters`` replays each."""
+    replay = graph_replay(call, warmup=3)
+
+    def replays():
         for _ in range(iters):
-            call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
+            replay()
+    times = [t / iters for t in cuda_times_ms(replays, repeats, warmup=1)]
     return {"ms_median": round(statistics.median(times), 4), "ms_range": [round(min(times), 4), round(max(times), 4)]}
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 import gpuaccel
+from gpuaccel.bench.timing import graph_replay
 from gpuaccel.train.recipes import load_recipe
 
 
@@ -70,20 +71,6 @@ def replay_times(replay, replays: int, block: int) -> dict[str, list[float]]:
     return times
 
 
-def captured(fn):
-    """``fn`` recorded as a CUDA graph (after one eager call on a side stream); returns its replay
-    (the graph goes with it)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def measure(settings: dict, replays: int, block: int) -> dict:
     torch._dynamo.reset()  # (each batch size compiles its own graphs)
     config = gpuaccel.TrainConfig.from_dict({**settings, "run_dir": tempfile.mkdtemp()})
@@ -94,10 +81,10 @@ def measure(settings: dict, replays: int, block: int) -> dict:
     loader = trainer.train_loader
     batches = itertools.chain.from_iterable(loader.batches(epoch) for epoch in itertools.count())
     parts["loop"] = replay_times(lambda: trainer.step([trainer.task.split(next(batches))]), replays, block)
-    parts["optimizer"] = replay_times(captured(trainer.stepper.step), replays, block)
+    parts["optimizer"] = replay_times(graph_replay(trainer.stepper.step), replays, block)
     if trainer.strategy.reduce_gradients is not None:
         params = list(trainer.model.parameters())
-        parts["reduce"] = replay_times(captured(lambda: trainer.strategy.reduce_gradients(params)), replays, block)
+        parts["reduce"] = replay_times(graph_replay(lambda: trainer.strategy.reduce_gradients(params)), replays, block)
     trainer.step.release()  # (graphs holding a recorded all-reduce must go before the process group)
     return {"batch_size": config.loop.batch_size, "batch_per_process": trainer.batch_per_process,
             "strategy": trainer.strategy.describe(),

@@ -6,13 +6,10 @@ its logits, and the trainer passes the labels."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_runs_interpreted
 
 from gpuaccel.models import create_model
 from gpuaccel.models.cross_entropy_kernel import linear_cross_entropy
@@ -46,10 +43,7 @@ print("loss ok")
 
 
 def test_the_interpreted_kernel_gives_cross_entropys_loss_and_gradients():
-    pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED_LOSS], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and "loss ok" in done.stdout, done.stderr[-3000:]
+    assert_runs_interpreted(_INTERPRETED_LOSS, "loss ok")
 
 
 def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_passes_them(tmp_path):

@@ -5,14 +5,11 @@ widening 1x1 convolutions, their statistics from the convolution's input."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import assert_runs_interpreted
 
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
@@ -89,10 +86,7 @@ print("pooling ok")
 
 
 def test_triton_max_pooling_matches_pytorch_with_ties_nan_and_empty_windows():
-    pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED_POOLING], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and "pooling ok" in done.stdout, done.stderr[-3000:]
+    assert_runs_interpreted(_INTERPRETED_POOLING, "pooling ok")
 
 
 @pytest.mark.gpu

@@ -25,6 +25,22 @@ def cuda_times_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     return times
 
 
+def graph_replay(fn, warmup: int = 1):
+    """``fn`` recorded as a CUDA graph (after ``warmup`` eager calls on a side stream, as capture
+    needs); returns the graph's replay (the graph goes with it). Timing the replay times the GPU's
+    work alone, not the host's launches: what a captured training step runs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def host_times_ms(fn, repeats: int = 20, warmup: int = 3) -> list[float]:
     """Milliseconds on the host clock for each of ``repeats`` calls of ``fn`` (after ``warmup``
     calls); right for synchronous work, or calls that end with a synchronisation."""

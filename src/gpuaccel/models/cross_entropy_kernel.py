@@ -3,9 +3,9 @@
 Why: compiled, GPT-2 small's loss took 1.6 ms of a 29.3 ms step (docs/results.md, "GPT-2 size"):
 a pass over the logits for their log-sum-exp, a second pass (a reduction again) for the gradient,
 and a copy of that gradient into the padded vocabulary's width (the slice's backward). Here the
-output layer's matrix product is followed by one Triton kernel that reads each row of logits,
-writes the row's loss and, in place of nothing else, the gradient of the mean loss with respect
-to the row: the backward pass is then the output layer's two matrix products, scaled by the
+output layer's matrix product is followed by one Triton kernel that writes each row's loss and the
+gradient of the mean loss with respect to the row's logits (reading the row twice, the second time
+mostly from L2): the backward pass is then the output layer's two matrix products, scaled by the
 incoming gradient. Columns at or past ``vocab`` (the padding of the embedding's rows) stay out of
 the softmax and get a zero gradient, so the logits are never sliced.
 
@@ -37,11 +37,10 @@ IGNORE_INDEX = -100  # F.cross_entropy's default
 # 1.14 / 2.57 ms in blocks of 8,192, and 1.06 / 2.10 ms holding a whole row (32,768 columns, 32 warps)
 # (benchmarks/gpt2_speed/results/loss_kernel_h200.json)
 LARGEST_BLOCK = 4096
-# Smaller vocabularies keep PyTorch's loss: at 512 tokens the operator saved 0.02 ms of a step
-# (loss_kernel_h200.json), and shakespeare-char (65 characters, dropout 0.2) reached its target in
-# 900-950 steps with PyTorch's loss against 900-1,050 with the operator (six alternated runs each on
-# an H200), a difference its gradients (equal to 1e-3, bf16's rounding) do not explain but that was
-# not worth a doubt at that gain
+# Smaller vocabularies keep PyTorch's loss: the operator saves hundredths of a millisecond a step there
+# (0.02 ms at 512 tokens: loss_kernel_h200.json), too little to show against shakespeare-char's steps
+# to its target, which moved between 900 and 1,050 from run to run with either loss
+# (shakespeare_char_loss_operator_h200.json)
 FUSED_FROM_VOCAB = 1024
 
 
@@ -139,9 +138,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab:
     """``F.cross_entropy((hidden @ weight.T)[..., :vocab].float(), targets)`` over (..., C) ``hidden``
     and (rows >= vocab, C) ``weight``, in autocast's dtype where it is on: by the operator where
     the kernel can run (:func:`usable`) and the vocabulary has ``FUSED_FROM_VOCAB`` tokens or more,
-    else as written. (Replayed from a CUDA graph on an H200,
-    the operator's forward and backward passes took 0.69-0.89x compiled PyTorch's time from 65 to
-    20,352 tokens, 0.58x at 50,304: loss_kernel_h200.json.)"""
+    else as written. (Replayed from a CUDA graph on an H200, the operator's forward and backward
+    passes took 0.69-0.89x compiled PyTorch's time from 65 to 20,352 tokens, 0.58x at 50,304:
+    loss_kernel_h200.json.) Targets must be below ``vocab`` or -100 (the operator does not check)."""
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
     if usable(hidden) and vocab >= FUSED_FROM_VOCAB:
         return fused_linear_cross_entropy(hidden, weight, targets, vocab)
