@@ -33,12 +33,12 @@ if torch.version.cuda or torch.version.hip or _INTERPRETED:  # (importing Triton
         pass
 IGNORE_INDEX = -100  # F.cross_entropy's default
 # Columns a program reads at once. On an H200, for 16,384 rows of 20,352 / 50,304 bf16 logits, the
-# kernel alone took 0.57 / 1.53 ms in blocks of 4,096 (8 warps), 0.58 / 1.66 ms in blocks of 2,048,
-# 1.14 / 2.57 ms in blocks of 8,192, and 1.06 / 2.10 ms holding a whole row (32,768 columns, 32 warps)
+# kernel alone took 0.57 / 1.50 ms in blocks of 4,096 (8 warps), 0.58 / 1.44 ms in blocks of 2,048,
+# 1.14 / 2.58 ms in blocks of 8,192, and 1.07 / 2.11 ms holding a whole row (32,768 columns, 32 warps)
 # (benchmarks/gpt2_speed/results/loss_kernel_h200.json)
 LARGEST_BLOCK = 4096
 # Smaller vocabularies keep PyTorch's loss: the operator saves hundredths of a millisecond a step there
-# (0.02 ms at 512 tokens: loss_kernel_h200.json), too little to show against shakespeare-char's steps
+# (0.025 ms at 512 tokens: loss_kernel_h200.json), too little to show against shakespeare-char's steps
 # to its target, which moved between 900 and 1,050 from run to run with either loss
 # (shakespeare_char_loss_operator_h200.json)
 FUSED_FROM_VOCAB = 1024
@@ -139,7 +139,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab:
     and (rows >= vocab, C) ``weight``, in autocast's dtype where it is on: by the operator where
     the kernel can run (:func:`usable`) and the vocabulary has ``FUSED_FROM_VOCAB`` tokens or more,
     else as written. (Replayed from a CUDA graph on an H200, the operator's forward and backward
-    passes took 0.69-0.89x compiled PyTorch's time from 65 to 20,352 tokens, 0.58x at 50,304:
+    passes took 0.68-0.88x compiled PyTorch's time from 65 to 20,352 tokens, 0.56x at 50,304:
     loss_kernel_h200.json.) Targets must be below ``vocab`` or -100 (the operator does not check)."""
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
     if usable(hidden) and vocab >= FUSED_FROM_VOCAB:
