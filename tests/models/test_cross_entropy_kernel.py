@@ -15,7 +15,8 @@ from gpuaccel.models import create_model
 from gpuaccel.models.cross_entropy_kernel import linear_cross_entropy
 from gpuaccel.tasks.language import LanguageModelling
 
-# (rows, width, padded vocabulary rows, vocabulary): padding, no padding, rows of three blocks (of 4,096)
+# (rows, width, padded vocabulary rows, vocabulary): padding, no padding, rows of three blocks (of 4,096);
+# then which vocabularies take the operator
 _INTERPRETED_LOSS = r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import cross_entropy_kernel
@@ -34,7 +35,13 @@ for rows, width, padded, vocab in [(37, 16, 64, 50), (9, 8, 7, 7), (3, 4, 9000, 
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
     assert got[1][vocab:].abs().max() == 0 if padded > vocab else True  # padding rows learn nothing
-assert cross_entropy_kernel.usable(hidden) and cross_entropy_kernel.FUSED_FROM_VOCAB <= 8500
+# linear_cross_entropy takes the operator from FUSED_FROM_VOCAB tokens up, PyTorch's loss below
+fused, calls = cross_entropy_kernel.fused_linear_cross_entropy, []
+cross_entropy_kernel.fused_linear_cross_entropy = lambda *args: calls.append(args[3]) or fused(*args)
+for vocab in (cross_entropy_kernel.FUSED_FROM_VOCAB - 1, cross_entropy_kernel.FUSED_FROM_VOCAB):
+    cross_entropy_kernel.linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(vocab + 5, 4),
+                                              torch.randint(vocab, (2, 3)), vocab)
+assert calls == [cross_entropy_kernel.FUSED_FROM_VOCAB], calls
 torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy,
                       (torch.randn(6, 8, requires_grad=True), torch.randn(24, 8, requires_grad=True),
                        torch.randint(20, (6,)), 20))
@@ -46,7 +53,7 @@ def test_the_interpreted_kernel_gives_cross_entropys_loss_and_gradients():
     assert_runs_interpreted(_INTERPRETED_LOSS, "loss ok")
 
 
-def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_passes_them(tmp_path):
+def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_passes_them():
     from gpuaccel.tasks.base import takes_labels
 
     torch.manual_seed(0)
