@@ -144,6 +144,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab:
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
     if usable(hidden) and vocab >= FUSED_FROM_VOCAB:
         return fused_linear_cross_entropy(hidden, weight, targets, vocab)
+    return pytorch_linear_cross_entropy(hidden, weight, targets, vocab)
+
+
+def pytorch_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab: int) -> Tensor:
+    """:func:`linear_cross_entropy` of (N, C) ``hidden`` and (N,) ``targets`` as PyTorch's
+    operations: the logits, the vocabulary's slice of them, float32 ``F.cross_entropy``."""
     logits = F.linear(hidden, weight)
     return F.cross_entropy((logits if logits.shape[-1] == vocab else logits[:, :vocab]).float(), targets)
 
