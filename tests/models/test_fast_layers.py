@@ -1,7 +1,7 @@
-"""The GPU forms of ResNet's layers give PyTorch's results (values and gradients): the ImageNet
-stem's space-to-depth convolution and Triton max pooling, on the CPU (the kernels through
-Triton's interpreter) and, where there is one, on a GPU; batch norms folded into ResNet-50's
-widening 1x1 convolutions, their statistics from the convolution's input."""
+"""The GPU forms of the vision models' layers give PyTorch's results (values and gradients): the
+ImageNet stem's space-to-depth convolution, Triton max pooling and FastNet's whitening kernel, on
+the CPU (the kernels through Triton's interpreter) and, where there is one, on a GPU; batch norms
+folded into ResNet-50's widening 1x1 convolutions, their statistics from the convolution's input."""
 
 from __future__ import annotations
 
@@ -52,11 +52,13 @@ def test_the_resnet_stem_keeps_its_parameters_and_outputs():
     torch.testing.assert_close(pool(x), F.max_pool2d(x, 3, 2, 1))
 
 
-# Runs max_pool_kernel through Triton's interpreter in a child process (the variable must be set
-# before Triton is imported) and checks values and gradients against PyTorch's max pooling.
-_INTERPRETED_POOLING = r"""
+# Runs max_pool_kernel and small_conv_kernel through Triton's interpreter in one child process (the
+# variable must be set before Triton is imported) and checks them against PyTorch's max pooling
+# (values and gradients) and GELU(conv2d).
+_INTERPRETED_KERNELS = r"""
 import torch, torch.nn.functional as F
-from gpuaccel.models import max_pool_kernel
+from gpuaccel.models import max_pool_kernel, small_conv_kernel
+from gpuaccel.models.fastnet import FastNet
 generator = torch.Generator().manual_seed(0)
 cases = [((2, 5, 9, 11), 3, 2, 1, True), ((2, 70, 8, 8), 3, 2, 1, True), ((1, 3, 7, 7), 2, 2, 0, False),
          ((2, 4, 10, 9), 3, 1, 1, True), ((1, 2, 6, 6), 5, 3, 2, False),
@@ -81,12 +83,35 @@ for shape, k, s, p, channels_last in cases:
     assert out.is_contiguous(memory_format=layout) and got_grad.is_contiguous(memory_format=layout)
 torch.library.opcheck(torch.ops.gpuaccel.max_pool2d,
                       (torch.randn(2, 4, 8, 8).to(memory_format=torch.channels_last).requires_grad_(), 3, 2, 1))
-print("pooling ok")
+
+# (input, weight, channels last): FastNet's whitening, an odd size and kernel, fewer pixels than a block
+for shape, weight_shape, channels_last in [((3, 3, 32, 32), (24, 3, 2, 2), True), ((1, 2, 9, 7), (5, 2, 3, 3), False),
+                                           ((2, 3, 5, 6), (24, 3, 2, 2), False)]:
+    x = torch.randn(shape, generator=generator)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    weight, bias = torch.randn(weight_shape, generator=generator), torch.randn(weight_shape[0], generator=generator)
+    assert small_conv_kernel.usable(x, weight)
+    out = small_conv_kernel.small_conv_gelu(x, weight, bias, torch.float32)
+    torch.testing.assert_close(out, F.gelu(F.conv2d(x, weight, bias)))
+    assert out.is_contiguous(memory_format=torch.channels_last)
+torch.library.opcheck(torch.ops.gpuaccel.small_conv_gelu,
+                      (torch.randn(2, 3, 6, 6), torch.randn(24, 3, 2, 2), torch.randn(24), torch.bfloat16))
+calls, kernel = [], small_conv_kernel.small_conv_gelu
+small_conv_kernel.small_conv_gelu = lambda *args: calls.append(args) or kernel(*args)
+model = FastNet().eval()  # (no gradient reaches its frozen whitening: the model takes the kernel)
+x = torch.randn(2, 3, 32, 32, generator=generator)
+with torch.no_grad():
+    features = model.stages(F.gelu(model.whiten(x)))
+    expected = model.head(F.max_pool2d(features, features.shape[-2:]).flatten(1)) * model.head_scale
+    torch.testing.assert_close(model(x), expected)
+assert len(calls) == 1
+print("kernels ok")
 """
 
 
-def test_triton_max_pooling_matches_pytorch_with_ties_nan_and_empty_windows():
-    assert_runs_interpreted(_INTERPRETED_POOLING, "pooling ok")
+def test_triton_pooling_and_whitening_kernels_match_pytorch():
+    """Pooling with ties, NaN and windows of -inf; the whitening convolution and its GELU."""
+    assert_runs_interpreted(_INTERPRETED_KERNELS, "kernels ok")
 
 
 @pytest.mark.gpu
@@ -255,3 +280,17 @@ def test_batch_norms_fold_only_where_the_step_is_compiled(monkeypatch):
     assert not folded
     torch.compile(block, backend="aot_eager")(x)
     assert folded
+
+
+@pytest.mark.gpu
+def test_fastnets_whitening_kernel_on_a_gpu_matches_pytorch_compiled_under_bf16():
+    from gpuaccel.models.fastnet import whiten_gelu
+
+    torch.manual_seed(0)
+    conv = create_model("fastnet").cuda().whiten
+    x = torch.randn(64, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+        out = torch.compile(whiten_gelu)(x, conv)
+        expected = F.gelu(conv(x))
+    assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out.float(), expected.float(), atol=0.05, rtol=0.02)
