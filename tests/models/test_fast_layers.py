@@ -283,12 +283,18 @@ def test_batch_norms_fold_only_where_the_step_is_compiled(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_fastnets_whitening_kernel_on_a_gpu_matches_pytorch_compiled_under_bf16():
+def test_fastnets_whitening_kernel_on_a_gpu_matches_pytorch_compiled_under_bf16(monkeypatch):
+    from gpuaccel.models import small_conv_kernel
     from gpuaccel.models.fastnet import whiten_gelu
 
     torch.manual_seed(0)
     conv = create_model("fastnet").cuda().whiten
     x = torch.randn(64, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+    calls, kernel = [], small_conv_kernel.small_conv_gelu
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(small_conv_kernel, "small_conv_gelu", lambda *args: calls.append(args) or kernel(*args))
+        whiten_gelu(x, conv)
+    assert len(calls) == 1  # (the kernel, not the convolution, where no gradient reaches the layer)
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
         out = torch.compile(whiten_gelu)(x, conv)
         expected = F.gelu(conv(x))
