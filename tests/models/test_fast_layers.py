@@ -54,7 +54,7 @@ def test_the_resnet_stem_keeps_its_parameters_and_outputs():
 
 # Runs max_pool_kernel and small_conv_kernel through Triton's interpreter in one child process (the
 # variable must be set before Triton is imported) and checks them against PyTorch's max pooling
-# (values and gradients) and GELU(conv2d).
+# (values and gradients) and activation(conv2d).
 _INTERPRETED_KERNELS = r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import max_pool_kernel, small_conv_kernel
@@ -84,34 +84,50 @@ for shape, k, s, p, channels_last in cases:
 torch.library.opcheck(torch.ops.gpuaccel.max_pool2d,
                       (torch.randn(2, 4, 8, 8).to(memory_format=torch.channels_last).requires_grad_(), 3, 2, 1))
 
-# (input, weight, channels last): FastNet's whitening, an odd size and kernel, fewer pixels than a block
-for shape, weight_shape, channels_last in [((3, 3, 32, 32), (24, 3, 2, 2), True), ((1, 2, 9, 7), (5, 2, 3, 3), False),
-                                           ((2, 3, 5, 6), (24, 3, 2, 2), False)]:
+# (input, weight, channels last, activation): FastNet's whitening, an odd size and kernel, fewer pixels than a block
+activations = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+for shape, weight_shape, channels_last, activation in [((3, 3, 32, 32), (24, 3, 2, 2), True, "gelu"),
+                                                       ((1, 2, 9, 7), (5, 2, 3, 3), False, "gelu_tanh"),
+                                                       ((2, 3, 5, 6), (24, 3, 2, 2), False, "silu")]:
     x = torch.randn(shape, generator=generator)
     x = x.to(memory_format=torch.channels_last) if channels_last else x
     weight, bias = torch.randn(weight_shape, generator=generator), torch.randn(weight_shape[0], generator=generator)
-    assert small_conv_kernel.usable(x, weight)
-    out = small_conv_kernel.small_conv_gelu(x, weight, bias, torch.float32)
-    torch.testing.assert_close(out, F.gelu(F.conv2d(x, weight, bias)))
+    assert small_conv_kernel.usable(x, weight, activation)
+    out = small_conv_kernel.small_conv_activation(x, weight, bias, activation, torch.float32)
+    torch.testing.assert_close(out, activations[activation](F.conv2d(x, weight, bias)))
     assert out.is_contiguous(memory_format=torch.channels_last)
-torch.library.opcheck(torch.ops.gpuaccel.small_conv_gelu,
-                      (torch.randn(2, 3, 6, 6), torch.randn(24, 3, 2, 2), torch.randn(24), torch.bfloat16))
-calls, kernel = [], small_conv_kernel.small_conv_gelu
-small_conv_kernel.small_conv_gelu = lambda *args: calls.append(args) or kernel(*args)
-model = FastNet().eval()  # (no gradient reaches its frozen whitening: the model takes the kernel)
+torch.library.opcheck(torch.ops.gpuaccel.small_conv_activation,
+                      (torch.randn(2, 3, 6, 6), torch.randn(24, 3, 2, 2), torch.randn(24), "gelu", torch.bfloat16))
+calls, kernel = [], small_conv_kernel.small_conv_activation
+small_conv_kernel.small_conv_activation = lambda *args: calls.append(args) or kernel(*args)
+model = FastNet(activation="silu").eval()  # (no gradient reaches its frozen whitening: the model takes the kernel)
 x = torch.randn(2, 3, 32, 32, generator=generator)
 with torch.no_grad():
-    features = model.stages(F.gelu(model.whiten(x)))
+    features = model.stages(F.silu(model.whiten(x)))
     expected = model.head(F.max_pool2d(features, features.shape[-2:]).flatten(1)) * model.head_scale
     torch.testing.assert_close(model(x), expected)
-assert len(calls) == 1
+assert len(calls) == 1 and calls[0][3] == "silu"
 print("kernels ok")
 """
 
 
 def test_triton_pooling_and_whitening_kernels_match_pytorch():
-    """Pooling with ties, NaN and windows of -inf; the whitening convolution and its GELU."""
+    """Pooling with ties, NaN and windows of -inf; the whitening convolution and its activation."""
     assert_runs_interpreted(_INTERPRETED_KERNELS, "kernels ok")
+
+
+@pytest.mark.parametrize("activation, act", [("silu", F.silu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))])
+def test_fastnet_applies_the_activation_it_is_given_everywhere(activation, act):
+    torch.manual_seed(0)
+    model = create_model("fastnet", required=("activation",), activation=activation).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        h = act(model.whiten(x))
+        for stage in model.stages:
+            h = act(stage.norm2(stage.conv2(act(stage.norm1(F.max_pool2d(stage.conv1(h), 2))))))
+        torch.testing.assert_close(model(x), model.head(F.max_pool2d(h, h.shape[-2:]).flatten(1)) * model.head_scale)
+    with pytest.raises(GpuaccelError, match="activation"):
+        create_model("fastnet", activation="tanh")
 
 
 @pytest.mark.gpu
@@ -285,18 +301,18 @@ def test_batch_norms_fold_only_where_the_step_is_compiled(monkeypatch):
 @pytest.mark.gpu
 def test_fastnets_whitening_kernel_on_a_gpu_matches_pytorch_compiled_under_bf16(monkeypatch):
     from gpuaccel.models import small_conv_kernel
-    from gpuaccel.models.fastnet import whiten_gelu
+    from gpuaccel.models.fastnet import whiten_activation
 
     torch.manual_seed(0)
     conv = create_model("fastnet").cuda().whiten
     x = torch.randn(64, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
-    calls, kernel = [], small_conv_kernel.small_conv_gelu
+    calls, kernel = [], small_conv_kernel.small_conv_activation
     with monkeypatch.context() as patch, torch.no_grad():
-        patch.setattr(small_conv_kernel, "small_conv_gelu", lambda *args: calls.append(args) or kernel(*args))
-        whiten_gelu(x, conv)
+        patch.setattr(small_conv_kernel, "small_conv_activation", lambda *args: calls.append(args) or kernel(*args))
+        whiten_activation(x, conv)
     assert len(calls) == 1  # (the kernel, not the convolution, where no gradient reaches the layer)
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
-        out = torch.compile(whiten_gelu)(x, conv)
+        out = torch.compile(whiten_activation)(x, conv)
         expected = F.gelu(conv(x))
     assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out.float(), expected.float(), atol=0.05, rtol=0.02)

@@ -12,27 +12,34 @@ stage, with a residual connection over the stage's last two.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..compiling import runtime_compiles_avoided
+from ..errors import GpuaccelError
 from . import small_conv_kernel
 from .layers import TritonMaxPool2d
 from .registry import register_model
 
 
-def whiten_gelu(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
-    """GELU(conv(x)) for the frozen whitening convolution: on a GPU, where no gradient reaches it,
-    one Triton kernel (small_conv_kernel: about half the time of cuDNN's convolution and a GELU)."""
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu}
+
+
+def whiten_activation(x: torch.Tensor, conv: nn.Conv2d, activation: str = "gelu") -> torch.Tensor:
+    """activation(conv(x)) for the frozen whitening convolution: on a GPU, where no gradient reaches
+    it, one Triton kernel (small_conv_kernel: about half the time of cuDNN's convolution and a GELU)."""
     params = (x, conv.weight, conv.bias)
     frozen = conv.bias is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in params))
-    if frozen and conv.stride == (1, 1) and conv.padding == (0, 0) and small_conv_kernel.usable(x, conv.weight) \
+    if frozen and conv.stride == (1, 1) and conv.padding == (0, 0) \
+            and small_conv_kernel.usable(x, conv.weight, activation) \
             and not (runtime_compiles_avoided() and not torch.compiler.is_compiling()):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        return small_conv_kernel.small_conv_gelu(x, conv.weight, conv.bias, dtype)
-    return F.gelu(conv(x))
+        return small_conv_kernel.small_conv_activation(x, conv.weight, conv.bias, activation, dtype)
+    return ACTIVATIONS[activation](conv(x))
 
 
 class FixedScaleBatchNorm(nn.BatchNorm2d):
@@ -46,10 +53,12 @@ class FixedScaleBatchNorm(nn.BatchNorm2d):
 
 class ConvStage(nn.Module):
     """conv, 2x2 max-pool, norm, GELU; conv, norm, GELU; with ``residual``, one more conv,
-    norm, GELU, and the input of the last two convolutions added to their output."""
+    norm, GELU, and the input of the last two convolutions added to their output. (GELU, or
+    the ``activation`` named: :data:`ACTIVATIONS`.)"""
 
-    def __init__(self, in_ch: int, out_ch: int, residual: bool = False):
+    def __init__(self, in_ch: int, out_ch: int, residual: bool = False, activation: str = "gelu"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=False)
         # gpuaccel's pooling kernels on a GPU: torch.compile had fused max_pool2d's backward with the
         # batch norm's into cifar10-fast's largest kernel, a large share of its step's GPU time
@@ -68,17 +77,21 @@ class ConvStage(nn.Module):
             nn.init.dirac_(w[: w.size(1)])
 
     def forward(self, x):
-        x = F.gelu(self.norm1(self.pool(self.conv1(x))))
+        x = self.act(self.norm1(self.pool(self.conv1(x))))
         if not self.residual:
-            return F.gelu(self.norm2(self.conv2(x)))
-        y = F.gelu(self.norm2(self.conv2(x)))
-        return x + F.gelu(self.norm3(self.conv3(y)))
+            return self.act(self.norm2(self.conv2(x)))
+        y = self.act(self.norm2(self.conv2(x)))
+        return x + self.act(self.norm3(self.conv3(y)))
 
 
 class FastNet(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
-                 widths=(64, 256, 256), residual: bool = False, head_scale: float = 1 / 9):
+                 widths=(64, 256, 256), residual: bool = False, head_scale: float = 1 / 9,
+                 activation: str = "gelu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise GpuaccelError(f"fastnet: activation is one of {', '.join(ACTIVATIONS)}, not {activation!r}")
+        self.activation = activation
         patches = in_channels * 4
         self.whiten = nn.Conv2d(in_channels, 2 * patches, 2, padding=0, bias=True)
         # Frozen, bias included: then no gradient flows below the first stage, which spares the
@@ -87,7 +100,7 @@ class FastNet(nn.Module):
         self.whiten.requires_grad_(False)
         stages, ch = [], 2 * patches
         for width in widths:
-            stages.append(ConvStage(ch, width, residual))
+            stages.append(ConvStage(ch, width, residual, activation))
             ch = width
         self.stages = nn.Sequential(*stages)
         self.head = nn.Linear(ch, num_classes, bias=False)
@@ -108,7 +121,7 @@ class FastNet(nn.Module):
         self.whiten.weight.copy_(torch.cat([filters, -filters]).to(self.whiten.weight))
 
     def forward(self, x):
-        x = self.stages(whiten_gelu(x, self.whiten))
+        x = self.stages(whiten_activation(x, self.whiten, self.activation))
         # global max pooling as a plain max-pool over the whole (small) map: torch.compile turns
         # its backward into a fused kernel, where adaptive_max_pool2d's backward is an atomic
         # scatter that took a few per cent of the step; torch.amax compiled with bf16 autocast
