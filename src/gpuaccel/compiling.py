@@ -120,6 +120,14 @@ def runtime_compiles_avoided() -> bool:
     return bool(_CUDNN_ATTENTION_BEFORE)
 
 
+def kernels_may_compile_now() -> bool:
+    """Whether a kernel built at its first use (gpuaccel's Triton kernels) may be called here: not
+    in an uncompiled run that asked for prebuilt kernels, but always inside a compiled graph."""
+    import torch
+
+    return not runtime_compiles_avoided() or torch.compiler.is_compiling()
+
+
 def allow_runtime_compiles() -> None:
     """The kernels as they were before :func:`avoid_runtime_compiles` (nothing where it did not run)."""
     if _CUDNN_ATTENTION_BEFORE:

@@ -32,17 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of PyTorch come without Triton
-    triton = None
+from ..triton_support import INTERPRETED as _INTERPRETED
+from ..triton_support import tl, triton
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # output pixels per program; the interpreter runs programs one by one, so it gets big ones
 _BLOCK = 4096 if _INTERPRETED else 128
 _WARPS = 4

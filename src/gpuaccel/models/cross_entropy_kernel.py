@@ -17,20 +17,12 @@ CPU tensors through Triton's interpreter (how the tests check it).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-triton = None
-if torch.version.cuda or torch.version.hip or _INTERPRETED:  # (importing Triton takes 0.2 s)
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:  # CPU builds of PyTorch come without Triton
-        pass
+from ..triton_support import runs_on, tl, triton
+
 IGNORE_INDEX = -100  # F.cross_entropy's default
 # Columns a program reads at once. On an H200, for 16,384 rows of 20,352 / 50,304 bf16 logits, the
 # kernel alone took 0.57 / 1.50 ms in blocks of 4,096 (8 warps), 0.58 / 1.44 ms in blocks of 2,048,
@@ -46,7 +38,7 @@ FUSED_FROM_VOCAB = 1024
 
 def usable(x: Tensor) -> bool:
     """Whether the kernel can run on ``x`` here (compiled on a GPU, or interpreted)."""
-    return triton is not None and (x.is_cuda or _INTERPRETED)
+    return runs_on(x)
 
 
 if triton is not None:

@@ -18,12 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compiling import runtime_compiles_avoided
+from ..compiling import kernels_may_compile_now
 from ..errors import GpuaccelError
 from . import small_conv_kernel
 from .layers import TritonMaxPool2d
 from .registry import register_model
-
 
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu}
 
@@ -34,8 +33,7 @@ def whiten_activation(x: torch.Tensor, conv: nn.Conv2d, activation: str = "gelu"
     params = (x, conv.weight, conv.bias)
     frozen = conv.bias is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in params))
     if frozen and conv.stride == (1, 1) and conv.padding == (0, 0) \
-            and small_conv_kernel.usable(x, conv.weight, activation) \
-            and not (runtime_compiles_avoided() and not torch.compiler.is_compiling()):
+            and small_conv_kernel.usable(x, conv.weight, activation) and kernels_may_compile_now():
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         return small_conv_kernel.small_conv_activation(x, conv.weight, conv.bias, activation, dtype)

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compiling import runtime_compiles_avoided
+from ..compiling import kernels_may_compile_now
 
 if torch.version.cuda or torch.version.hip:  # (importing Triton takes 0.2 s; a CPU build has no use for it)
     from . import max_pool_kernel
@@ -237,7 +237,7 @@ class TritonMaxPool2d(nn.MaxPool2d):
         square = all(isinstance(v, int) for v in params)
         if not (square and x.is_cuda and max_pool_kernel.usable(x)) or self.dilation not in (1, (1, 1)) \
                 or self.ceil_mode or self.return_indices or self.kernel_size > max_pool_kernel.LARGEST_KERNEL \
-                or (runtime_compiles_avoided() and not torch.compiler.is_compiling()):
+                or not kernels_may_compile_now():
             return super().forward(x)  # (ATen's; uncompiled in a run that avoids Triton's first compiles too)
         if torch.compiler.is_compiling() or torch.jit.is_tracing() or (x.requires_grad and torch.is_grad_enabled()):
             return max_pool_kernel.max_pool2d(x, *params)[0]  # (what autograd, compilers and tracers see)

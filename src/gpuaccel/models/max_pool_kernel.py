@@ -14,18 +14,11 @@ the kernels run on CPU tensors through Triton's interpreter (how the tests check
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of PyTorch come without Triton
-    triton = None
+from ..triton_support import runs_on, tl, triton
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _BLOCK_PIXELS = 32  # output (forward) or input (backward) pixels per program, by all channels up to 64
 _NUM_WARPS = 4
 LARGEST_KERNEL = 11  # a window's winner is stored as int8: at most 127 positions
@@ -33,7 +26,7 @@ LARGEST_KERNEL = 11  # a window's winner is stored as int8: at most 127 position
 
 def usable(x: Tensor) -> bool:
     """Whether the kernels can pool ``x`` here (compiled on a GPU, or interpreted)."""
-    return triton is not None and x.dim() == 4 and (x.is_cuda or _INTERPRETED)
+    return x.dim() == 4 and runs_on(x)
 
 
 if triton is not None:

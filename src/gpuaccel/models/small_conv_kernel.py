@@ -15,18 +15,11 @@ through Triton's interpreter (how the tests check it).
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU builds of PyTorch come without Triton
-    triton = None
+from ..triton_support import runs_on, tl, triton
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 LARGEST_TERMS = 64  # input channels x kernel area: the products per output are unrolled
 MOST_CHANNELS = 64  # output channels: a program holds all of them for its pixels
 BLOCK_PIXELS, NUM_WARPS = 128, 4
@@ -36,7 +29,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "silu")  # F.gelu, F.gelu(approximate="tanh"
 def usable(x: Tensor, weight: Tensor, activation: str = "gelu") -> bool:
     """Whether the kernel computes this convolution here (compiled on a GPU, or interpreted)."""
     out_ch, in_ch, kh, kw = weight.shape
-    return triton is not None and activation in ACTIVATIONS and x.dim() == 4 and (x.is_cuda or _INTERPRETED) \
+    return activation in ACTIVATIONS and x.dim() == 4 and runs_on(x) \
         and kh == kw and in_ch * kh * kw <= LARGEST_TERMS and out_ch <= MOST_CHANNELS and min(x.shape[-2:]) >= kh \
         and max(x.numel(), len(x) * out_ch * x.shape[-2] * x.shape[-1]) < 2 ** 31  # (offsets in int32)
 
