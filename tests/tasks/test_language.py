@@ -255,6 +255,17 @@ def test_model_arguments_reach_the_factory_and_unknown_ones_are_named(tmp_path, 
         Trainer(tiny_lm_config(tmp_path, corpus_file, model_args={"depth": 3}), quiet=True)
 
 
+def test_norms_without_weights_leave_only_the_matrices_and_the_same_forward_at_unit_scale():
+    torch.manual_seed(0)
+    plain = create_model("gpt", vocab_size=50, context_length=16, layers=2, heads=2, width=16)
+    bare = create_model("gpt", vocab_size=50, context_length=16, layers=2, heads=2, width=16, norm_weights=False)
+    assert not [n for n, _ in bare.named_parameters() if "norm" in n]
+    assert {n for n, p in plain.named_parameters() if p.ndim == 2} == {n for n, _ in bare.named_parameters()}
+    bare.load_state_dict({k: v for k, v in plain.state_dict().items() if "norm" not in k})
+    idx = torch.randint(0, 50, (2, 16))
+    torch.testing.assert_close(bare(idx), plain(idx))  # (a fresh RMSNorm's scale is one)
+
+
 # ------------------------------------------------------------------------------ labelled sentences
 
 def write_sentences(folder, rows, name="train.tsv", header="label\tsentence"):

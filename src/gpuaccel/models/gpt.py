@@ -154,9 +154,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, dropout: float,
-                 context_length: int, kernel: SDPBackend | None = None):
+                 context_length: int, kernel: SDPBackend | None = None, norm_weights: bool = True):
         super().__init__()
-        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
+        self.norm1 = RMSNorm(width, elementwise_affine=norm_weights)
+        self.norm2 = RMSNorm(width, elementwise_affine=norm_weights)
         self.attention = Attention(width, heads, dropout, context_length, kernel)
         self.mlp = MLP(width, mlp_ratio, activation, drawn_later=True)
         self.dropout = Dropout(dropout)
@@ -170,7 +171,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6,
                  width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0,
-                 attention: str = "auto", pad_vocab: int = 1):
+                 attention: str = "auto", pad_vocab: int = 1, norm_weights: bool = True):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise GpuaccelError(f"gpt: width {width} must split into {heads} heads of an even size")
@@ -185,9 +186,9 @@ class GPT(nn.Module):
         self.embedding = nn.Embedding(rows, width)
         self.dropout = Dropout(dropout)
         kernel = ATTENTION_KERNELS.get(attention)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length, kernel)
-                                    for _ in range(layers))
-        self.norm = RMSNorm(width)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, dropout, context_length, kernel,
+                                          norm_weights) for _ in range(layers))
+        self.norm = RMSNorm(width, elementwise_affine=norm_weights)
         self.head = linear(width, rows)
         self.head.weight = self.embedding.weight  # tied: one matrix reads and writes tokens
         self._init_weights(layers)
@@ -265,9 +266,10 @@ class GPT(nn.Module):
 @register_model("gpt", builds_on_device=True)
 def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
         mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0, attention: str = "auto",
-        pad_vocab: int = 1) -> GPT:
+        pad_vocab: int = 1, norm_weights: bool = True) -> GPT:
     """Decoder-only transformer; the data gives ``vocab_size`` and ``context_length``, and
     ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size (``attention=cudnn``,
-    ``pad_vocab=64``: see the module's notes)."""
+    ``pad_vocab=64``: see the module's notes; ``norm_weights=false``: RMSNorm without its scale,
+    as modded-nanogpt's)."""
     return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout, attention,
-               pad_vocab)
+               pad_vocab, norm_weights)
