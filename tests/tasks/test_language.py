@@ -218,7 +218,7 @@ def test_the_gpt2_small_recipe_builds_gpt2s_shape_on_a_learned_bpe_vocabulary(tm
     model = trainer.model
     assert len(model.blocks) == 12 and model.embedding.embedding_dim == 768 and model.context_length == 1024
     assert trainer.inputs.tokenizer["kind"] == "bpe"
-    assert model.blocks[0].mlp.activation == "relu2"
+    assert model.blocks[0].mlp.activation == "relu2" and model.blocks[0].norm1.weight is None
     vocabulary = model.vocab_size
     assert 256 < vocabulary <= 50257 and model.embedding.num_embeddings == -(-vocabulary // 64) * 64
     matrices = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2)
