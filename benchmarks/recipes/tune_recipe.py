@@ -11,7 +11,8 @@ mean loss is the mean of the slices' gradients, as data parallelism's all-reduce
 global batch for N GPUs can be tuned on one, e.g.
 ``--variant '{"batch_norm_groups": 4, "batch_size": 2048, "epochs": 8}'``. The running statistics
 follow the first slice's, as each process keeps its own; with ``"batch_norm_running": "mean"``
-they follow the slices' mean.
+they follow the slices' mean. A variant's "model_args" change the recipe's key by key, as
+``--model-args`` does over a recipe.
 
 Prints one line per variant: the task's main metric (accuracy, RMSE, ...) per seed and its
 mean, and the mean training time. Image data is decoded
@@ -30,7 +31,7 @@ import torch
 import gpuaccel
 from gpuaccel.data import parse_spec
 from gpuaccel.data.kinds import kind_named
-from gpuaccel.train.recipes import load_recipe
+from gpuaccel.train.recipes import load_recipe, over_recipe
 
 
 @contextlib.contextmanager
@@ -83,10 +84,10 @@ def run_seeds(base: dict, data_spec: str, dataset, overrides: dict, seeds) -> li
     running = overrides.pop("batch_norm_running", "first")
     torch._dynamo.reset()  # each variant's graphs count against Dynamo's recompile limit otherwise
     with inductor_config.patch(inductor), batch_norm_groups(groups, running):
-        return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict({**base, "data": data_spec, **overrides, "seed": seed,
-                                                                 "run_dir": tempfile.mkdtemp()}),
-                                 dataset=dataset, quiet=True).fit()
-                for seed in seeds]
+        settings = [over_recipe(base, {"data": data_spec, **overrides, "seed": seed, "run_dir": tempfile.mkdtemp()})
+                    for seed in seeds]
+        return [gpuaccel.Trainer(gpuaccel.TrainConfig.from_dict(s), dataset=dataset, quiet=True).fit()
+                for s in settings]
 
 
 def _curve(summary: dict) -> list[dict]:

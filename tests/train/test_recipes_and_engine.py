@@ -152,6 +152,18 @@ def test_user_recipe_file_and_errors(tmp_path):
         load_recipe(str(broken))
 
 
+def test_model_arguments_change_a_recipes_key_by_key_and_another_model_drops_them():
+    from gpuaccel.train.recipes import training_settings
+
+    gpt2 = training_settings({"model_args": {"activation": "gelu"}}, "gpt2-small")
+    assert gpt2["model_args"] == {**load_recipe("gpt2-small")["model_args"], "activation": "gelu"}
+    assert gpt2["model_args"]["layers"] == 12
+    assert training_settings({"model": "resnet18"}, "cifar10-fast")["model_args"] is None
+    assert training_settings({"model": "resnet18", "model_args": {"width": 2}}, "cifar10-fast")["model_args"] == \
+        {"width": 2}
+    assert training_settings({"epochs": 1}, "cifar10-fast")["model_args"] == {"activation": "silu"}
+
+
 def test_gpu_jpeg_decoding_only_with_a_cuda_device():
     assert not gpu_jpeg_decoder_available(None)
     assert not gpu_jpeg_decoder_available(torch.device("cpu"))

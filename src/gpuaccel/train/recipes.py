@@ -56,7 +56,20 @@ def training_settings(options: dict, recipe: str | None = None, resume: str | No
         raise GpuaccelError("--resume continues a run with its own settings; drop --recipe")
     if not resume and not recipe and all(k in SCHEMA and SCHEMA[k].section == "logging" for k in options):
         recipe = DEMO_RECIPE
-    return {**load_recipe(recipe), **options} if recipe else dict(options)
+    return over_recipe(load_recipe(recipe), options) if recipe else dict(options)
+
+
+def over_recipe(recipe: dict, options: dict) -> dict:
+    """``options`` over a recipe's settings. Model arguments change the recipe's key by key
+    (``--recipe gpt2-small --model-args activation=gelu`` keeps its 12 layers); with another model
+    than the recipe's, the recipe's model arguments, which were for its model, are left out."""
+    settings = {**recipe, **options}
+    if recipe.get("model_args") is not None:
+        if settings.get("model") != recipe.get("model"):
+            settings["model_args"] = options.get("model_args")
+        elif isinstance(options.get("model_args"), dict):
+            settings["model_args"] = {**recipe["model_args"], **options["model_args"]}
+    return settings
 
 
 def compile_where_it_pays(settings: dict, options: dict, recipe: str | None, gpu: bool) -> str | None:
