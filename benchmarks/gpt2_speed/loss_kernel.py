@@ -12,7 +12,9 @@ they are short); CUDA events, bf16 autocast; the median and range of ``--repeats
 
 Shapes (rows = batch x context): GPT-2 small on tiny Shakespeare's 20,319 BPE tokens (padded to
 20,352), on GPT-2's own 50,257 (50,304), on smaller vocabularies (where the operator starts to
-pay), and shakespeare-char's 65 characters at width 384.
+pay), and shakespeare-char's 65 characters at width 384. From 2,048 tokens up also the operator
+with its products in FP8 (``fp8=True``: GPT's ``head_fp8``), its two kernels alone with other
+gradient tiles, and how far its loss and gradients are from float32's (relative to their norms).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from gpuaccel.bench.timing import cuda_times_ms, graph_replay
 from gpuaccel.models import cross_entropy_kernel
@@ -35,6 +38,7 @@ SHAPES = {"gpt2_small_tiny_shakespeare_bpe": (16384, 768, 20319, 20352),
           "vocabulary_2048": (16384, 768, 2048, 2048),
           "vocabulary_512": (16384, 384, 512, 512), "shakespeare_char": (16384, 384, 65, 65)}
 SETTINGS = [(2048, 4), (4096, 8), (8192, 8), (32768, 32)]
+FP8_TILES = [(64, 128), (128, 128), (128, 64), (32, 256)]  # the FP8 gradient kernel's (rows, columns)
 
 
 def timed(call, iters: int, repeats: int) -> dict:
@@ -49,12 +53,17 @@ def timed(call, iters: int, repeats: int) -> dict:
     return {"ms_median": round(statistics.median(times), 4), "ms_range": [round(min(times), 4), round(max(times), 4)]}
 
 
-def forward_backward(loss_fn, hidden, weight, targets, vocab):
+def forward_backward(loss_fn, hidden, weight, targets, vocab, **options):
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(hidden, weight, targets, vocab)
-        torch.autograd.grad(loss, (hidden, weight))
+            loss = loss_fn(hidden, weight, targets, vocab, **options)
+        return loss, *torch.autograd.grad(loss, (hidden, weight))
     return step
+
+
+def relative_errors(got, expected) -> list[float]:
+    """|got - expected| / |expected| for each pair (norms over all elements)."""
+    return [round(((g.float() - e.float()).norm() / e.float().norm()).item(), 5) for g, e in zip(got, expected)]
 
 
 def main() -> None:
@@ -78,6 +87,20 @@ def main() -> None:
         for label, fn in runs.items():
             row[label] = timed(forward_backward(fn, hidden, weight, targets, vocab), args.iters, args.repeats)
         row["speedup"] = round(row["compiled_pytorch"]["ms_median"] / row["operator"]["ms_median"], 3)
+        if vocab >= 2048:
+            fp8 = forward_backward(compiled_op, hidden, weight, targets, vocab, fp8=True)
+            row["operator_fp8"] = timed(fp8, args.iters, args.repeats)
+            row["fp8_speedup"] = round(row["operator"]["ms_median"] / row["operator_fp8"]["ms_median"], 3)
+            exact = F.cross_entropy((hidden @ weight.T)[:, :vocab], targets)
+            exact = (exact, *torch.autograd.grad(exact, (hidden, weight)))
+            row["relative_error_loss_grad_hidden_grad_weight"] = {
+                "bf16": relative_errors(forward_backward(compiled_op, hidden, weight, targets, vocab)(), exact),
+                "fp8": relative_errors(fp8(), exact)}
+            logits = (hidden.detach() @ weight.detach().T).bfloat16()
+            for tile in FP8_TILES:
+                row[f"fp8_kernels_tile{tile[0]}x{tile[1]}"] = timed(
+                    lambda t=tile: cross_entropy_kernel.loss_and_fp8_gradient(logits, targets, vocab, t),
+                    args.iters, args.repeats)
         logits = (hidden.detach() @ weight.detach().T).bfloat16()
         for block, warps in SETTINGS:
             if block // 2 < padded:  # (a block twice the row reads nothing more)

@@ -53,6 +53,46 @@ def test_the_interpreted_kernel_gives_cross_entropys_loss_and_gradients():
     assert_runs_interpreted(_INTERPRETED_LOSS, "loss ok")
 
 
+# The FP8 operator: its loss is the cross-entropy of the FP8 operands' logits; its gradients are
+# its own FP8 gradient of the logits, (softmax - one-hot) x GRAD_SCALE over the count, times those
+# operands (Triton's interpreter rounds to FP8 without carrying into the exponent, so the
+# interpreted FP8 gradient itself is checked against softmax only where it is exact, at zeros)
+_INTERPRETED_FP8 = r"""
+import torch, torch.nn.functional as F
+from gpuaccel.models import cross_entropy_kernel as ck
+generator = torch.Generator().manual_seed(0)
+for rows, width, padded, vocab in [(48, 32, 64, 50), (16, 16, 9008, 8500)]:
+    hidden = torch.randn(rows, width, generator=generator, requires_grad=True)
+    weight = torch.randn(padded, width, generator=generator, requires_grad=True)
+    targets = torch.randint(vocab, (rows,), generator=generator)
+    targets[1], targets[0] = -100, vocab - 1
+    loss = ck.fused_linear_cross_entropy(hidden, weight, targets, vocab, fp8=True)
+    grads = torch.autograd.grad(loss * 0.5, (hidden, weight))
+    op = torch.ops.gpuaccel.linear_cross_entropy_fp8
+    _, grad8, grad8_t, count, hidden8, hidden_scale, weight8, weight_scale = op(hidden, weight, targets, vocab)
+    h, w = hidden8.float() * hidden_scale, weight8.float() * weight_scale
+    torch.testing.assert_close(loss, F.cross_entropy((h @ w.T)[:, :vocab], targets))
+    assert count == rows - 1 and torch.equal(grad8.view(torch.uint8), grad8_t.T.view(torch.uint8))
+    g = grad8.float() / (ck.GRAD_SCALE * count)
+    torch.testing.assert_close(grads[0], 0.5 * g @ w)
+    torch.testing.assert_close(grads[1], 0.5 * g.T @ h)
+    assert g[1].abs().max() == 0 and g[:, vocab:].abs().max() == 0  # an ignored target, the padding
+    kept = targets != -100  # (negative exactly at the targets: softmax - one-hot)
+    assert torch.equal(g[kept, :vocab] < 0, F.one_hot(targets[kept], vocab).bool())
+    assert (hidden8.float().abs().max(), weight8.float().abs().max()) == (448, 448)
+assert not ck.fp8_usable(torch.zeros(8, 16), torch.zeros(32, 16))  # FP8 products need multiples of 16
+torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy_fp8,
+                      (torch.randn(16, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True),
+                       torch.randint(20, (16,)), 20),
+                      test_utils="test_faketensor")  # (the other checks sum FP8 outputs: not on CPUs)
+print("fp8 ok")
+"""
+
+
+def test_the_interpreted_fp8_operator_assembles_its_loss_and_gradients_from_its_fp8_operands():
+    assert_runs_interpreted(_INTERPRETED_FP8, "fp8 ok")
+
+
 def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_passes_them():
     from gpuaccel.tasks.base import takes_labels
 
@@ -88,3 +128,21 @@ def test_compiled_under_bf16_the_operator_matches_the_sliced_logits_loss():
         assert g.dtype == e.dtype == torch.float32
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0.02)
     assert got_grads[1][20319:].abs().max() == 0
+
+
+@pytest.mark.gpu
+def test_compiled_the_fp8_operator_is_within_fp8s_rounding_of_bf16():
+    torch.manual_seed(0)
+    hidden = torch.randn(4096, 256, device="cuda", requires_grad=True)
+    weight = (0.1 * torch.randn(20352, 256, device="cuda")).requires_grad_()
+    targets = torch.randint(20319, (4096,), device="cuda")
+    results = []
+    for fp8 in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.compile(linear_cross_entropy)(hidden, weight, targets, 20319, fp8)
+        results.append((loss, *torch.autograd.grad(loss, (hidden, weight))))
+    (loss, *grads), (loss8, *grads8) = results
+    torch.testing.assert_close(loss8, loss, atol=0.02, rtol=0.01)
+    for g8, g in zip(grads8, grads):
+        assert g8.dtype == torch.float32 and ((g8 - g).norm() / g.norm()) < 0.1
+    assert grads8[1][20319:].abs().max() == 0

@@ -34,6 +34,11 @@ LARGEST_BLOCK = 4096
 # to its target, which moved between 900 and 1,050 from run to run with either loss
 # (shakespeare_char_loss_operator_h200.json)
 FUSED_FROM_VOCAB = 1024
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# The FP8 gradient holds (softmax - one-hot) x GRAD_SCALE, magnitudes up to 1 x 2^15 (E5M2's largest is
+# 57,344): probabilities down to 2^-29 keep E5M2's full precision, and no pass over the gradient finds its scale
+GRAD_SCALE = 2.0 ** 15
+FP8_TILE = (64, 128)  # the FP8 gradient kernel's (rows, columns) per program
 
 
 def usable(x: Tensor) -> bool:
@@ -43,18 +48,10 @@ def usable(x: Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _loss_and_gradient_kernel(logits_ptr, targets_ptr, count_ptr, losses_ptr, grad_ptr, vocab, width,
-                                  logits_stride, grad_stride, IGNORE: tl.constexpr, BLOCK: tl.constexpr,
-                                  VOCAB_BLOCKS: tl.constexpr, WIDTH_BLOCKS: tl.constexpr):
-        """One row: its log-sum-exp over the first ``vocab`` columns (an online softmax: a running
-        maximum and sum, block by block), its loss, then, reading the row again (mostly from L2),
-        softmax - one-hot over ``count`` into every one of the ``width`` columns of the gradient.
-        (The loops' lengths are constants: Triton 3.6's interpreter cannot loop to a run-time bound.)"""
-        row = tl.program_id(0).to(tl.int64)
-        logits_ptr += row * logits_stride
-        grad_ptr += row * grad_stride
-        target = tl.load(targets_ptr + row).to(tl.int32)
-        kept = target != IGNORE
+    def _row_log_sum_exp(logits_ptr, vocab, BLOCK: tl.constexpr, VOCAB_BLOCKS: tl.constexpr):
+        """The log-sum-exp of a row's first ``vocab`` columns: an online softmax (a running
+        maximum and sum, block by block). (The loop's length is a constant: Triton 3.6's
+        interpreter cannot loop to a run-time bound.)"""
         running_max = float("-inf")
         running_sum = 0.0
         for i in range(VOCAB_BLOCKS):
@@ -63,7 +60,20 @@ if triton is not None:
             new_max = tl.maximum(running_max, tl.max(x, 0))
             running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
             running_max = new_max
-        log_sum_exp = running_max + tl.log(running_sum)
+        return running_max + tl.log(running_sum)
+
+    @triton.jit
+    def _loss_and_gradient_kernel(logits_ptr, targets_ptr, count_ptr, losses_ptr, grad_ptr, vocab, width,
+                                  logits_stride, grad_stride, IGNORE: tl.constexpr, BLOCK: tl.constexpr,
+                                  VOCAB_BLOCKS: tl.constexpr, WIDTH_BLOCKS: tl.constexpr):
+        """One row: its log-sum-exp, its loss, then, reading the row again (mostly from L2),
+        softmax - one-hot over ``count`` into every one of the ``width`` columns of the gradient."""
+        row = tl.program_id(0).to(tl.int64)
+        logits_ptr += row * logits_stride
+        grad_ptr += row * grad_stride
+        target = tl.load(targets_ptr + row).to(tl.int32)
+        kept = target != IGNORE
+        log_sum_exp = _row_log_sum_exp(logits_ptr, vocab, BLOCK, VOCAB_BLOCKS)
         target_logit = tl.load(logits_ptr + target, mask=kept, other=0.0).to(tl.float32)
         tl.store(losses_ptr + row, tl.where(kept, log_sum_exp - target_logit, 0.0))
         scale = tl.where(kept, 1.0 / tl.load(count_ptr).to(tl.float32), 0.0)
@@ -73,6 +83,40 @@ if triton is not None:
             p = tl.exp(x - log_sum_exp)
             g = tl.where(cols == target, p - 1.0, p) * scale
             tl.store(grad_ptr + cols, g.to(grad_ptr.dtype.element_ty), mask=cols < width)
+
+    @triton.jit
+    def _loss_kernel(logits_ptr, targets_ptr, losses_ptr, log_sum_exp_ptr, vocab, logits_stride,
+                     IGNORE: tl.constexpr, BLOCK: tl.constexpr, VOCAB_BLOCKS: tl.constexpr):
+        """One row: its log-sum-exp and its loss."""
+        row = tl.program_id(0).to(tl.int64)
+        logits_ptr += row * logits_stride
+        target = tl.load(targets_ptr + row).to(tl.int32)
+        kept = target != IGNORE
+        log_sum_exp = _row_log_sum_exp(logits_ptr, vocab, BLOCK, VOCAB_BLOCKS)
+        target_logit = tl.load(logits_ptr + target, mask=kept, other=0.0).to(tl.float32)
+        tl.store(losses_ptr + row, tl.where(kept, log_sum_exp - target_logit, 0.0))
+        tl.store(log_sum_exp_ptr + row, log_sum_exp)
+
+    @triton.jit
+    def _fp8_gradient_kernel(logits_ptr, targets_ptr, log_sum_exp_ptr, grad_ptr, grad_t_ptr, rows, vocab, width,
+                             logits_stride, GRAD_SCALE: tl.constexpr, IGNORE: tl.constexpr, ROWS: tl.constexpr,
+                             COLS: tl.constexpr):
+        """One tile of ``ROWS`` x ``COLS``: (softmax - one-hot) x ``GRAD_SCALE`` in FP8, written
+        twice: as the logits lie, for the hidden states' gradient, and transposed, for the
+        weight's (an FP8 product reduces along both operands' contiguous dimension)."""
+        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        c = tl.program_id(1) * COLS + tl.arange(0, COLS)
+        live = r < rows
+        x = tl.load(logits_ptr + r[:, None] * logits_stride + c[None, :], mask=live[:, None] & (c[None, :] < vocab),
+                    other=float("-inf")).to(tl.float32)
+        log_sum_exp = tl.load(log_sum_exp_ptr + r, mask=live, other=0.0)
+        target = tl.load(targets_ptr + r, mask=live, other=IGNORE).to(tl.int32)
+        p = tl.exp(x - log_sum_exp[:, None])
+        scale = tl.where(target != IGNORE, GRAD_SCALE, 0.0)
+        g = (tl.where(c[None, :] == target[:, None], p - 1.0, p) * scale[:, None]).to(grad_ptr.dtype.element_ty)
+        inside = live[:, None] & (c[None, :] < width)
+        tl.store(grad_ptr + r[:, None] * width + c[None, :], g, mask=inside)
+        tl.store(grad_t_ptr + c[None, :].to(tl.int64) * rows + r[:, None], g, mask=inside)
 
 
 def kernel_settings(width: int) -> tuple[int, int]:
@@ -97,6 +141,83 @@ def loss_and_gradient(logits: Tensor, targets: Tensor, vocab: int,
                                            VOCAB_BLOCKS=triton.cdiv(vocab, block),
                                            WIDTH_BLOCKS=triton.cdiv(width, block), num_warps=warps)
     return losses.sum() / count, grad
+
+
+def loss_and_fp8_gradient(logits: Tensor, targets: Tensor, vocab: int,
+                          tile: tuple[int, int] = FP8_TILE) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(the mean cross-entropy as :func:`loss_and_gradient`'s; (softmax - one-hot) x ``GRAD_SCALE``
+    in E5M2, as the logits lie and transposed; the count of targets kept): the gradient of the mean
+    loss is the FP8 one over (``GRAD_SCALE`` x count). Two kernels: each row's log-sum-exp, then the
+    gradient in tiles of ``tile`` (rows, columns)."""
+    rows, width = logits.shape
+    losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
+    log_sum_exp = torch.empty_like(losses)
+    grad = torch.empty((rows, width), device=logits.device, dtype=E5M2)
+    grad_t = torch.empty((width, rows), device=logits.device, dtype=E5M2)
+    count = (targets != IGNORE_INDEX).sum()
+    if rows:
+        block, warps = kernel_settings(vocab)
+        _loss_kernel[(rows,)](logits, targets, losses, log_sum_exp, vocab, logits.stride(0), IGNORE=IGNORE_INDEX,
+                              BLOCK=block, VOCAB_BLOCKS=triton.cdiv(vocab, block), num_warps=warps)
+        _fp8_gradient_kernel[(triton.cdiv(rows, tile[0]), triton.cdiv(width, tile[1]))](
+            logits, targets, log_sum_exp, grad, grad_t, rows, vocab, width, logits.stride(0), GRAD_SCALE=GRAD_SCALE,
+            IGNORE=IGNORE_INDEX, ROWS=tile[0], COLS=tile[1], num_warps=8)
+    return losses.sum() / count, grad, grad_t, count
+
+
+def to_e4m3(t: Tensor) -> tuple[Tensor, Tensor]:
+    """(``t`` scaled so that its largest magnitude is E4M3's largest, in E4M3; the float32 scale
+    back): one scale for the tensor."""
+    scale = t.detach().abs().amax().float().clamp(min=1e-12) / torch.finfo(E4M3).max
+    return (t.detach() / scale).to(E4M3), scale
+
+
+def column_major(t: Tensor) -> Tensor:
+    """``t`` with the same values laid out by columns: ``torch._scaled_mm``'s second operand."""
+    return t.t().contiguous().t()
+
+
+@torch.library.custom_op("gpuaccel::linear_cross_entropy_fp8", mutates_args=())
+def _linear_cross_entropy_fp8(hidden: Tensor, weight: Tensor, targets: Tensor,
+                              vocab: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(mean loss; for the backward pass: the FP8 gradient of the logits, as they lie and
+    transposed; the kept targets' count; ``hidden`` and ``weight`` in E4M3 and their scales): the
+    logits are the product of ``hidden`` and ``weight`` in E4M3, in ``hidden``'s dtype."""
+    hidden8, hidden_scale = to_e4m3(hidden)
+    weight8, weight_scale = to_e4m3(weight)
+    logits = torch._scaled_mm(hidden8, weight8.T, scale_a=hidden_scale, scale_b=weight_scale, out_dtype=hidden.dtype)
+    loss, grad, grad_t, count = loss_and_fp8_gradient(logits, targets, vocab)
+    return loss, grad, grad_t, count, hidden8, hidden_scale, weight8, weight_scale
+
+
+@_linear_cross_entropy_fp8.register_fake
+def _(hidden, weight, targets, vocab):
+    (rows, _), width = hidden.shape, weight.shape[0]
+    scalar = hidden.new_empty((), dtype=torch.float32)
+    return (scalar, hidden.new_empty((rows, width), dtype=E5M2), hidden.new_empty((width, rows), dtype=E5M2),
+            hidden.new_empty((), dtype=torch.int64), hidden.new_empty(hidden.shape, dtype=E4M3), scalar.clone(),
+            weight.new_empty(weight.shape, dtype=E4M3), scalar.clone())
+
+
+def _setup_context_fp8(ctx, inputs, output):
+    ctx.dtypes = inputs[0].dtype, inputs[1].dtype
+    ctx.save_for_backward(*output[1:])
+
+
+def _backward_fp8(ctx, grad_loss, *_):
+    """The two products of the backward pass in FP8: the logits' gradient (E5M2) by the weight
+    (E4M3), and its transpose by the hidden states (E4M3)."""
+    grad, grad_t, count, hidden8, hidden_scale, weight8, weight_scale = ctx.saved_tensors
+    grad_scale = grad_loss.float() / (count * GRAD_SCALE)
+    hidden_dtype, weight_dtype = ctx.dtypes
+    grad_hidden = torch._scaled_mm(grad, column_major(weight8), scale_a=grad_scale, scale_b=weight_scale,
+                                   out_dtype=hidden_dtype)
+    grad_weight = torch._scaled_mm(grad_t, column_major(hidden8), scale_a=grad_scale, scale_b=hidden_scale,
+                                   out_dtype=weight_dtype)
+    return grad_hidden, grad_weight, None, None
+
+
+_linear_cross_entropy_fp8.register_autograd(_backward_fp8, setup_context=_setup_context_fp8)
 
 
 @torch.library.custom_op("gpuaccel::linear_cross_entropy", mutates_args=())
@@ -126,16 +247,17 @@ def _backward(ctx, grad_loss, _grad_of_gradient):
 _linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab: int) -> Tensor:
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab: int, fp8: bool = False) -> Tensor:
     """``F.cross_entropy((hidden @ weight.T)[..., :vocab].float(), targets)`` over (..., C) ``hidden``
     and (rows >= vocab, C) ``weight``, in autocast's dtype where it is on: by the operator where
     the kernel can run (:func:`usable`) and the vocabulary has ``FUSED_FROM_VOCAB`` tokens or more,
     else as written. (Replayed from a CUDA graph on an H200, the operator's forward and backward
     passes took 0.68-0.88x compiled PyTorch's time from 65 to 20,352 tokens, 0.56x at 50,304:
-    loss_kernel_h200.json.) Targets must be below ``vocab`` or -100 (the operator does not check)."""
+    loss_kernel_h200.json.) ``fp8``: the operator's three products in FP8 (:func:`fp8_usable`).
+    Targets must be below ``vocab`` or -100 (the operator does not check)."""
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
     if usable(hidden) and vocab >= FUSED_FROM_VOCAB:
-        return fused_linear_cross_entropy(hidden, weight, targets, vocab)
+        return fused_linear_cross_entropy(hidden, weight, targets, vocab, fp8)
     return pytorch_linear_cross_entropy(hidden, weight, targets, vocab)
 
 
@@ -146,10 +268,21 @@ def pytorch_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor
     return F.cross_entropy((logits if logits.shape[-1] == vocab else logits[:, :vocab]).float(), targets)
 
 
-def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab: int) -> Tensor:
-    """:func:`linear_cross_entropy` of (N, C) ``hidden`` and (N,) ``targets`` by the operator."""
+def fp8_usable(hidden: Tensor, weight: Tensor) -> bool:
+    """Whether the FP8 products take (N, C) ``hidden`` and (rows, C) ``weight``: FP8 products need
+    each dimension a multiple of 16. (The GPU's support is the caller's to check: FP8 products
+    need compute capability 8.9 or later.)"""
+    return not (hidden.shape[0] % 16 or hidden.shape[1] % 16 or weight.shape[0] % 16)
+
+
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, vocab: int,
+                               fp8: bool = False) -> Tensor:
+    """:func:`linear_cross_entropy` of (N, C) ``hidden`` and (N,) ``targets`` by the operator (its
+    FP8 products with ``fp8``, where :func:`fp8_usable`; in the autocast dtype otherwise)."""
     device = hidden.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
+    if fp8 and fp8_usable(hidden, weight):
+        return _linear_cross_entropy_fp8(hidden, weight, targets, vocab)[0]
     return _linear_cross_entropy(hidden, weight, targets, vocab)[0]

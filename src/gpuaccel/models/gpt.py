@@ -171,7 +171,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6,
                  width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0,
-                 attention: str = "auto", pad_vocab: int = 1, norm_weights: bool = True):
+                 attention: str = "auto", pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise GpuaccelError(f"gpt: width {width} must split into {heads} heads of an even size")
@@ -181,7 +181,9 @@ class GPT(nn.Module):
             raise GpuaccelError(f"gpt: attention is auto or one of {', '.join(ATTENTION_KERNELS)}, not {attention!r}")
         if isinstance(pad_vocab, bool) or not isinstance(pad_vocab, int) or pad_vocab < 1:
             raise GpuaccelError(f"gpt: pad_vocab must be a whole number >= 1, got {pad_vocab!r}")
-        self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
+        if head_fp8 and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+            raise GpuaccelError("gpt: head_fp8 needs FP8 matrix products: a GPU of compute capability 8.9 or later")
+        self.vocab_size, self.context_length, self.heads, self.head_fp8 = vocab_size, context_length, heads, head_fp8
         rows = -(-vocab_size // pad_vocab) * pad_vocab  # (rows past the vocabulary are never a target)
         self.embedding = nn.Embedding(rows, width)
         self.dropout = Dropout(dropout)
@@ -205,7 +207,8 @@ class GPT(nn.Module):
         """The logits (batch, time, vocabulary); with ``labels`` (the next token at each
         position), ``{"loss": the mean cross-entropy}`` instead, computed with the output layer in
         one operator where Triton runs and the vocabulary is large (:mod:`cross_entropy_kernel`):
-        the padded logits are never sliced, and their gradient is written by the pass that reads them."""
+        the padded logits are never sliced, and their gradient is written by the pass that reads them
+        (in FP8 with ``head_fp8``, and its products then take FP8 operands)."""
         t = idx.shape[1]
         start = cache.position if cache is not None else 0
         if start + t > self.context_length:
@@ -216,7 +219,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.position += t
         if labels is not None:
-            return {"loss": linear_cross_entropy(self.norm(x), self.head.weight, labels, self.vocab_size)}
+            return {"loss": linear_cross_entropy(self.norm(x), self.head.weight, labels, self.vocab_size,
+                                                     self.head_fp8)}
         logits = self.head(self.norm(x))
         return logits if logits.shape[-1] == self.vocab_size else logits[..., :self.vocab_size]
 
@@ -266,10 +270,11 @@ class GPT(nn.Module):
 @register_model("gpt", builds_on_device=True)
 def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
         mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0, attention: str = "auto",
-        pad_vocab: int = 1, norm_weights: bool = True) -> GPT:
+        pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False) -> GPT:
     """Decoder-only transformer; the data gives ``vocab_size`` and ``context_length``, and
     ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size (``attention=cudnn``,
     ``pad_vocab=64``: see the module's notes; ``norm_weights=false``: RMSNorm without its scale,
-    as modded-nanogpt's)."""
+    as modded-nanogpt's; ``head_fp8=true``: the output layer's products in training in FP8, as
+    modded-nanogpt's, on GPUs that have them)."""
     return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout, attention,
-               pad_vocab, norm_weights)
+               pad_vocab, norm_weights, head_fp8)
