@@ -38,7 +38,7 @@ SHAPES = {"gpt2_small_tiny_shakespeare_bpe": (16384, 768, 20319, 20352),
           "vocabulary_2048": (16384, 768, 2048, 2048),
           "vocabulary_512": (16384, 384, 512, 512), "shakespeare_char": (16384, 384, 65, 65)}
 SETTINGS = [(2048, 4), (4096, 8), (8192, 8), (32768, 32)]
-FP8_TILES = [(64, 128), (128, 128), (128, 64), (32, 256)]  # the FP8 gradient kernel's (rows, columns)
+FP8_TILES = [(32, 64, 2), (16, 256, 4), (64, 128, 4), (64, 128, 8)]  # the FP8 gradient kernel's (rows, columns, warps)
 
 
 def timed(call, iters: int, repeats: int) -> dict:
@@ -70,12 +70,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     p.add_argument("--out", required=True)
     args = p.parse_args()
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": {}}
     compiled_op = torch.compile(cross_entropy_kernel.fused_linear_cross_entropy)
-    for name, (rows, width, vocab, padded) in SHAPES.items():
+    for name in args.shapes:
+        rows, width, vocab, padded = SHAPES[name]
         torch.manual_seed(0)
         hidden = torch.randn(rows, width, device="cuda", requires_grad=True)
         weight = (0.02 * torch.randn(padded, width, device="cuda")).requires_grad_()
@@ -98,7 +100,7 @@ def main() -> None:
                 "fp8": relative_errors(fp8(), exact)}
             logits = (hidden.detach() @ weight.detach().T).bfloat16()
             for tile in FP8_TILES:
-                row[f"fp8_kernels_tile{tile[0]}x{tile[1]}"] = timed(
+                row[f"fp8_kernels_tile{tile[0]}x{tile[1]}_warps{tile[2]}"] = timed(
                     lambda t=tile: cross_entropy_kernel.loss_and_fp8_gradient(logits, targets, vocab, t),
                     args.iters, args.repeats)
         logits = (hidden.detach() @ weight.detach().T).bfloat16()

@@ -53,7 +53,7 @@ def test_the_interpreted_kernel_gives_cross_entropys_loss_and_gradients():
     assert_runs_interpreted(_INTERPRETED_LOSS, "loss ok")
 
 
-# The FP8 operator: its loss is the cross-entropy of the FP8 operands' logits; its gradients are
+# The FP8 operator (GPT's head_fp8): its loss is the cross-entropy of the FP8 operands' logits; its gradients are
 # its own FP8 gradient of the logits, (softmax - one-hot) x GRAD_SCALE over the count, times those
 # operands (Triton's interpreter rounds to FP8 without carrying into the exponent, so the
 # interpreted FP8 gradient itself is checked against softmax only where it is exact, at zeros)
@@ -81,6 +81,17 @@ for rows, width, padded, vocab in [(48, 32, 64, 50), (16, 16, 9008, 8500)]:
     assert torch.equal(g[kept, :vocab] < 0, F.one_hot(targets[kept], vocab).bool())
     assert (hidden8.float().abs().max(), weight8.float().abs().max()) == (448, 448)
 assert not ck.fp8_usable(torch.zeros(8, 16), torch.zeros(32, 16))  # FP8 products need multiples of 16
+# GPT's head_fp8 trains with the FP8 operator and evaluates with the other
+from gpuaccel.models import create_model
+fused, seen = ck.fused_linear_cross_entropy, []
+ck.fused_linear_cross_entropy = lambda *args: seen.append(args[4]) or fused(*args)
+model = create_model("gpt", vocab_size=1100, context_length=16, layers=1, heads=2, width=16, pad_vocab=64,
+                     head_fp8=True)
+ids = torch.randint(1100, (2, 8), generator=generator)
+model(ids, labels=ids)["loss"].backward()
+with torch.no_grad():
+    model(ids, labels=ids)
+assert seen == [True, False] and model.embedding.weight.grad.abs().sum() > 0, seen
 torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy_fp8,
                       (torch.randn(16, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True),
                        torch.randint(20, (16,)), 20),

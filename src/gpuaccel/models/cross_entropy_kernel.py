@@ -38,7 +38,10 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # The FP8 gradient holds (softmax - one-hot) x GRAD_SCALE, magnitudes up to 1 x 2^15 (E5M2's largest is
 # 57,344): probabilities down to 2^-29 keep E5M2's full precision, and no pass over the gradient finds its scale
 GRAD_SCALE = 2.0 ** 15
-FP8_TILE = (64, 128)  # the FP8 gradient kernel's (rows, columns) per program
+# The FP8 path's kernels: each row's log-sum-exp in blocks of 2,048 columns (4 warps), then the gradient
+# in tiles of 32 rows x 64 columns (2 warps). On an H200, at 16,384 x 50,304: 0.62 ms and 1.50 ms, against
+# 0.71 / 1.79 ms with the settings of the other kernel and tiles of 64 x 128 (a copy of the logits: 1.22 ms)
+FP8_ROW_SETTINGS, FP8_TILE = (2048, 4), (32, 64, 2)
 
 
 def usable(x: Tensor) -> bool:
@@ -144,11 +147,11 @@ def loss_and_gradient(logits: Tensor, targets: Tensor, vocab: int,
 
 
 def loss_and_fp8_gradient(logits: Tensor, targets: Tensor, vocab: int,
-                          tile: tuple[int, int] = FP8_TILE) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          tile: tuple[int, int, int] = FP8_TILE) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(the mean cross-entropy as :func:`loss_and_gradient`'s; (softmax - one-hot) x ``GRAD_SCALE``
     in E5M2, as the logits lie and transposed; the count of targets kept): the gradient of the mean
     loss is the FP8 one over (``GRAD_SCALE`` x count). Two kernels: each row's log-sum-exp, then the
-    gradient in tiles of ``tile`` (rows, columns)."""
+    gradient in tiles of ``tile`` (rows, columns, warps)."""
     rows, width = logits.shape
     losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
     log_sum_exp = torch.empty_like(losses)
@@ -156,12 +159,12 @@ def loss_and_fp8_gradient(logits: Tensor, targets: Tensor, vocab: int,
     grad_t = torch.empty((width, rows), device=logits.device, dtype=E5M2)
     count = (targets != IGNORE_INDEX).sum()
     if rows:
-        block, warps = kernel_settings(vocab)
+        block, warps = FP8_ROW_SETTINGS
         _loss_kernel[(rows,)](logits, targets, losses, log_sum_exp, vocab, logits.stride(0), IGNORE=IGNORE_INDEX,
                               BLOCK=block, VOCAB_BLOCKS=triton.cdiv(vocab, block), num_warps=warps)
         _fp8_gradient_kernel[(triton.cdiv(rows, tile[0]), triton.cdiv(width, tile[1]))](
             logits, targets, log_sum_exp, grad, grad_t, rows, vocab, width, logits.stride(0), GRAD_SCALE=GRAD_SCALE,
-            IGNORE=IGNORE_INDEX, ROWS=tile[0], COLS=tile[1], num_warps=8)
+            IGNORE=IGNORE_INDEX, ROWS=tile[0], COLS=tile[1], num_warps=tile[2])
     return losses.sum() / count, grad, grad_t, count
 
 

@@ -181,9 +181,10 @@ class GPT(nn.Module):
             raise GpuaccelError(f"gpt: attention is auto or one of {', '.join(ATTENTION_KERNELS)}, not {attention!r}")
         if isinstance(pad_vocab, bool) or not isinstance(pad_vocab, int) or pad_vocab < 1:
             raise GpuaccelError(f"gpt: pad_vocab must be a whole number >= 1, got {pad_vocab!r}")
-        if head_fp8 and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
-            raise GpuaccelError("gpt: head_fp8 needs FP8 matrix products: a GPU of compute capability 8.9 or later")
-        self.vocab_size, self.context_length, self.heads, self.head_fp8 = vocab_size, context_length, heads, head_fp8
+        self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
+        # (FP8 products need NVIDIA's compute capability 8.9 or later; other GPUs keep the autocast dtype)
+        self.head_fp8 = head_fp8 and not (torch.cuda.is_available() and (
+            torch.version.hip or torch.cuda.get_device_capability() < (8, 9)))
         rows = -(-vocab_size // pad_vocab) * pad_vocab  # (rows past the vocabulary are never a target)
         self.embedding = nn.Embedding(rows, width)
         self.dropout = Dropout(dropout)
@@ -219,8 +220,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.position += t
         if labels is not None:
-            return {"loss": linear_cross_entropy(self.norm(x), self.head.weight, labels, self.vocab_size,
-                                                     self.head_fp8)}
+            fp8 = self.head_fp8 and torch.is_grad_enabled()  # (in training: evaluations take exact logits)
+            return {"loss": linear_cross_entropy(self.norm(x), self.head.weight, labels, self.vocab_size, fp8)}
         logits = self.head(self.norm(x))
         return logits if logits.shape[-1] == self.vocab_size else logits[..., :self.vocab_size]
 
@@ -274,7 +275,7 @@ def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int 
     """Decoder-only transformer; the data gives ``vocab_size`` and ``context_length``, and
     ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size (``attention=cudnn``,
     ``pad_vocab=64``: see the module's notes; ``norm_weights=false``: RMSNorm without its scale,
-    as modded-nanogpt's; ``head_fp8=true``: the output layer's products in training in FP8, as
-    modded-nanogpt's, on GPUs that have them)."""
+    as modded-nanogpt's; ``head_fp8=true``: in training, the output layer's products in FP8 on
+    GPUs that have them (:mod:`cross_entropy_kernel`), as modded-nanogpt's)."""
     return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout, attention,
                pad_vocab, norm_weights, head_fp8)
