@@ -39,8 +39,9 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # 57,344): probabilities down to 2^-29 keep E5M2's full precision, and no pass over the gradient finds its scale
 GRAD_SCALE = 2.0 ** 15
 # The FP8 path's kernels: each row's log-sum-exp in blocks of 2,048 columns (4 warps), then the gradient
-# in tiles of 32 rows x 64 columns (2 warps). On an H200, at 16,384 x 50,304: 0.62 ms and 1.50 ms, against
-# 0.71 / 1.79 ms with the settings of the other kernel and tiles of 64 x 128 (a copy of the logits: 1.22 ms)
+# in tiles of 32 rows x 64 columns (2 warps). On an H200, at 16,384 x 50,304, the two took 2.19 ms, as with
+# tiles of 16 x 256 or 64 x 128 (4 warps), against 2.43 ms with 64 x 128 and 8 warps
+# (benchmarks/gpt2_speed/results/loss_kernel_fp8_h200.json)
 FP8_ROW_SETTINGS, FP8_TILE = (2048, 4), (32, 64, 2)
 
 
