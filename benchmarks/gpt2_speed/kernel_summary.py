@@ -22,7 +22,7 @@ KINDS = (  # the first whose words a kernel's name holds
     ("attention", ("sdpa", "flash", "cudnn")),
     ("optimizer", ("multi_tensor_apply",)),
     ("normalisation", ("rms_norm", "layer_norm")),
-    ("loss", ("softmax", "nll_loss", "cross_entropy", "loss_and_gradient")),
+    ("loss", ("softmax", "nll_loss", "cross_entropy", "loss_and_gradient", "_loss_kernel", "fp8_gradient")),
     ("activation", ("gelu", "relu")),
 )
 
