@@ -9,6 +9,14 @@ mostly from L2): the backward pass is then the output layer's two matrix product
 incoming gradient. Columns at or past ``vocab`` (the padding of the embedding's rows) stay out of
 the softmax and get a zero gradient, so the logits are never sliced.
 
+With ``fp8`` (GPT's ``head_fp8``) the three products take FP8 operands (as modded-nanogpt's output
+layer does): the hidden states and the weight in E4M3, each with one scale from its largest
+magnitude, and the logits' gradient in E5M2 with a fixed scale, written by a tiled kernel twice, as
+the logits lie and transposed, since an FP8 product reduces along both operands' contiguous
+dimension (a first kernel gives each row's log-sum-exp). On an H200, GPT-2 small's layer and loss
+took 5.76 ms instead of 7.20 at 50,304 tokens, its gradients 2.7% from float32's (bf16's 0.23%),
+and its training reached a lower validation loss after 300 steps (docs/results.md).
+
 The same loss as ``F.cross_entropy(logits[..., :vocab].float(), targets)`` (targets of -100
 ignored, the mean over the others); the gradient of the logits is rounded to their dtype, as
 autocast's is. Needs Triton; with ``TRITON_INTERPRET=1`` set before import, the kernel runs on
