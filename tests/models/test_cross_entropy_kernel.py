@@ -119,12 +119,17 @@ def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_p
     assert takes_labels(model)
 
 
-@pytest.mark.gpu
-def test_compiled_under_bf16_the_operator_matches_the_sliced_logits_loss():
+def gpu_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden states, an output layer's weight padded from 20,319 to 20,352 rows, targets) on the GPU."""
     torch.manual_seed(0)
     hidden = torch.randn(4096, 256, device="cuda", requires_grad=True)
     weight = (0.1 * torch.randn(20352, 256, device="cuda")).requires_grad_()
-    targets = torch.randint(20319, (4096,), device="cuda")
+    return hidden, weight, torch.randint(20319, (4096,), device="cuda")
+
+
+@pytest.mark.gpu
+def test_compiled_under_bf16_the_operator_matches_the_sliced_logits_loss():
+    hidden, weight, targets = gpu_case()
 
     def reference(h, w, t):
         return F.cross_entropy(F.linear(h, w)[:, :20319].float(), t)
@@ -143,10 +148,7 @@ def test_compiled_under_bf16_the_operator_matches_the_sliced_logits_loss():
 
 @pytest.mark.gpu
 def test_compiled_the_fp8_operator_is_within_fp8s_rounding_of_bf16():
-    torch.manual_seed(0)
-    hidden = torch.randn(4096, 256, device="cuda", requires_grad=True)
-    weight = (0.1 * torch.randn(20352, 256, device="cuda")).requires_grad_()
-    targets = torch.randint(20319, (4096,), device="cuda")
+    hidden, weight, targets = gpu_case()
     results = []
     for fp8 in (False, True):
         with torch.autocast("cuda", dtype=torch.bfloat16):

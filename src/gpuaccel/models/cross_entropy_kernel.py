@@ -60,10 +60,14 @@ def usable(x: Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _row_log_sum_exp(logits_ptr, vocab, BLOCK: tl.constexpr, VOCAB_BLOCKS: tl.constexpr):
-        """The log-sum-exp of a row's first ``vocab`` columns: an online softmax (a running
-        maximum and sum, block by block). (The loop's length is a constant: Triton 3.6's
-        interpreter cannot loop to a run-time bound.)"""
+    def _row_loss(logits_ptr, targets_ptr, losses_ptr, row, vocab, IGNORE: tl.constexpr, BLOCK: tl.constexpr,
+                  VOCAB_BLOCKS: tl.constexpr):
+        """Stores row ``row``'s loss: the log-sum-exp of its first ``vocab`` columns (an online
+        softmax: a running maximum and sum, block by block) less its target's logit (0 where the
+        target is ignored); returns (the log-sum-exp, the target, whether it is kept). (The loop's
+        length is a constant: Triton 3.6's interpreter cannot loop to a run-time bound.)"""
+        target = tl.load(targets_ptr + row).to(tl.int32)
+        kept = target != IGNORE
         running_max = float("-inf")
         running_sum = 0.0
         for i in range(VOCAB_BLOCKS):
@@ -72,22 +76,22 @@ if triton is not None:
             new_max = tl.maximum(running_max, tl.max(x, 0))
             running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
             running_max = new_max
-        return running_max + tl.log(running_sum)
+        log_sum_exp = running_max + tl.log(running_sum)
+        target_logit = tl.load(logits_ptr + target, mask=kept, other=0.0).to(tl.float32)
+        tl.store(losses_ptr + row, tl.where(kept, log_sum_exp - target_logit, 0.0))
+        return log_sum_exp, target, kept
 
     @triton.jit
     def _loss_and_gradient_kernel(logits_ptr, targets_ptr, count_ptr, losses_ptr, grad_ptr, vocab, width,
                                   logits_stride, grad_stride, IGNORE: tl.constexpr, BLOCK: tl.constexpr,
                                   VOCAB_BLOCKS: tl.constexpr, WIDTH_BLOCKS: tl.constexpr):
-        """One row: its log-sum-exp, its loss, then, reading the row again (mostly from L2),
-        softmax - one-hot over ``count`` into every one of the ``width`` columns of the gradient."""
+        """One row: its loss, then, reading the row again (mostly from L2), softmax - one-hot over
+        ``count`` into every one of the ``width`` columns of the gradient."""
         row = tl.program_id(0).to(tl.int64)
         logits_ptr += row * logits_stride
         grad_ptr += row * grad_stride
-        target = tl.load(targets_ptr + row).to(tl.int32)
-        kept = target != IGNORE
-        log_sum_exp = _row_log_sum_exp(logits_ptr, vocab, BLOCK, VOCAB_BLOCKS)
-        target_logit = tl.load(logits_ptr + target, mask=kept, other=0.0).to(tl.float32)
-        tl.store(losses_ptr + row, tl.where(kept, log_sum_exp - target_logit, 0.0))
+        log_sum_exp, target, kept = _row_loss(logits_ptr, targets_ptr, losses_ptr, row, vocab, IGNORE, BLOCK,
+                                              VOCAB_BLOCKS)
         scale = tl.where(kept, 1.0 / tl.load(count_ptr).to(tl.float32), 0.0)
         for i in range(WIDTH_BLOCKS):
             cols = i * BLOCK + tl.arange(0, BLOCK)
@@ -99,14 +103,10 @@ if triton is not None:
     @triton.jit
     def _loss_kernel(logits_ptr, targets_ptr, losses_ptr, log_sum_exp_ptr, vocab, logits_stride,
                      IGNORE: tl.constexpr, BLOCK: tl.constexpr, VOCAB_BLOCKS: tl.constexpr):
-        """One row: its log-sum-exp and its loss."""
+        """One row: its loss and its log-sum-exp."""
         row = tl.program_id(0).to(tl.int64)
-        logits_ptr += row * logits_stride
-        target = tl.load(targets_ptr + row).to(tl.int32)
-        kept = target != IGNORE
-        log_sum_exp = _row_log_sum_exp(logits_ptr, vocab, BLOCK, VOCAB_BLOCKS)
-        target_logit = tl.load(logits_ptr + target, mask=kept, other=0.0).to(tl.float32)
-        tl.store(losses_ptr + row, tl.where(kept, log_sum_exp - target_logit, 0.0))
+        log_sum_exp, _, _ = _row_loss(logits_ptr + row * logits_stride, targets_ptr, losses_ptr, row, vocab, IGNORE,
+                                      BLOCK, VOCAB_BLOCKS)
         tl.store(log_sum_exp_ptr + row, log_sum_exp)
 
     @triton.jit
