@@ -68,9 +68,8 @@ for rows, width, padded, vocab in [(48, 32, 64, 50), (16, 16, 1152, 1100)]:  # (
     targets[1], targets[0] = -100, vocab - 1
     loss = ck.fused_linear_cross_entropy(hidden, weight, targets, vocab, fp8=True)
     grads = torch.autograd.grad(loss * 0.5, (hidden, weight))
-    (hidden8, hidden_scale), (weight8, weight_scale) = ck.to_e4m3(hidden), ck.to_e4m3(weight)
-    _, grad8, grad8_t, count = torch.ops.gpuaccel.linear_cross_entropy_fp8(
-        hidden, weight, hidden8, hidden_scale, weight8, weight_scale, targets, vocab, torch.float32)
+    op = torch.ops.gpuaccel.linear_cross_entropy_fp8
+    _, grad8, grad8_t, count, hidden8, hidden_scale, weight8, weight_scale = op(hidden, weight, targets, vocab)
     h, w = hidden8.float() * hidden_scale, weight8.float() * weight_scale
     torch.testing.assert_close(loss, F.cross_entropy((h @ w.T)[:, :vocab], targets))
     assert count == rows - 1 and torch.equal(grad8.view(torch.uint8), grad8_t.T.view(torch.uint8))
@@ -93,10 +92,9 @@ model(ids, labels=ids)["loss"].backward()
 with torch.no_grad():
     model(ids, labels=ids)
 assert seen == [True, False] and model.embedding.weight.grad.abs().sum() > 0, seen
-hidden, weight = torch.randn(16, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True)
 torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy_fp8,
-                      (hidden, weight, *ck.to_e4m3(hidden), *ck.to_e4m3(weight), torch.randint(20, (16,)), 20,
-                       torch.float32),
+                      (torch.randn(16, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True),
+                       torch.randint(20, (16,)), 20),
                       test_utils="test_faketensor")  # (the other checks sum FP8 outputs: not on CPUs)
 print("fp8 ok")
 """

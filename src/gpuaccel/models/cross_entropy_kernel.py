@@ -190,30 +190,30 @@ def column_major(t: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("gpuaccel::linear_cross_entropy_fp8", mutates_args=())
-def _linear_cross_entropy_fp8(hidden: Tensor, weight: Tensor, hidden8: Tensor, hidden_scale: Tensor, weight8: Tensor,
-                              weight_scale: Tensor, targets: Tensor, vocab: int,
-                              logits_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _linear_cross_entropy_fp8(hidden: Tensor, weight: Tensor, targets: Tensor,
+                              vocab: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(mean loss; for the backward pass: the FP8 gradient of the logits, as they lie and
-    transposed, and the kept targets' count): the logits are the ``logits_dtype`` product of
-    ``hidden8`` and ``weight8``, ``hidden`` and ``weight`` in E4M3 (:func:`to_e4m3`), which the
-    caller casts where torch.compile fuses the casts into a few kernels (eager, inside the
-    operator, they were five passes over the weight). ``hidden`` and ``weight`` are read only by
-    autograd: the gradients are theirs, in their dtypes."""
-    logits = torch._scaled_mm(hidden8, weight8.T, scale_a=hidden_scale, scale_b=weight_scale, out_dtype=logits_dtype)
-    return loss_and_fp8_gradient(logits, targets, vocab)
+    transposed; the kept targets' count; ``hidden`` and ``weight`` in E4M3 and their scales): the
+    logits are the product of ``hidden`` and ``weight`` in E4M3, in ``hidden``'s dtype."""
+    hidden8, hidden_scale = to_e4m3(hidden)
+    weight8, weight_scale = to_e4m3(weight)
+    logits = torch._scaled_mm(hidden8, weight8.T, scale_a=hidden_scale, scale_b=weight_scale, out_dtype=hidden.dtype)
+    loss, grad, grad_t, count = loss_and_fp8_gradient(logits, targets, vocab)
+    return loss, grad, grad_t, count, hidden8, hidden_scale, weight8, weight_scale
 
 
 @_linear_cross_entropy_fp8.register_fake
-def _(hidden, weight, hidden8, hidden_scale, weight8, weight_scale, targets, vocab, logits_dtype):
+def _(hidden, weight, targets, vocab):
     (rows, _), width = hidden.shape, weight.shape[0]
-    return (hidden.new_empty((), dtype=torch.float32), hidden.new_empty((rows, width), dtype=E5M2),
-            hidden.new_empty((width, rows), dtype=E5M2), hidden.new_empty((), dtype=torch.int64))
+    scalar = hidden.new_empty((), dtype=torch.float32)
+    return (scalar, hidden.new_empty((rows, width), dtype=E5M2), hidden.new_empty((width, rows), dtype=E5M2),
+            hidden.new_empty((), dtype=torch.int64), hidden.new_empty(hidden.shape, dtype=E4M3), scalar.clone(),
+            weight.new_empty(weight.shape, dtype=E4M3), scalar.clone())
 
 
 def _setup_context_fp8(ctx, inputs, output):
-    hidden, weight, hidden8, hidden_scale, weight8, weight_scale = inputs[:6]
-    ctx.dtypes = hidden.dtype, weight.dtype
-    ctx.save_for_backward(*output[1:], hidden8, hidden_scale, weight8, weight_scale)
+    ctx.dtypes = inputs[0].dtype, inputs[1].dtype
+    ctx.save_for_backward(*output[1:])
 
 
 def _backward_fp8(ctx, grad_loss, *_):
@@ -226,7 +226,7 @@ def _backward_fp8(ctx, grad_loss, *_):
                                    out_dtype=hidden_dtype)
     grad_weight = torch._scaled_mm(grad_t, column_major(hidden8), scale_a=grad_scale, scale_b=hidden_scale,
                                    out_dtype=weight_dtype)
-    return grad_hidden, grad_weight, None, None, None, None, None, None, None
+    return grad_hidden, grad_weight, None, None
 
 
 _linear_cross_entropy_fp8.register_autograd(_backward_fp8, setup_context=_setup_context_fp8)
@@ -292,9 +292,9 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
     """:func:`linear_cross_entropy` of (N, C) ``hidden`` and (N,) ``targets`` by the operator (its
     FP8 products with ``fp8``, where :func:`fp8_usable`; in the autocast dtype otherwise)."""
     device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
     if fp8 and fp8_usable(hidden, weight):
-        # (cast to FP8 from the weight as it is: no copy in the autocast dtype, and its gradient comes
-        # out in its own dtype)
-        return _linear_cross_entropy_fp8(hidden, weight, *to_e4m3(hidden), *to_e4m3(weight), targets, vocab, dtype)[0]
-    return _linear_cross_entropy(hidden.to(dtype), weight.to(dtype), targets, vocab)[0]
+        return _linear_cross_entropy_fp8(hidden, weight, targets, vocab)[0]
+    return _linear_cross_entropy(hidden, weight, targets, vocab)[0]
