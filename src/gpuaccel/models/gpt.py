@@ -171,7 +171,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6,
                  width: int = 384, mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0,
-                 attention: str = "auto", pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False):
+                 attention: str = "auto", pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False,
+                 residual_bf16: bool = False):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise GpuaccelError(f"gpt: width {width} must split into {heads} heads of an even size")
@@ -182,6 +183,7 @@ class GPT(nn.Module):
         if isinstance(pad_vocab, bool) or not isinstance(pad_vocab, int) or pad_vocab < 1:
             raise GpuaccelError(f"gpt: pad_vocab must be a whole number >= 1, got {pad_vocab!r}")
         self.vocab_size, self.context_length, self.heads = vocab_size, context_length, heads
+        self.residual_bf16 = residual_bf16
         # (FP8 products need NVIDIA's compute capability 8.9 or later; other GPUs keep the autocast dtype)
         self.head_fp8 = head_fp8 and not (torch.cuda.is_available() and (
             torch.version.hip or torch.cuda.get_device_capability() < (8, 9)))
@@ -215,6 +217,9 @@ class GPT(nn.Module):
         if start + t > self.context_length:
             raise GpuaccelError(f"gpt: {start + t} positions exceed the context length {self.context_length}")
         x = self.dropout(self.embedding(idx))
+        if self.residual_bf16 and torch.is_autocast_enabled(x.device.type) \
+                and torch.get_autocast_dtype(x.device.type) == torch.bfloat16:
+            x = x.to(torch.bfloat16)  # (each block adds its bf16 output: the sums then stay bf16)
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i)
         if cache is not None:
@@ -271,11 +276,13 @@ class GPT(nn.Module):
 @register_model("gpt", builds_on_device=True)
 def gpt(vocab_size: int, context_length: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
         mlp_ratio: float = 4.0, activation: str = "gelu", dropout: float = 0.0, attention: str = "auto",
-        pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False) -> GPT:
+        pad_vocab: int = 1, norm_weights: bool = True, head_fp8: bool = False, residual_bf16: bool = False) -> GPT:
     """Decoder-only transformer; the data gives ``vocab_size`` and ``context_length``, and
     ``--model-args layers=6,heads=6,width=384,dropout=0.2`` sets its size (``attention=cudnn``,
     ``pad_vocab=64``: see the module's notes; ``norm_weights=false``: RMSNorm without its scale,
     as modded-nanogpt's; ``head_fp8=true``: in training, the output layer's products in FP8 on
-    GPUs that have them (:mod:`cross_entropy_kernel`), as modded-nanogpt's)."""
+    GPUs that have them (:mod:`cross_entropy_kernel`), as modded-nanogpt's; ``residual_bf16=true``:
+    under bf16 autocast, the residual stream (the embedding's output and each block's sum) in bf16, not
+    float32, as modded-nanogpt's: each normalisation and addition then moves half the bytes)."""
     return GPT(vocab_size, context_length, layers, heads, width, mlp_ratio, activation, dropout, attention,
-               pad_vocab, norm_weights, head_fp8)
+               pad_vocab, norm_weights, head_fp8, residual_bf16)
