@@ -1,15 +1,15 @@
 """``gpt``: a decoder-only transformer for language modelling.
 
 Pre-norm blocks (RMSNorm: :class:`layers.RMSNorm`), causal self-attention through
-``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position embeddings,
-an MLP, and an output layer tied to the token embedding. The model returns logits (batch, time,
-vocabulary), or, given ``labels``, its loss (the trainer passes them, as it does to HuggingFace's
-models: on GPUs, for 1,024 tokens or more, the output layer and the loss are then one operator).
-``generate`` samples with a key/value cache, so each new token costs one position's work, not the
-whole prefix's. ``attention`` picks the attention kernel (PyTorch's choice by default);
-``pad_vocab`` rounds the embedding's rows up to a multiple (a learned vocabulary has any size, and
-an odd one keeps the output layer's matrix products off the tensor cores' fast path; the logits
-stay the vocabulary's).
+``F.scaled_dot_product_attention`` (flash or cuDNN kernels on GPUs), rotary position embeddings (in
+training on GPUs, one kernel each way: :mod:`rotary_kernel`), an MLP, and an output layer tied to
+the token embedding. The model returns logits (batch, time, vocabulary), or, given ``labels``, its
+loss (the trainer passes them, as it does to HuggingFace's models: on GPUs, for 1,024 tokens or
+more, the output layer and the loss are then one operator). ``generate`` samples with a key/value
+cache, so each new token costs one position's work, not the whole prefix's. ``attention`` picks the
+attention kernel (PyTorch's choice by default); ``pad_vocab`` rounds the embedding's rows up to a
+multiple (a learned vocabulary has any size, and an odd one keeps the output layer's matrix products
+off the tensor cores' fast path; the logits stay the vocabulary's).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..errors import GpuaccelError
 from .cross_entropy_kernel import linear_cross_entropy
 from .layers import Dropout, RMSNorm, attention, dropout_add
+from .rotary_kernel import rotary_qkv
+from .rotary_kernel import usable as rotary_kernel_usable
 from .registry import register_model
 
 
@@ -123,8 +125,14 @@ class Attention(RotaryTables):
         b, t, c = x.shape
         start = cache.position if cache is not None else 0
         cos, sin = self.cos[start:start + t], self.sin[start:start + t]
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
+        # In training on a GPU, one kernel each way (rotary_kernel.py); evaluation, generation and export
+        # rotate in PyTorch (the same rotation; compiled, its forward pass is also one kernel)
+        if rotary_kernel_usable(qkv) and torch.is_grad_enabled():
+            q, k, v = (z.transpose(1, 2) for z in rotary_qkv(qkv, cos, sin))
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         causal = True
         if cache is not None:
             causal = cache.position == 0  # a prompt attends causally; a new token sees every cached one
