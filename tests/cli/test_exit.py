@@ -45,7 +45,8 @@ def test_a_cold_compile_exits_promptly(tmp_path, mnist_dir):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuaccel", "train", "--data", str(mnist_dir), "--model", "mlp", "--compile",
-         "--epochs", "0.1", "--batch-size", "64", "--no-monitor", "--quiet", "--run-dir", str(run_dir)],
+         "--no-compile-eval", "--epochs", "0.1", "--batch-size", "64", "--no-monitor", "--quiet",
+         "--run-dir", str(run_dir)],
         env=_fresh_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _exits_after(proc, lambda: (run_dir / "summary.json").exists(), EXIT_BOUND)
     out, err = proc.communicate()
