@@ -2,13 +2,14 @@
 
 Why: GPT's attention splits its projection's output, (batch, time, 3, heads, head_dim), into
 queries, keys and values and rotates the first two. Compiled, Inductor rotates them in one pass,
-but its backward pass takes two (the queries' and keys' gradients rotated back and written out, then
-joined with the values' into the projection's gradient), and the attention's output is copied once
-more to join the heads. Here one kernel reads the projection and writes the rotated queries and
-keys and the values, each (batch, time, heads, head_dim), and one kernel writes the projection's
-gradient from the three gradients. On an H200, one layer of GPT-2 small's step (16 x 1,024 tokens)
-took 0.75 ms instead of 0.79 ms (forward and backward), and the whole step 1.5% less time
-(benchmarks/gpt2_speed/results/gpt2_speed_code_rotary_kernel_h200.json has the training runs).
+but its backward pass takes two (the queries' and keys' gradients rotated back and written out,
+then joined with the values' into the projection's gradient: on an H200, 0.92 ms of GPT-2 small's
+29.3 ms step, in benchmarks/gpt2_speed/results/gpt2_kernels_code_head_fp8_h200.json). Here one
+kernel reads the projection and writes the rotated queries and keys and the values, each (batch,
+time, heads, head_dim), and one kernel writes the projection's gradient from the three gradients.
+On an H200, GPT-2 small's recipe trained at 1.017x the tokens/s with them, at the same validation
+loss within the spread of repeated runs
+(benchmarks/gpt2_speed/results/gpt2_speed_code_rotary_kernel_h200.json).
 
 The rotation is :func:`gpt.rotate`'s: each pair (x1, x2) of a head's two halves becomes
 (x1 cos - x2 sin, x2 cos + x1 sin), computed in float32 and rounded once to the projection's dtype.
