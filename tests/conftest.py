@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import signal
@@ -167,11 +168,48 @@ def assert_user_error(capsys, argv, *needles):
     return lines[0]
 
 
-def assert_runs_interpreted(program: str, done_marker: str) -> None:
-    """Runs ``program`` in a child Python with ``TRITON_INTERPRET=1`` (the variable must be set
-    before Triton is imported: gpuaccel's Triton kernels then run on CPU tensors through Triton's
-    interpreter) and checks that it printed ``done_marker``."""
+# Programs that run gpuaccel's Triton kernels on CPU tensors through Triton's interpreter, by name: the
+# test modules register theirs (interpreted()) when they are collected, and the first test that asks
+# for the results runs them all in one child Python (each alone spent most of its time importing).
+INTERPRETED_PROGRAMS: dict[str, str] = {}
+
+_RUN_INTERPRETED = r"""
+import contextlib, io, json, sys, traceback
+results = {}
+for name, program in json.loads(sys.stdin.read()).items():
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(program, name, "exec"), {"__name__": "__main__"})
+        results[name] = [True, printed.getvalue()]
+    except BaseException:
+        results[name] = [False, printed.getvalue() + traceback.format_exc()]
+with open(sys.argv[1], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def interpreted(name: str, program: str) -> str:
+    """Registers ``program`` to run with ``TRITON_INTERPRET=1`` (set before Triton is imported:
+    gpuaccel's Triton kernels then run on CPU tensors through Triton's interpreter); returns the
+    name that :func:`assert_ran_interpreted` takes. Each program runs in its own namespace and puts
+    back what it patches."""
+    INTERPRETED_PROGRAMS[name] = program
+    return name
+
+
+@pytest.fixture(scope="session")
+def interpreted_runs(tmp_path_factory) -> dict:
+    """{name: (passed, what it printed and any traceback)} of every registered program, from one child."""
     pytest.importorskip("triton", reason="the test extra installs Triton; this environment lacks it")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+    results = tmp_path_factory.mktemp("interpreted") / "results.json"
+    done = subprocess.run([sys.executable, "-c", _RUN_INTERPRETED, str(results)],
+                          input=json.dumps(INTERPRETED_PROGRAMS), capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and done_marker in done.stdout, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(results.read_text())
+
+
+def assert_ran_interpreted(runs: dict, name: str, done_marker: str) -> None:
+    passed, output = runs[name]
+    assert passed and done_marker in output, output[-3000:]

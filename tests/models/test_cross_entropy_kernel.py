@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_runs_interpreted
+from conftest import assert_ran_interpreted, interpreted
 
 from gpuaccel.models import create_model
 from gpuaccel.models.cross_entropy_kernel import linear_cross_entropy
@@ -17,7 +17,7 @@ from gpuaccel.tasks.language import LanguageModelling
 
 # (rows, width, padded vocabulary rows, vocabulary): padding, no padding, rows of three blocks (of 4,096);
 # then which vocabularies take the operator
-_INTERPRETED_LOSS = r"""
+_INTERPRETED_LOSS = interpreted("cross-entropy", r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import cross_entropy_kernel
 generator = torch.Generator().manual_seed(0)
@@ -47,14 +47,14 @@ torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy,
                       (torch.randn(6, 8, requires_grad=True), torch.randn(24, 8, requires_grad=True),
                        torch.randint(20, (6,)), 20))
 print("loss ok")
-"""
+""")
 
 
 # The FP8 operator (GPT's head_fp8): its loss is the cross-entropy of the FP8 operands' logits; its gradients are
 # its own FP8 gradient of the logits, (softmax - one-hot) x GRAD_SCALE over the count, times those
 # operands (Triton's interpreter rounds to FP8 without carrying into the exponent, so the
 # interpreted FP8 gradient itself is checked against softmax only where it is exact, at zeros)
-_INTERPRETED_FP8 = r"""
+_INTERPRETED_FP8 = interpreted("cross-entropy in FP8", r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import cross_entropy_kernel as ck
 generator = torch.Generator().manual_seed(0)
@@ -89,17 +89,21 @@ model(ids, labels=ids)["loss"].backward()
 with torch.no_grad():
     model(ids, labels=ids)
 assert seen == [True, False] and model.embedding.weight.grad.abs().sum() > 0, seen
+ck.fused_linear_cross_entropy = fused
 torch.library.opcheck(torch.ops.gpuaccel.linear_cross_entropy_fp8,
                       (torch.randn(16, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True),
                        torch.randint(20, (16,)), 20),
                       test_utils="test_faketensor")  # (the other checks sum FP8 outputs: not on CPUs)
 print("fp8 ok")
-"""
+""")
 
 
-def test_the_interpreted_operators_give_cross_entropys_loss_and_gradients_the_fp8_one_from_its_operands():
-    """Both programs in one interpreter (each would spend most of its time importing)."""
-    assert_runs_interpreted(_INTERPRETED_LOSS + _INTERPRETED_FP8, "fp8 ok")
+def test_the_interpreted_kernel_gives_cross_entropys_loss_and_gradients(interpreted_runs):
+    assert_ran_interpreted(interpreted_runs, _INTERPRETED_LOSS, "loss ok")
+
+
+def test_the_interpreted_fp8_operator_assembles_its_loss_and_gradients_from_its_fp8_operands(interpreted_runs):
+    assert_ran_interpreted(interpreted_runs, _INTERPRETED_FP8, "fp8 ok")
 
 
 def test_gpt_given_labels_returns_the_tasks_loss_of_its_logits_and_the_trainer_passes_them():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import assert_runs_interpreted
+from conftest import assert_ran_interpreted, interpreted
 
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
@@ -55,7 +55,7 @@ def test_the_resnet_stem_keeps_its_parameters_and_outputs():
 # Runs max_pool_kernel and small_conv_kernel through Triton's interpreter in one child process (the
 # variable must be set before Triton is imported) and checks them against PyTorch's max pooling
 # (values and gradients) and activation(conv2d).
-_INTERPRETED_KERNELS = r"""
+_INTERPRETED_KERNELS = interpreted("pooling and whitening", r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import max_pool_kernel, small_conv_kernel
 from gpuaccel.models.fastnet import FastNet
@@ -107,13 +107,14 @@ with torch.no_grad():
     expected = model.head(F.max_pool2d(features, features.shape[-2:]).flatten(1)) * model.head_scale
     torch.testing.assert_close(model(x), expected)
 assert len(calls) == 1 and calls[0][3] == "silu"
+small_conv_kernel.small_conv_activation = kernel
 print("kernels ok")
-"""
+""")
 
 
-def test_triton_pooling_and_whitening_kernels_match_pytorch():
+def test_triton_pooling_and_whitening_kernels_match_pytorch(interpreted_runs):
     """Pooling with ties, NaN and windows of -inf; the whitening convolution and its activation."""
-    assert_runs_interpreted(_INTERPRETED_KERNELS, "kernels ok")
+    assert_ran_interpreted(interpreted_runs, _INTERPRETED_KERNELS, "kernels ok")
 
 
 @pytest.mark.parametrize("activation, act", [("silu", F.silu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))])

@@ -74,6 +74,22 @@ def test_timm_models_pass_through_or_explain(monkeypatch):
             create_model("timm:resnet18")
 
 
+def test_gpts_residual_stream_is_bf16_under_bf16_autocast_only_when_asked():
+    """``residual_bf16``: the embedding's output and so each block's sum in bf16 under bf16
+    autocast; float32 otherwise, and without autocast either way."""
+    torch.manual_seed(0)
+    ids = torch.randint(100, (2, 16))
+    seen = []
+    for residual_bf16, autocast in [(False, True), (True, True), (True, False)]:
+        model = create_model("gpt", vocab_size=100, context_length=16, layers=2, heads=2, width=32,
+                             residual_bf16=residual_bf16)
+        model.blocks[1].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(ids, labels=ids)["loss"]
+        assert torch.isfinite(loss)
+    assert seen == [torch.float32, torch.bfloat16, torch.float32]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_ways_of_writing_the_rotary_embedding_give_the_same_rotation(dtype):
     """gpt.py rotates with the halves swapped off a GPU and with the halves on one: the two must

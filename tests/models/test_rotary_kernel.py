@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_runs_interpreted
+from conftest import assert_ran_interpreted, interpreted
 
 from gpuaccel.models import create_model
 
 # (batch, time, heads, head_dim, first position): heads x head_dim below a power of two (masked lanes)
 # and at one, and positions that do not start at 0 (a key/value cache's)
-_INTERPRETED_ROTARY = r"""
+_INTERPRETED_ROTARY = interpreted("rotary", r"""
 import torch
 import gpuaccel.models.gpt as gpt
 from gpuaccel.models import create_model, rotary_kernel
@@ -44,12 +44,13 @@ with torch.no_grad():
     evaluated = model(ids)
 torch.testing.assert_close(trained, evaluated)
 assert calls == [1, 1], calls
+gpt.rotary_qkv = kernel
 print("rotary ok")
-"""
+""")
 
 
-def test_the_interpreted_kernels_rotate_as_gpt_does_and_give_autograds_gradient():
-    assert_runs_interpreted(_INTERPRETED_ROTARY, "rotary ok")
+def test_the_interpreted_kernels_rotate_as_gpt_does_and_give_autograds_gradient(interpreted_runs):
+    assert_ran_interpreted(interpreted_runs, _INTERPRETED_ROTARY, "rotary ok")
 
 
 @pytest.mark.gpu

@@ -26,9 +26,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..errors import GpuaccelError
 from .cross_entropy_kernel import linear_cross_entropy
 from .layers import Dropout, RMSNorm, attention, dropout_add
+from .registry import register_model
 from .rotary_kernel import rotary_qkv
 from .rotary_kernel import usable as rotary_kernel_usable
-from .registry import register_model
 
 
 def rotary_tables(length: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -250,9 +250,13 @@ class RMSNorm(nn.RMSNorm):
     one; the gradient by hand takes fewer passes (benchmarks/cpu_baseline/rotary_swap.py times the
     model's step with either). The forward pass is the same computation (the same results to the
     bit); on GPUs (where torch.compile fuses it), compiled, without gradients (evaluation, export)
-    and under autocast it is ``nn.RMSNorm`` itself. The parameters and their names are its own."""
+    and under autocast it is ``nn.RMSNorm`` itself, its scale cast to a lower-precision input's dtype
+    (GPT's ``residual_bf16``), as autocast casts a linear layer's weight (PyTorch's fused kernel needs
+    one dtype, and warns). The parameters and their names are its own."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None and x.dtype != self.weight.dtype and torch.is_autocast_enabled(x.device.type):
+            return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
         if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype != torch.float32 \
                 or self.weight is None or not torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
             return super().forward(x)
