@@ -26,45 +26,39 @@ from ..triton_support import runs_on, tl, triton
 
 if triton is not None:
     @triton.jit
-    def _rotate_row(source, target, j, partner, cos, sin, live, SIGN: tl.constexpr):
-        """Stores the rotation of one token's heads (``SIGN`` -1: the inverse rotation, for gradients)."""
+    def _rotate_row(source, target, j, partner, cos, sin, live):
+        """Stores one token's heads rotated: each lane ``j`` with its ``partner`` in the other half of its head."""
         x = tl.load(source + j, mask=live, other=0.0).to(tl.float32)
         swapped = tl.load(source + partner, mask=live, other=0.0).to(tl.float32)
-        tl.store(target + j, (x * cos + SIGN * swapped * sin).to(target.dtype.element_ty), mask=live)
+        tl.store(target + j, (x * cos + swapped * sin).to(target.dtype.element_ty), mask=live)
 
     @triton.jit
-    def _token_tables(cos_ptr, sin_ptr, time, WIDTH: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr):
-        """(offsets into a token's heads, the offsets of their partners in the other half of each head,
-        which offsets exist, the token's cosines and signed sines at those offsets)."""
+    def _move(q_from, q_to, k_from, k_to, v_from, v_to, j, partner, cos, sin, live):
+        """One token's queries and keys rotated, its values copied, from one place to another."""
+        _rotate_row(q_from, q_to, j, partner, cos, sin, live)
+        _rotate_row(k_from, k_to, j, partner, cos, sin, live)
+        tl.store(v_to + j, tl.load(v_from + j, mask=live), mask=live)
+
+    @triton.jit
+    def _rotary_kernel(fused_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, times, WIDTH: tl.constexpr,
+                       HEAD: tl.constexpr, BLOCK: tl.constexpr, GRADIENT: tl.constexpr):
+        """One token: its queries, keys and values out of the fused projection, the first two rotated;
+        with ``GRADIENT``, the other way: their gradients into the projection's, rotated back."""
+        token = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, BLOCK)
         live = j < WIDTH
         d = j % HEAD
         partner = j + tl.where(d < HEAD // 2, HEAD // 2, -(HEAD // 2))
-        cos = tl.load(cos_ptr + time * HEAD + d, mask=live, other=0.0)
-        sin = tl.load(sin_ptr + time * HEAD + d, mask=live, other=0.0)
-        return j, partner, live, cos, sin
-
-    @triton.jit
-    def _rotary_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, times, WIDTH: tl.constexpr,
-                       HEAD: tl.constexpr, BLOCK: tl.constexpr):
-        """One token: its queries and keys rotated, its values copied."""
-        token = tl.program_id(0).to(tl.int64)
-        j, partner, live, cos, sin = _token_tables(cos_ptr, sin_ptr, token % times, WIDTH, HEAD, BLOCK)
-        row = qkv_ptr + token * 3 * WIDTH
-        _rotate_row(row, q_ptr + token * WIDTH, j, partner, cos, sin, live, 1.0)
-        _rotate_row(row + WIDTH, k_ptr + token * WIDTH, j, partner, cos, sin, live, 1.0)
-        tl.store(v_ptr + token * WIDTH + j, tl.load(row + 2 * WIDTH + j, mask=live), mask=live)
-
-    @triton.jit
-    def _rotary_gradient_kernel(dq_ptr, dk_ptr, dv_ptr, grad_ptr, cos_ptr, sin_ptr, times, WIDTH: tl.constexpr,
-                                HEAD: tl.constexpr, BLOCK: tl.constexpr):
-        """One token: the projection's gradient, the queries' and keys' gradients rotated back."""
-        token = tl.program_id(0).to(tl.int64)
-        j, partner, live, cos, sin = _token_tables(cos_ptr, sin_ptr, token % times, WIDTH, HEAD, BLOCK)
-        row = grad_ptr + token * 3 * WIDTH
-        _rotate_row(dq_ptr + token * WIDTH, row, j, partner, cos, sin, live, -1.0)
-        _rotate_row(dk_ptr + token * WIDTH, row + WIDTH, j, partner, cos, sin, live, -1.0)
-        tl.store(row + 2 * WIDTH + j, tl.load(dv_ptr + token * WIDTH + j, mask=live), mask=live)
+        cos = tl.load(cos_ptr + (token % times) * HEAD + d, mask=live, other=0.0)
+        sin = tl.load(sin_ptr + (token % times) * HEAD + d, mask=live, other=0.0)  # (signed: -sin on first halves)
+        fused = fused_ptr + token * 3 * WIDTH
+        q = q_ptr + token * WIDTH
+        k = k_ptr + token * WIDTH
+        v = v_ptr + token * WIDTH
+        if GRADIENT:  # (the inverse rotation: the sines negated)
+            _move(q, fused, k, fused + WIDTH, v, fused + 2 * WIDTH, j, partner, cos, -sin, live)
+        else:
+            _move(fused, q, fused + WIDTH, k, fused + 2 * WIDTH, v, j, partner, cos, sin, live)
 
 
 def usable(qkv: Tensor) -> bool:
@@ -72,13 +66,14 @@ def usable(qkv: Tensor) -> bool:
     return runs_on(qkv)
 
 
-def _launch(kernel, tensors: tuple[Tensor, ...], tables: tuple[Tensor, Tensor], shape: torch.Size) -> None:
-    batch, times, _, heads, head = shape
+def _launch(fused: Tensor, q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, gradient: bool) -> None:
+    batch, times, _, heads, head = fused.shape
     width = heads * head
     block = triton.next_power_of_2(width)
     if batch * times:
-        kernel[(batch * times,)](*tensors, *tables, times, WIDTH=width, HEAD=head, BLOCK=block,
-                                 num_warps=max(4, min(16, block // 256)))
+        _rotary_kernel[(batch * times,)](fused, q, k, v, cos.contiguous(), sin.contiguous(), times, WIDTH=width,
+                                         HEAD=head, BLOCK=block, GRADIENT=gradient,
+                                         num_warps=max(4, min(16, block // 256)))
 
 
 @torch.library.custom_op("gpuaccel::rotary_qkv", mutates_args=())
@@ -89,7 +84,7 @@ def rotary_qkv(qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, T
     batch, times, _, heads, head = qkv.shape
     qkv = qkv.contiguous()
     q, k, v = (qkv.new_empty((batch, times, heads, head)) for _ in range(3))
-    _launch(_rotary_kernel, (qkv, q, k, v), (cos.contiguous(), sin.contiguous()), qkv.shape)
+    _launch(qkv, q, k, v, cos, sin, gradient=False)
     return q, k, v
 
 
@@ -103,8 +98,7 @@ def _(qkv, cos, sin):
 def _rotary_qkv_backward(dq: Tensor, dk: Tensor, dv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     batch, times, heads, head = dq.shape
     grad = dq.new_empty((batch, times, 3, heads, head))
-    _launch(_rotary_gradient_kernel, (dq.contiguous(), dk.contiguous(), dv.contiguous(), grad),
-            (cos.contiguous(), sin.contiguous()), grad.shape)
+    _launch(grad, dq.contiguous(), dk.contiguous(), dv.contiguous(), cos, sin, gradient=True)
     return grad
 
 
