@@ -82,6 +82,28 @@ def test_bpe_tokens_are_learned_from_the_training_split(tmp_path, corpus_file):
     assert corpus.tokenizer.decode(corpus.val) == corpus_file.read_text()[5400:]
 
 
+def test_bpe_learns_and_encodes_a_text_in_pieces_as_it_would_the_whole_text():
+    """The corpus is cut into pieces (tokenized in parallel) only where byte-level BPE cuts it
+    anyway: its ids, and the vocabulary learned from it, are those of the text taken whole, also
+    where blank lines, indentation, CRLF endings and trailing spaces meet a line's end."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from gpuaccel.data.text import BpeTokenizer, byte_level_pieces
+
+    code = ("def f(x):\n    return x  \n\n\n\nclass A:\n\tpass\r\nprint('it''s')\n \nz = 1\n"
+            "    # indented\nend\n\n") * 40 + "naïve café\nlast"
+    pieces = byte_level_pieces(code)
+    assert len(pieces) > 40 and "".join(pieces) == code
+    learned = BpeTokenizer.train([code], 400)
+    whole = tokenizers.Tokenizer(tokenizers.models.BPE())
+    whole.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    whole.train_from_iterator([code], trainer=tokenizers.trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    assert learned.tokenizer.get_vocab() == whole.get_vocab()
+    assert learned.encode(code).tolist() == learned.tokenizer.encode(code).ids
+    assert learned.decode(learned.encode(code)) == code
+    assert learned.encode("").tolist() == []
+
+
 def test_a_tokenizer_file_is_used_as_it_is_and_recorded_for_generation(tmp_path, corpus_file, capsys):
     """--tokenizer-file: a HuggingFace tokenizer.json (as GPT-2's is published) tokenises the
     corpus instead of a learned vocabulary; the run records it, so generation decodes with it."""

@@ -21,8 +21,9 @@ from ..caches import cache_root
 
 # Raised whenever what a reader decodes or refuses changes, so that no entry decoded by an
 # earlier reader is served: 2: JPEGs decoded upright by their EXIF orientation; 3: ratings rows
-# validated (a short row, an empty user or item id, a rating that is not a number or not finite)
-CACHE_VERSION = 3
+# validated (a short row, an empty user or item id, a rating that is not a number or not finite);
+# 4: byte-level BPE learned from and applied to a text as a whole (it was encoded line by line)
+CACHE_VERSION = 4
 
 
 def default_cache_dir() -> Path:
