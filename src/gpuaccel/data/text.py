@@ -120,7 +120,9 @@ def byte_level_pieces(text: str) -> list[str]:
     exactly as the whole text does, and ``tokenizers`` spreads a list of them over its threads
     (one string is one sequential job). On a 2-core CPU, 23 MB of Python sources: a 50,257-token
     vocabulary learned in 8.7-10.5 s instead of 16.2-18.1
-    (benchmarks/gpt2_speed/results/bpe_reading_code_cpu.json)."""
+    (benchmarks/gpt2_speed/results/bpe_reading_code_cpu.json). A ``--tokenizer-file`` with another
+    pre-tokenizer (not byte-level) is cut at the same places: there a piece's ids may differ
+    from the whole text's where a merge would span a line's end."""
     return _PIECE_BOUNDARY.split(text)
 
 
