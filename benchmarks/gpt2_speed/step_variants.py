@@ -44,7 +44,7 @@ VARIANTS = {
 SDPA = gpt.attention
 
 
-def flex_attention(window: int):
+def flex_attention_function(window: int):
     """An attention function with :func:`gpuaccel.models.layers.attention`'s signature through
     FlexAttention: causal, and with ``window``, each position sees only the ``window`` before it."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -65,7 +65,7 @@ def time_variant(name: str, batches: list, warmup: int, steps: int, rounds: int)
     model_args, window, mode = VARIANTS[name]
     torch._dynamo.reset()
     torch.manual_seed(0)
-    gpt.attention = SDPA if window is None else flex_attention(window)  # (the module-level name Attention calls)
+    gpt.attention = SDPA if window is None else flex_attention_function(window)  # (the name Attention calls)
     model = create_model("gpt", vocab_size=VOCAB, context_length=CONTEXT, **{**RECIPE_MODEL, **model_args}).cuda()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
