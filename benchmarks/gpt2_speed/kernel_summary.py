@@ -31,7 +31,7 @@ def kind(name: str) -> str:
     return next((k for k, words in KINDS if any(w in name for w in words)), "other")
 
 
-def summarise(path: str, marker: str) -> dict:
+def summarise(path: str, marker: str, top: int = 30) -> dict:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         trace = json.load(f)
@@ -56,19 +56,20 @@ def summarise(path: str, marker: str) -> dict:
             "kernel_ms_per_step": round(sum(by_kind.values()) * per_step, 3),
             "by_kind_ms_per_step": {k: round(v * per_step, 3) for k, v in by_kind.most_common()},
             "kernels": [{"name": n, "ms_per_step": round(v * per_step, 3), "calls_per_step": round(count[n] / steps, 2)}
-                        for n, v in by_name.most_common(30)]}
+                        for n, v in by_name.most_common(top)]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", help="torch.profiler Chrome traces (.json or .json.gz)")
     p.add_argument("--step-marker", default="FusedOptimizer", help="a part of the name of the kernel that ends a step")
+    p.add_argument("--top", type=int, default=30, help="how many kernels to list, the longest first")
     p.add_argument("--traced-by", help="the command that wrote the traces, kept in the JSON")
     p.add_argument("--out", help="write the summary as JSON here")
     args = p.parse_args()
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
               "traced_by": args.traced_by,
-              "summaries": [summarise(t, args.step_marker) for t in args.traces]}
+              "summaries": [summarise(t, args.step_marker, args.top) for t in args.traces]}
     for s in result["summaries"]:
         print(s["trace"], f"{s['steps']} steps of {s['ms_per_step']} ms, {s['kernel_ms_per_step']} ms of kernels each:",
               ", ".join(f"{k} {v}" for k, v in s["by_kind_ms_per_step"].items()))

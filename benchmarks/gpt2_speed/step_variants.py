@@ -1,6 +1,8 @@
 """GPT-2 small's training step (the ``gpt2-small`` recipe's model and optimizer) in variants that
 change its kernels: the attention kernel (SDPA's flash backend, FlexAttention, FlexAttention with
-a sliding window), the residual stream's dtype, Inductor's max-autotune. One process, one GPU,
+a sliding window), the residual stream's dtype, Inductor's max-autotune, the gradient clipping
+(none; its scale applied by fused AdamW's ``grad_scale`` instead of a pass of its own), the
+linear layers' weight gradients written in float32 by their product. One process, one GPU,
 the same random token ids for every variant; each step (forward, backward, gradient clipping,
 fused AdamW) compiled by ``torch.compile`` without CUDA graphs (the recipe also captures its
 step as one graph: left out here, so that the kernels are what differs); CUDA events over
@@ -21,10 +23,13 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import gpuaccel.models.gpt as gpt
 from gpuaccel.models import create_model
@@ -32,14 +37,27 @@ from gpuaccel.models import create_model
 VOCAB, CONTEXT, BATCH = 50257, 1024, 16
 RECIPE_MODEL = dict(layers=12, heads=12, width=768, dropout=0.0, pad_vocab=64, activation="relu2",
                     norm_weights=False, head_fp8=True)
-# name: (model arguments over the recipe's, FlexAttention's window (None: SDPA; 0: causal only), compile mode)
+
+
+@dataclass(frozen=True)
+class Variant:
+    model_args: dict = field(default_factory=dict)  # over the recipe's
+    window: int | None = None  # FlexAttention's window (None: SDPA, 0: causal only)
+    mode: str | None = None  # torch.compile's
+    clip: str = "pass"  # "pass": clip_grad_norm_; "adamw": its scale divides the gradients inside fused AdamW; "none"
+    weight_grad_fp32: bool = False  # the blocks' linear layers' weight gradients written in float32 by the product
+
+
 VARIANTS = {
-    "recipe": ({}, None, None),  # SDPA's own choice: cuDNN's kernels on an H100/H200
-    "flash": ({"attention": "flash"}, None, None),
-    "flex": ({}, 0, None),
-    "flex_window_512": ({}, 512, None),
-    "residual_bf16": ({"residual_bf16": True}, None, None),
-    "max_autotune": ({}, None, "max-autotune-no-cudagraphs"),
+    "recipe": Variant(),  # SDPA's own choice: cuDNN's kernels on an H100/H200
+    "flash": Variant(model_args={"attention": "flash"}),
+    "flex": Variant(window=0),
+    "flex_window_512": Variant(window=512),
+    "residual_bf16": Variant(model_args={"residual_bf16": True}),
+    "max_autotune": Variant(mode="max-autotune-no-cudagraphs"),
+    "no_clip": Variant(clip="none"),
+    "clip_in_adamw": Variant(clip="adamw"),
+    "weight_grad_fp32": Variant(weight_grad_fp32=True),
 }
 SDPA = gpt.attention
 
@@ -61,21 +79,53 @@ def flex_attention_function(window: int):
     return attend
 
 
+class LinearWeightGradFp32(torch.autograd.Function):
+    """``F.linear`` in bf16 whose weight gradient is one product written in float32 (``torch.mm``'s
+    ``out_dtype``), where autocast's is a bf16 product, then cast to the float32 weight's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        x16, weight16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(x16, weight16)
+        with torch.autocast("cuda", enabled=False):
+            return F.linear(x16, weight16)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x16, weight16 = ctx.saved_tensors
+        grad = grad.to(torch.bfloat16)
+        grad_weight = torch.mm(grad.flatten(0, -2).t(), x16.flatten(0, -2), out_dtype=torch.float32)
+        return grad @ weight16, grad_weight
+
+
+def use_weight_grad_fp32(model: nn.Module) -> None:
+    for module in model.blocks.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = lambda x, weight=module.weight: LinearWeightGradFp32.apply(x, weight)
+
+
 def time_variant(name: str, batches: list, warmup: int, steps: int, rounds: int) -> dict:
-    model_args, window, mode = VARIANTS[name]
+    variant = VARIANTS[name]
     torch._dynamo.reset()
     torch.manual_seed(0)
-    gpt.attention = SDPA if window is None else flex_attention_function(window)  # (the name Attention calls)
-    model = create_model("gpt", vocab_size=VOCAB, context_length=CONTEXT, **{**RECIPE_MODEL, **model_args}).cuda()
+    gpt.attention = SDPA if variant.window is None else flex_attention_function(variant.window)  # (Attention calls it)
+    model = create_model("gpt", vocab_size=VOCAB, context_length=CONTEXT, **{**RECIPE_MODEL, **variant.model_args})
+    model = model.cuda()
+    if variant.weight_grad_fp32:
+        use_weight_grad_fp32(model)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    compiled = torch.compile(model, mode=mode)
+    compiled = torch.compile(model, mode=variant.mode)
 
     def step(x, y):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = compiled(x, labels=y)["loss"]
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        if variant.clip == "pass":
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        elif variant.clip == "adamw":  # fused AdamW divides each gradient by grad_scale (and writes it back)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+            optimizer.grad_scale = torch.clamp((norm + 1e-6) / 1.0, min=1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
