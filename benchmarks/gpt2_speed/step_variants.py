@@ -2,7 +2,8 @@
 change its kernels: the attention kernel (SDPA's flash backend, FlexAttention, FlexAttention with
 a sliding window), the residual stream's dtype, Inductor's max-autotune, the gradient clipping
 (none; its scale applied by fused AdamW's ``grad_scale`` instead of a pass of its own), the
-linear layers' weight gradients written in float32 by their product. One process, one GPU,
+linear layers' weight gradients as autocast gives them (a bf16 product cast to float32: before
+``layers.Linear``). One process, one GPU,
 the same random token ids for every variant; each step (forward, backward, gradient clipping,
 fused AdamW) compiled by ``torch.compile`` without CUDA graphs (the recipe also captures its
 step as one graph: left out here, so that the kernels are what differs); CUDA events over
@@ -25,14 +26,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import gpuaccel.models.gpt as gpt
 from gpuaccel.models import create_model
+from gpuaccel.models.layers import Linear
 
 VOCAB, CONTEXT, BATCH = 50257, 1024, 16
 RECIPE_MODEL = dict(layers=12, heads=12, width=768, dropout=0.0, pad_vocab=64, activation="relu2",
@@ -45,7 +47,7 @@ class Variant:
     window: int | None = None  # FlexAttention's window (None: SDPA, 0: causal only)
     mode: str | None = None  # torch.compile's
     clip: str = "pass"  # "pass": clip_grad_norm_; "adamw": its scale divides the gradients inside fused AdamW; "none"
-    weight_grad_fp32: bool = False  # the blocks' linear layers' weight gradients written in float32 by the product
+    autocast_weight_grad: bool = False  # the blocks' linear layers as nn.Linear under autocast
 
 
 VARIANTS = {
@@ -57,7 +59,7 @@ VARIANTS = {
     "max_autotune": Variant(mode="max-autotune-no-cudagraphs"),
     "no_clip": Variant(clip="none"),
     "clip_in_adamw": Variant(clip="adamw"),
-    "weight_grad_fp32": Variant(weight_grad_fp32=True),
+    "autocast_weight_grad": Variant(autocast_weight_grad=True),
 }
 SDPA = gpt.attention
 
@@ -79,29 +81,11 @@ def flex_attention_function(window: int):
     return attend
 
 
-class LinearWeightGradFp32(torch.autograd.Function):
-    """``F.linear`` in bf16 whose weight gradient is one product written in float32 (``torch.mm``'s
-    ``out_dtype``), where autocast's is a bf16 product, then cast to the float32 weight's dtype."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        x16, weight16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
-        ctx.save_for_backward(x16, weight16)
-        with torch.autocast("cuda", enabled=False):
-            return F.linear(x16, weight16)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x16, weight16 = ctx.saved_tensors
-        grad = grad.to(torch.bfloat16)
-        grad_weight = torch.mm(grad.flatten(0, -2).t(), x16.flatten(0, -2), out_dtype=torch.float32)
-        return grad @ weight16, grad_weight
-
-
-def use_weight_grad_fp32(model: nn.Module) -> None:
+def use_autocast_weight_grad(model: nn.Module) -> None:
+    """The blocks' ``layers.Linear`` run as ``nn.Linear`` does (autocast's bf16 weight gradient)."""
     for module in model.blocks.modules():
-        if isinstance(module, nn.Linear):
-            module.forward = lambda x, weight=module.weight: LinearWeightGradFp32.apply(x, weight)
+        if isinstance(module, Linear):
+            module.forward = partial(nn.Linear.forward, module)
 
 
 def time_variant(name: str, batches: list, warmup: int, steps: int, rounds: int) -> dict:
@@ -111,8 +95,8 @@ def time_variant(name: str, batches: list, warmup: int, steps: int, rounds: int)
     gpt.attention = SDPA if variant.window is None else flex_attention_function(variant.window)  # (Attention calls it)
     model = create_model("gpt", vocab_size=VOCAB, context_length=CONTEXT, **{**RECIPE_MODEL, **variant.model_args})
     model = model.cuda()
-    if variant.weight_grad_fp32:
-        use_weight_grad_fp32(model)
+    if variant.autocast_weight_grad:
+        use_autocast_weight_grad(model)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     compiled = torch.compile(model, mode=variant.mode)

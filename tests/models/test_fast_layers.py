@@ -1,7 +1,8 @@
 """The GPU forms of the vision models' layers give PyTorch's results (values and gradients): the
 ImageNet stem's space-to-depth convolution, Triton max pooling and FastNet's whitening kernel, on
 the CPU (the kernels through Triton's interpreter) and, where there is one, on a GPU; batch norms
-folded into ResNet-50's widening 1x1 convolutions, their statistics from the convolution's input."""
+folded into ResNet-50's widening 1x1 convolutions, their statistics from the convolution's input;
+``Linear``'s float32 weight gradient under CUDA autocast."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from conftest import assert_ran_interpreted, interpreted
 from gpuaccel.compiling import compile_arguments
 from gpuaccel.errors import GpuaccelError
 from gpuaccel.models import create_model
-from gpuaccel.models.layers import ConvBatchNormAct, SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, \
+from gpuaccel.models.layers import ConvBatchNormAct, Linear, SpaceToDepthConv2d, TritonMaxPool2d, conv_bn_act, \
     space_to_depth_conv2d
 from gpuaccel.train import TrainConfig
 
@@ -317,3 +318,33 @@ def test_fastnets_whitening_kernel_on_a_gpu_matches_pytorch_compiled_under_bf16(
         expected = F.gelu(conv(x))
     assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out.float(), expected.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_linear_under_autocast_gets_its_weight_gradient_in_float32_from_the_bf16_operands(compiled):
+    """The output and the input's gradient are autocast's ``nn.Linear``'s; the weight's (and the
+    bias's) are the same product without its rounding to bf16: nearer the exact product of the
+    bf16 operands."""
+    torch.manual_seed(0)
+    linear = Linear(256, 384).cuda()
+    plain = nn.Linear(256, 384).cuda()
+    plain.load_state_dict(linear.state_dict())
+    x = torch.randn(4, 512, 256, device="cuda", requires_grad=True)
+    grad = torch.randn(4, 512, 384, device="cuda")
+    results = []
+    for layer in (linear, plain):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = (torch.compile(layer) if compiled else layer)(x)
+        results.append((out, *torch.autograd.grad(out, (x, layer.weight, layer.bias), grad)))
+    (out, grad_x, grad_w, grad_b), (out_ref, grad_x_ref, grad_w_ref, grad_b_ref) = results
+    assert out.dtype == torch.bfloat16 and grad_x.dtype == grad_w.dtype == torch.float32
+    torch.testing.assert_close(out, out_ref, **({} if compiled else {"atol": 0, "rtol": 0}))
+    torch.testing.assert_close(grad_x, grad_x_ref)
+    g16, x16 = grad.to(torch.bfloat16).double().flatten(0, 1), x.detach().to(torch.bfloat16).double().flatten(0, 1)
+    exact_w, exact_b = (g16.t() @ x16).float(), g16.sum(0).float()
+    error, error_ref = (grad_w - exact_w).norm(), (grad_w_ref - exact_w).norm()
+    assert error < 0.5 * error_ref, (error, error_ref)
+    torch.testing.assert_close(grad_b, exact_b, atol=1e-3, rtol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():  # (evaluation: nn.Linear's own)
+        assert torch.equal(linear(x), plain(x))

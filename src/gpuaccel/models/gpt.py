@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import GpuaccelError
 from .cross_entropy_kernel import linear_cross_entropy
-from .layers import Dropout, RMSNorm, attention, dropout_add
+from .layers import Dropout, Linear, RMSNorm, attention, dropout_add
 from .registry import register_model
 from .rotary_kernel import rotary_qkv
 from .rotary_kernel import usable as rotary_kernel_usable
@@ -64,13 +64,13 @@ def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
-def linear(in_features: int, out_features: int) -> nn.Linear:
-    """A bias-free ``nn.Linear`` whose weight :meth:`GPT._init_weights` draws: made on the meta
+def linear(in_features: int, out_features: int) -> Linear:
+    """A bias-free :class:`layers.Linear` whose weight :meth:`GPT._init_weights` draws: made on the meta
     device, where PyTorch's own initialisation draws nothing, then given an empty weight where
     tensors are made now (``to_empty`` would import sympy: half a second). Drawn and then
     overwritten, PyTorch's initialisation was 0.8 s of the 1.8 s that building GPT-2 small took on
     a 2-core CPU."""
-    layer = nn.Linear(in_features, out_features, bias=False, device="meta")
+    layer = Linear(in_features, out_features, bias=False, device="meta")
     layer.weight = nn.Parameter(torch.empty(out_features, in_features))
     return layer
 

@@ -244,6 +244,42 @@ class TritonMaxPool2d(nn.MaxPool2d):
         return max_pool_kernel.pooled(x, *params)[0]  # (inference: the kernel without the operator)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` whose float32 weight, in training under CUDA autocast, gets its gradient from
+    one matrix product written in float32 (``torch.mm``'s ``out_dtype``). Autocast's own gradient
+    is the product rounded to bf16 (or fp16), then cast to float32 by a pass of its own: for GPT-2
+    small on an H200 that pass and the rounding took 0.25 ms of a 29.6 ms compiled step
+    (benchmarks/gpt2_speed/results/step_variants_weight_grad_h200.json). The forward pass and the
+    input's gradient are autocast's; everywhere else (CPUs, evaluation, another weight dtype) this
+    is ``nn.Linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.weight.dtype == torch.float32 and self.weight.requires_grad \
+                and torch.is_grad_enabled() and torch.is_autocast_enabled("cuda"):
+            return _LinearFloat32WeightGradient.apply(x, self.weight, self.bias, torch.get_autocast_dtype("cuda"))
+        return super().forward(x)
+
+
+class _LinearFloat32WeightGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        x, weight = x.to(dtype), weight.to(dtype)  # (what autocast casts, and keeps for the backward pass)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        with torch.autocast("cuda", enabled=False):
+            return F.linear(x, weight, None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.to(x.dtype)
+        rows = grad.flatten(0, -2)
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = torch.mm(rows.t(), x.flatten(0, -2), out_dtype=torch.float32)
+        grad_bias = rows.sum(0, dtype=torch.float32) if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None
+
+
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm``, with its gradient written out on a CPU. There PyTorch runs RMSNorm's
     backward pass as the autograd of a dozen elementwise kernels, several times LayerNorm's fused
