@@ -14,7 +14,7 @@ Shapes (rows = batch x context): GPT-2 small on tiny Shakespeare's 20,319 BPE to
 20,352), on GPT-2's own 50,257 (50,304), on smaller vocabularies (where the operator starts to
 pay), and shakespeare-char's 65 characters at width 384. From 2,048 tokens up also the operator
 with its products in FP8 (``fp8=True``: GPT's ``head_fp8``), its two kernels alone with other
-gradient tiles, and how far its loss and gradients are from float32's (relative to their norms).
+settings, and how far its loss and gradients are from float32's (relative to their norms).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ SHAPES = {"gpt2_small_tiny_shakespeare_bpe": (16384, 768, 20319, 20352),
           "vocabulary_2048": (16384, 768, 2048, 2048),
           "vocabulary_512": (16384, 384, 512, 512), "shakespeare_char": (16384, 384, 65, 65)}
 SETTINGS = [(2048, 4), (4096, 8), (8192, 8), (32768, 32)]
-FP8_TILES = [(32, 64, 2), (16, 256, 4), (64, 128, 4), (64, 128, 8)]  # the FP8 gradient kernel's (rows, columns, warps)
+# The FP8 path's two kernels: the row kernel's (columns per block, warps), the transpose's (rows, columns, warps)
+FP8_SETTINGS = [((1024, 4), (64, 128, 4)), ((2048, 4), (64, 128, 4)), ((2048, 8), (64, 128, 4)),
+                ((1024, 4), (128, 128, 8)), ((1024, 4), (64, 64, 4))]
 
 
 def timed(call, iters: int, repeats: int) -> dict:
@@ -99,9 +101,10 @@ def main() -> None:
                 "bf16": relative_errors(forward_backward(compiled_op, hidden, weight, targets, vocab)(), exact),
                 "fp8": relative_errors(fp8(), exact)}
             logits = (hidden.detach() @ weight.detach().T).bfloat16()
-            for tile in FP8_TILES:
-                row[f"fp8_kernels_tile{tile[0]}x{tile[1]}_warps{tile[2]}"] = timed(
-                    lambda t=tile: cross_entropy_kernel.loss_and_fp8_gradient(logits, targets, vocab, t),
+            for (block, warps), tile in FP8_SETTINGS:
+                row[f"fp8_kernels_block{block}_warps{warps}_transpose{tile[0]}x{tile[1]}_warps{tile[2]}"] = timed(
+                    lambda s=(block, warps), t=tile: cross_entropy_kernel.loss_and_fp8_gradient(logits, targets,
+                                                                                               vocab, s, t),
                     args.iters, args.repeats)
         logits = (hidden.detach() @ weight.detach().T).bfloat16()
         for block, warps in SETTINGS:

@@ -58,7 +58,8 @@ _INTERPRETED_FP8 = interpreted("cross-entropy in FP8", r"""
 import torch, torch.nn.functional as F
 from gpuaccel.models import cross_entropy_kernel as ck
 generator = torch.Generator().manual_seed(0)
-for rows, width, padded, vocab in [(48, 32, 64, 50), (16, 16, 1152, 1100)]:  # (2 x 1 tiles of 32 x 64; 1 x 18)
+# (the row kernel's blocks of 1,024 columns: one, part-filled, then two; the transpose's 64 x 128 tiles: one, then 9)
+for rows, width, padded, vocab in [(48, 32, 64, 50), (16, 16, 1152, 1100)]:
     hidden = torch.randn(rows, width, generator=generator, requires_grad=True)
     weight = torch.randn(padded, width, generator=generator, requires_grad=True)
     targets = torch.randint(vocab, (rows,), generator=generator)
@@ -161,3 +162,21 @@ def test_compiled_the_fp8_operator_is_within_fp8s_rounding_of_bf16():
     for g8, g in zip(grads8, grads):
         assert g8.dtype == torch.float32 and ((g8 - g).norm() / g.norm()) < 0.1
     assert grads8[1][20319:].abs().max() == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_fp8_cast_kernels_give_pytorchs_values_to_the_bit():
+    from gpuaccel.models.cross_entropy_kernel import E4M3, to_e4m3
+
+    torch.manual_seed(0)
+    cases = [torch.randn(16384 * 3 + 5, device="cuda", dtype=torch.bfloat16),  # (a last block part-filled)
+             (0.02 * torch.randn(5031, 768, device="cuda")).to(torch.bfloat16),
+             torch.randn(40, 96, device="cuda") * torch.logspace(-12, 3, 96, device="cuda"),  # (E4M3's subnormals)
+             torch.zeros(64, 16, device="cuda", dtype=torch.bfloat16)]
+    for t in cases:
+        got, scale = to_e4m3(t)
+        expected_scale = t.abs().amax().float().clamp(min=1e-12) / torch.finfo(E4M3).max
+        expected = (t / expected_scale).to(E4M3)
+        assert got.dtype == E4M3 and got.shape == t.shape and scale.dtype == torch.float32
+        differ = (got.view(torch.uint8) != expected.view(torch.uint8)).sum().item()
+        assert torch.equal(scale, expected_scale) and differ == 0, (scale, expected_scale, differ, t.dtype)

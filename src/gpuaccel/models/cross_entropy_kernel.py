@@ -11,12 +11,11 @@ the softmax and get a zero gradient, so the logits are never sliced.
 
 With ``fp8`` (GPT's ``head_fp8``) the three products take FP8 operands (as modded-nanogpt's output
 layer does): the hidden states and the weight in E4M3, each with one scale from its largest
-magnitude, and the logits' gradient in E5M2 with a fixed scale, written by a tiled kernel twice, as
-the logits lie and transposed, since an FP8 product reduces along both operands' contiguous
-dimension (a first kernel gives each row's log-sum-exp). On an H200, GPT-2 small's layer and loss
-took 5.76 ms instead of 7.20 at 50,304 tokens, its gradients 2.7% from float32's (bf16's 0.23%),
-and its training reached bf16's validation loss after 300 steps, within the spread of repeated runs
-(docs/results.md).
+magnitude (two kernels: :func:`to_e4m3`), and the logits' gradient in E5M2 with a fixed scale,
+written by the same row kernel, then copied transposed, since an FP8 product reduces along both
+operands' contiguous dimension. On an H200, GPT-2 small's layer and loss took 5.76 ms instead of
+7.20 at 50,304 tokens, its gradients 2.7% from float32's (bf16's 0.23%), and its training reached
+bf16's validation loss after 300 steps, within the spread of repeated runs (docs/results.md).
 
 The same loss as ``F.cross_entropy(logits[..., :vocab].float(), targets)`` (targets of -100
 ignored, the mean over the others); the gradient of the logits is rounded to their dtype, as
@@ -47,11 +46,10 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # The FP8 gradient holds (softmax - one-hot) x GRAD_SCALE, magnitudes up to 1 x 2^15 (E5M2's largest is
 # 57,344): probabilities down to 2^-29 keep E5M2's full precision, and no pass over the gradient finds its scale
 GRAD_SCALE = 2.0 ** 15
-# The FP8 path's kernels: each row's log-sum-exp in blocks of 2,048 columns (4 warps), then the gradient
-# in tiles of 32 rows x 64 columns (2 warps). On an H200, at 16,384 x 50,304, the two took 2.19 ms, as with
-# tiles of 16 x 256 or 64 x 128 (4 warps), against 2.43 ms with 64 x 128 and 8 warps
-# (benchmarks/gpt2_speed/results/loss_kernel_fp8_h200.json)
-FP8_ROW_SETTINGS, FP8_TILE = (2048, 4), (32, 64, 2)
+# The FP8 path's kernels: each row's loss and FP8 gradient in blocks of 1,024 columns (4 warps), then the
+# gradient's transpose in tiles of 64 rows x 128 columns (4 warps). On an H200, at 16,384 x 50,304, ...
+FP8_ROW_SETTINGS, FP8_TRANSPOSE_TILE = (1024, 4), (64, 128, 4)
+CAST_BLOCK = 4096  # elements a program casts to FP8
 
 
 def usable(x: Tensor) -> bool:
@@ -85,15 +83,19 @@ if triton is not None:
     @triton.jit
     def _loss_and_gradient_kernel(logits_ptr, targets_ptr, count_ptr, losses_ptr, grad_ptr, vocab, width,
                                   logits_stride, grad_stride, IGNORE: tl.constexpr, BLOCK: tl.constexpr,
-                                  VOCAB_BLOCKS: tl.constexpr, WIDTH_BLOCKS: tl.constexpr):
-        """One row: its loss, then, reading the row again (mostly from L2), softmax - one-hot over
-        ``count`` into every one of the ``width`` columns of the gradient."""
+                                  VOCAB_BLOCKS: tl.constexpr, WIDTH_BLOCKS: tl.constexpr, GRAD_SCALE: tl.constexpr):
+        """One row: its loss, then, reading the row again (partly from L2), softmax - one-hot over
+        ``count`` (or times ``GRAD_SCALE``, where it is not 0) into every one of the ``width``
+        columns of the gradient, in the gradient's dtype."""
         row = tl.program_id(0).to(tl.int64)
         logits_ptr += row * logits_stride
         grad_ptr += row * grad_stride
         log_sum_exp, target, kept = _row_loss(logits_ptr, targets_ptr, losses_ptr, row, vocab, IGNORE, BLOCK,
                                               VOCAB_BLOCKS)
-        scale = tl.where(kept, 1.0 / tl.load(count_ptr).to(tl.float32), 0.0)
+        if GRAD_SCALE:
+            scale = tl.where(kept, GRAD_SCALE, 0.0)
+        else:
+            scale = tl.where(kept, 1.0 / tl.load(count_ptr).to(tl.float32), 0.0)
         for i in range(WIDTH_BLOCKS):
             cols = i * BLOCK + tl.arange(0, BLOCK)
             x = tl.load(logits_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
@@ -102,34 +104,35 @@ if triton is not None:
             tl.store(grad_ptr + cols, g.to(grad_ptr.dtype.element_ty), mask=cols < width)
 
     @triton.jit
-    def _loss_kernel(logits_ptr, targets_ptr, losses_ptr, log_sum_exp_ptr, vocab, logits_stride,
-                     IGNORE: tl.constexpr, BLOCK: tl.constexpr, VOCAB_BLOCKS: tl.constexpr):
-        """One row: its loss and its log-sum-exp."""
-        row = tl.program_id(0).to(tl.int64)
-        log_sum_exp, _, _ = _row_loss(logits_ptr + row * logits_stride, targets_ptr, losses_ptr, row, vocab, IGNORE,
-                                      BLOCK, VOCAB_BLOCKS)
-        tl.store(log_sum_exp_ptr + row, log_sum_exp)
+    def _fp8_gradient_transpose_kernel(grad_ptr, grad_t_ptr, rows, width, ROWS: tl.constexpr, COLS: tl.constexpr):
+        """One tile of ``ROWS`` x ``COLS`` of the (rows, width) gradient, into its transpose."""
+        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        c = tl.program_id(1).to(tl.int64) * COLS + tl.arange(0, COLS)
+        inside = (r[:, None] < rows) & (c[None, :] < width)
+        tile = tl.load(grad_ptr + r[:, None] * width + c[None, :], mask=inside)
+        tl.store(grad_t_ptr + c[None, :] * rows + r[:, None], tile, mask=inside)
 
     @triton.jit
-    def _fp8_gradient_kernel(logits_ptr, targets_ptr, log_sum_exp_ptr, grad_ptr, grad_t_ptr, rows, vocab, width,
-                             logits_stride, GRAD_SCALE: tl.constexpr, IGNORE: tl.constexpr, ROWS: tl.constexpr,
-                             COLS: tl.constexpr):
-        """One tile of ``ROWS`` x ``COLS``: (softmax - one-hot) x ``GRAD_SCALE`` in FP8, written
-        twice: as the logits lie, for the hidden states' gradient, and transposed, for the
-        weight's (an FP8 product reduces along both operands' contiguous dimension)."""
-        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        c = tl.program_id(1) * COLS + tl.arange(0, COLS)
-        live = r < rows
-        x = tl.load(logits_ptr + r[:, None] * logits_stride + c[None, :], mask=live[:, None] & (c[None, :] < vocab),
-                    other=float("-inf")).to(tl.float32)
-        log_sum_exp = tl.load(log_sum_exp_ptr + r, mask=live, other=0.0)
-        target = tl.load(targets_ptr + r, mask=live, other=IGNORE).to(tl.int32)
-        p = tl.exp(x - log_sum_exp[:, None])
-        scale = tl.where(target != IGNORE, GRAD_SCALE, 0.0)
-        g = (tl.where(c[None, :] == target[:, None], p - 1.0, p) * scale[:, None]).to(grad_ptr.dtype.element_ty)
-        inside = live[:, None] & (c[None, :] < width)
-        tl.store(grad_ptr + r[:, None] * width + c[None, :], g, mask=inside)
-        tl.store(grad_t_ptr + c[None, :].to(tl.int64) * rows + r[:, None], g, mask=inside)
+    def _largest_magnitude_kernel(x_ptr, largest_ptr, size, BLOCK: tl.constexpr):
+        """The largest magnitude in ``x``: each block's, into ``largest`` (float32, zeroed)."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < size, other=0.0).to(tl.float32)
+        tl.atomic_max(largest_ptr, tl.max(tl.abs(x), 0))
+
+    @triton.jit
+    def _to_e4m3_kernel(x_ptr, largest_ptr, out_ptr, scale_ptr, size, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr):
+        """``x`` over its scale (the largest magnitude over E4M3's largest, float32) in E4M3, the
+        values of PyTorch's operations in :func:`to_e4m3`: the scale times the reciprocal (as
+        PyTorch divides by a number), the quotient of ``x`` and the scale rounded to ``x``'s dtype
+        (as PyTorch divides a bf16 tensor by a float32 one), then to E4M3. The first block also
+        stores the scale."""
+        scale = tl.maximum(tl.load(largest_ptr), 1e-12) * (1.0 / E4M3_MAX)
+        if tl.program_id(0) == 0:
+            tl.store(scale_ptr, scale)
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < size, other=0.0)
+        quotient = tl.div_rn(x.to(tl.float32), scale.to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32)
+        tl.store(out_ptr + i, quotient.to(out_ptr.dtype.element_ty), mask=i < size)
 
 
 def kernel_settings(width: int) -> tuple[int, int]:
@@ -152,37 +155,56 @@ def loss_and_gradient(logits: Tensor, targets: Tensor, vocab: int,
         _loss_and_gradient_kernel[(rows,)](logits, targets, count, losses, grad, vocab, width, logits.stride(0),
                                            grad.stride(0), IGNORE=IGNORE_INDEX, BLOCK=block,
                                            VOCAB_BLOCKS=triton.cdiv(vocab, block),
-                                           WIDTH_BLOCKS=triton.cdiv(width, block), num_warps=warps)
+                                           WIDTH_BLOCKS=triton.cdiv(width, block), GRAD_SCALE=0.0, num_warps=warps)
     return losses.sum() / count, grad
 
 
-def loss_and_fp8_gradient(logits: Tensor, targets: Tensor, vocab: int,
-                          tile: tuple[int, int, int] = FP8_TILE) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def loss_and_fp8_gradient(logits: Tensor, targets: Tensor, vocab: int, settings: tuple[int, int] = FP8_ROW_SETTINGS,
+                          transpose_tile: tuple[int, int, int] = FP8_TRANSPOSE_TILE
+                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(the mean cross-entropy as :func:`loss_and_gradient`'s; (softmax - one-hot) x ``GRAD_SCALE``
     in E5M2, as the logits lie and transposed; the count of targets kept): the gradient of the mean
-    loss is the FP8 one over (``GRAD_SCALE`` x count). Two kernels: each row's log-sum-exp, then the
-    gradient in tiles of ``tile`` (rows, columns, warps)."""
+    loss is the FP8 one over (``GRAD_SCALE`` x count). Two kernels: :func:`loss_and_gradient`'s,
+    per row (``settings``: columns per block, warps), then a transposing copy of its gradient in
+    tiles (``transpose_tile``: rows, columns, warps)."""
     rows, width = logits.shape
     losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
-    log_sum_exp = torch.empty_like(losses)
     grad = torch.empty((rows, width), device=logits.device, dtype=E5M2)
     grad_t = torch.empty((width, rows), device=logits.device, dtype=E5M2)
     count = (targets != IGNORE_INDEX).sum()
     if rows:
-        block, warps = FP8_ROW_SETTINGS
-        _loss_kernel[(rows,)](logits, targets, losses, log_sum_exp, vocab, logits.stride(0), IGNORE=IGNORE_INDEX,
-                              BLOCK=block, VOCAB_BLOCKS=triton.cdiv(vocab, block), num_warps=warps)
-        _fp8_gradient_kernel[(triton.cdiv(rows, tile[0]), triton.cdiv(width, tile[1]))](
-            logits, targets, log_sum_exp, grad, grad_t, rows, vocab, width, logits.stride(0), GRAD_SCALE=GRAD_SCALE,
-            IGNORE=IGNORE_INDEX, ROWS=tile[0], COLS=tile[1], num_warps=tile[2])
+        block, warps = settings
+        _loss_and_gradient_kernel[(rows,)](logits, targets, count, losses, grad, vocab, width, logits.stride(0),
+                                           width, IGNORE=IGNORE_INDEX, BLOCK=block,
+                                           VOCAB_BLOCKS=triton.cdiv(vocab, block),
+                                           WIDTH_BLOCKS=triton.cdiv(width, block), GRAD_SCALE=GRAD_SCALE,
+                                           num_warps=warps)
+        tile_rows, tile_cols, tile_warps = transpose_tile
+        # (copied as bytes: nothing to convert)
+        _fp8_gradient_transpose_kernel[(triton.cdiv(rows, tile_rows), triton.cdiv(width, tile_cols))](
+            grad.view(torch.uint8), grad_t.view(torch.uint8), rows, width, ROWS=tile_rows, COLS=tile_cols,
+            num_warps=tile_warps)
     return losses.sum() / count, grad, grad_t, count
 
 
 def to_e4m3(t: Tensor) -> tuple[Tensor, Tensor]:
     """(``t`` scaled so that its largest magnitude is E4M3's largest, in E4M3; the float32 scale
-    back): one scale for the tensor."""
-    scale = t.detach().abs().amax().float().clamp(min=1e-12) / torch.finfo(E4M3).max
-    return (t.detach() / scale).to(E4M3), scale
+    back): one scale for the tensor. On a GPU by two kernels, a pass for the largest magnitude and
+    one for the quotients, with the same values as PyTorch's operations, which take five passes
+    (a mixed-dtype division among them): for GPT-2 small's output layer on an H200, 0.35 ms of a
+    29 ms step (benchmarks/gpt2_speed/results/gpt2_kernels_code_h200.json)."""
+    t = t.detach()
+    if not t.is_cuda or triton is None:
+        scale = t.abs().amax().float().clamp(min=1e-12) / torch.finfo(E4M3).max
+        return (t / scale).to(E4M3), scale
+    t = t.contiguous()
+    largest = torch.zeros((), device=t.device, dtype=torch.float32)
+    scale = torch.empty((), device=t.device, dtype=torch.float32)
+    out = torch.empty(t.shape, device=t.device, dtype=E4M3)
+    grid = (triton.cdiv(t.numel(), CAST_BLOCK),)
+    _largest_magnitude_kernel[grid](t, largest, t.numel(), BLOCK=CAST_BLOCK)
+    _to_e4m3_kernel[grid](t, largest, out, scale, t.numel(), E4M3_MAX=torch.finfo(E4M3).max, BLOCK=CAST_BLOCK)
+    return out, scale
 
 
 def column_major(t: Tensor) -> Tensor:
