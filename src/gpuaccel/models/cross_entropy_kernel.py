@@ -92,7 +92,7 @@ if triton is not None:
         grad_ptr += row * grad_stride
         log_sum_exp, target, kept = _row_loss(logits_ptr, targets_ptr, losses_ptr, row, vocab, IGNORE, BLOCK,
                                               VOCAB_BLOCKS)
-        if GRAD_SCALE:
+        if GRAD_SCALE > 0:  # (a comparison: compiled Triton takes no float as a condition)
             scale = tl.where(kept, GRAD_SCALE, 0.0)
         else:
             scale = tl.where(kept, 1.0 / tl.load(count_ptr).to(tl.float32), 0.0)
