@@ -37,6 +37,7 @@ from gpuaccel.models import create_model
 from gpuaccel.models.layers import Linear
 
 VOCAB, CONTEXT, BATCH = 50257, 1024, 16
+MAX_NORM = 1.0  # the recipe's gradient clipping
 RECIPE_MODEL = dict(layers=12, heads=12, width=768, dropout=0.0, pad_vocab=64, activation="relu2",
                     norm_weights=False, head_fp8=True)
 
@@ -106,10 +107,10 @@ def time_variant(name: str, batches: list, warmup: int, steps: int, rounds: int)
             loss = compiled(x, labels=y)["loss"]
         loss.backward()
         if variant.clip == "pass":
-            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)
         elif variant.clip == "adamw":  # fused AdamW divides each gradient by grad_scale (and writes it back)
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-            optimizer.grad_scale = torch.clamp((norm + 1e-6) / 1.0, min=1.0)
+            optimizer.grad_scale = torch.clamp((norm + 1e-6) / MAX_NORM, min=1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

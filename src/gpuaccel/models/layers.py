@@ -247,9 +247,9 @@ class TritonMaxPool2d(nn.MaxPool2d):
 class Linear(nn.Linear):
     """``nn.Linear`` whose float32 weight, in training under CUDA autocast, gets its gradient from
     one matrix product written in float32 (``torch.mm``'s ``out_dtype``). Autocast's own gradient
-    is the product rounded to bf16 (or fp16), then cast to float32 by a pass of its own: for GPT-2
-    small on an H200 the step without them took 29.38 ms instead of 29.62 (compiled, no CUDA graph:
-    benchmarks/gpt2_speed/results/step_variants_weight_grad_h200.json). The forward pass and the
+    is the product rounded to bf16 (or fp16), then cast to float32 by a pass of its own: GPT-2
+    small's compiled step (no CUDA graph) took 29.38 ms on an H200 with this gradient, 29.62 with
+    autocast's (benchmarks/gpt2_speed/results/step_variants_weight_grad_h200.json). The forward pass and the
     input's gradient are autocast's; everywhere else (CPUs, evaluation, another weight dtype) this
     is ``nn.Linear``."""
 
